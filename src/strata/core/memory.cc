@@ -1,0 +1,105 @@
+#include "strata/core/memory.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "strata/core/check.h"
+
+namespace strata {
+
+const char* mem_category_name(MemCategory c) {
+  static constexpr const char* kNames[kNumMemCategories] = {
+      "params", "master_params", "grads",     "optimizer_state", "activations",
+      "checkpointed_activations", "comm_buffers", "workspace"};
+  return kNames[int(c)];
+}
+
+MemoryTracker& MemoryTracker::instance() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
+namespace {
+void raise_max(std::atomic<size_t>& peak, size_t value) {
+  size_t prev = peak.load();
+  while (prev < value && !peak.compare_exchange_weak(prev, value)) {
+  }
+}
+}  // namespace
+
+void MemoryTracker::on_alloc(MemCategory c, size_t bytes) {
+  size_t now = current_[int(c)].fetch_add(bytes) + bytes;
+  raise_max(peak_[int(c)], now);
+  raise_max(peak_total_, total_.fetch_add(bytes) + bytes);
+}
+
+void MemoryTracker::on_free(MemCategory c, size_t bytes) {
+  current_[int(c)].fetch_sub(bytes);
+  total_.fetch_sub(bytes);
+}
+
+size_t MemoryTracker::current_total() const { return total_.load(); }
+
+void MemoryTracker::reset_peaks() {
+  for (int i = 0; i < kNumMemCategories; ++i) peak_[i].store(current_[i].load());
+  peak_total_.store(total_.load());
+}
+
+Buffer::Buffer(MemCategory category, size_t bytes) : bytes_(bytes), category_(category) {
+  if (bytes == 0) return;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded);
+  if (data_ == nullptr) {
+    STRATA_FAIL("out of memory allocating ", format_bytes(bytes), " for ",
+                mem_category_name(category), "; reduce the micro-batch, the model or enable ZeRO");
+  }
+  std::memset(data_, 0, rounded);
+  MemoryTracker::instance().on_alloc(category, bytes);
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), category_(o.category_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    category_ = o.category_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (data_ != nullptr) {
+    std::free(data_);
+    MemoryTracker::instance().on_free(category_, bytes_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+}
+
+std::string format_bytes(size_t bytes) {
+  char buf[32];
+  double b = double(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else if (b >= 1024.0 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  } else if (b >= 1024.0) {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  } else {
+    std::snprintf(buf, sizeof buf, "%zu B", bytes);
+  }
+  return buf;
+}
+
+}  // namespace strata

@@ -1,0 +1,72 @@
+// Tracked storage. Every buffer is tagged with a category; the tracker keeps current and peak
+// bytes per category for this process (one process is one rank). Logs and tests read it.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <string>
+
+namespace strata {
+
+enum class MemCategory : int {
+  Params,
+  MasterParams,
+  Grads,
+  OptimizerState,
+  Activations,
+  CheckpointedActivations,
+  CommBuffers,
+  Workspace,
+};
+inline constexpr int kNumMemCategories = 8;
+const char* mem_category_name(MemCategory c);  // snake_case, e.g. "optimizer_state"
+
+class MemoryTracker {
+ public:
+  static MemoryTracker& instance();
+  void on_alloc(MemCategory c, size_t bytes);
+  void on_free(MemCategory c, size_t bytes);
+  size_t current(MemCategory c) const { return current_[int(c)].load(); }
+  size_t peak(MemCategory c) const { return peak_[int(c)].load(); }
+  size_t current_total() const;
+  size_t peak_total() const { return peak_total_.load(); }
+  // Starts a new peak window: peaks become the current values.
+  void reset_peaks();
+
+ private:
+  std::array<std::atomic<size_t>, kNumMemCategories> current_{};
+  std::array<std::atomic<size_t>, kNumMemCategories> peak_{};
+  std::atomic<size_t> total_{0};
+  std::atomic<size_t> peak_total_{0};
+};
+
+// An owning, 64-byte-aligned, zero-initialised allocation counted under one category.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(MemCategory category, size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+  MemCategory category() const { return category_; }
+
+ private:
+  void release();
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  MemCategory category_ = MemCategory::Workspace;
+};
+
+std::string format_bytes(size_t bytes);  // "12.3 MiB"
+
+}  // namespace strata

@@ -1,0 +1,56 @@
+#include "strata/core/rng.h"
+
+#include <cmath>
+
+namespace strata {
+
+std::array<uint32_t, 4> philox4x32(uint64_t counter_lo, uint64_t counter_hi, uint64_t key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  uint32_t c0 = uint32_t(counter_lo), c1 = uint32_t(counter_lo >> 32);
+  uint32_t c2 = uint32_t(counter_hi), c3 = uint32_t(counter_hi >> 32);
+  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    uint64_t p0 = uint64_t(kM0) * c0, p1 = uint64_t(kM1) * c2;
+    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0;
+    uint32_t n1 = uint32_t(p1);
+    uint32_t n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    uint32_t n3 = uint32_t(p0);
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+    k0 += kW0, k1 += kW1;
+  }
+  return {c0, c1, c2, c3};
+}
+
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// Uniform in (0, 1): 24 random bits, offset by half a step so 0 never occurs.
+float to_unit(uint32_t u) { return (float(u >> 8) + 0.5f) * (1.0f / 16777216.0f); }
+}  // namespace
+
+uint64_t rng_key(uint64_t seed, std::string_view name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
+  return splitmix64(h ^ splitmix64(seed));
+}
+
+float rng_uniform(uint64_t key, uint64_t index) { return to_unit(philox4x32(index, 0, key)[0]); }
+
+float rng_normal(uint64_t key, uint64_t index) {
+  auto r = philox4x32(index, 1, key);  // counter_hi=1: a stream separate from rng_uniform
+  float u1 = to_unit(r[0]), u2 = to_unit(r[1]);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853071795864f * u2);
+}
+
+void rng_fill_normal(float* out, uint64_t key, uint64_t offset, uint64_t n, float mean,
+                     float std) {
+#pragma omp parallel for schedule(static) if (n > 16384)
+  for (uint64_t i = 0; i < n; ++i) out[i] = mean + std * rng_normal(key, offset + i);
+}
+
+}  // namespace strata

@@ -1,0 +1,51 @@
+// Matrix multiply on the CPU through oneDNN. Primitives are created once per shape and cached;
+// executing one allocates nothing. bf16 operands use oneDNN's bf16 kernels where the CPU has them
+// (AVX512-BF16 / AMX); elsewhere they are widened to fp32 in a cached workspace and multiplied
+// in fp32, so results are the same up to accumulation order.
+#pragma once
+
+#include <cstdint>
+
+#include "strata/core/dtype.h"
+
+namespace strata::kernels {
+
+// One operand of a (batched) matmul: element (b0, b1, i, j) is at
+//   ptr + b0*batch_stride[0] + b1*batch_stride[1] + i*row_stride + j*col_stride   (in elements)
+// For a row-major [rows, cols] matrix: row_stride = ld, col_stride = 1; transposed: (1, ld).
+struct MatOperand {
+  const void* ptr;
+  DType dtype;
+  int64_t row_stride;
+  int64_t col_stride;
+  int64_t batch_stride[2] = {0, 0};
+};
+
+struct MatOut {
+  void* ptr;
+  DType dtype;
+  int64_t row_stride;
+  int64_t batch_stride[2] = {0, 0};
+};
+
+// c[b0,b1] (M,N) = alpha * a[b0,b1] (M,K) · b[b0,b1] (K,N) + (accumulate ? c : 0)
+// batch = {B0, B1}, each >= 1. With accumulate, c is read and added to (the += of backward).
+void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
+            const int64_t batch[2], float alpha = 1.0f, bool accumulate = false);
+
+// Whether oneDNN has a native bf16 matmul on this CPU (probed once).
+bool native_bf16_matmul();
+
+// Linear layers, weights stored [N, K] (out_features, in_features) as PyTorch does.
+// out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N) [bias may be null]
+template <typename T>
+void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_t M, int64_t K,
+                    int64_t N);
+// dinp (M,K) = dout (M,N) · weight (N,K)           (dinp may be null; written, not accumulated)
+// dweight (N,K) += dout ᵀ · inp                    (parameter gradients accumulate)
+// dbias (N) += Σ_m dout                            (dbias may be null)
+template <typename T, typename G>
+void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t M, int64_t K, int64_t N);
+
+}  // namespace strata::kernels
