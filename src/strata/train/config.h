@@ -6,23 +6,17 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <limits>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/model/model_config.h"
+#include "strata/optim/optim_config.h"
 
 namespace strata {
-
-struct ModelConfig {
-  std::string preset;            // "" when given by fields; else the preset's name
-  std::string family = "gpt2";   // "gpt2" | "llama"
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn_hidden = 0, vocab = 0, seq_len = 0;
-  bool tied_embeddings = true;   // gpt2 default true, llama default false
-  float norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;   // llama only
-  float init_std = 0.02f;
-};
 
 struct ParallelismConfig {
   int tensor = 1, pipeline = 1, virtual_stages = 1;
@@ -42,38 +36,24 @@ struct TrainConfig {
   std::string run_dir = "runs/default";
 };
 
-struct OptimizerConfig {
-  std::string type = "adamw";    // "adam" | "adamw" | "sgd" (lower-cased)
-  float lr = 1e-3f;
-  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float weight_decay = 0.01f;    // adamw: decoupled; adam: L2 added to the gradient
-  bool adam_w_mode = true;       // DeepSpeed's "adam" with adam_w_mode true behaves as AdamW
-  float momentum = 0.0f;         // sgd
-  bool nesterov = false;         // sgd
-};
-
-struct SchedulerConfig {
-  std::string type;              // "" (constant lr) | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
-  float warmup_min_lr = 0.0f, warmup_max_lr = 1e-3f;  // WarmupLR / WarmupDecayLR
-  int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // "log" | "linear"
-  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
-  float cos_min_ratio = 1e-4f, warmup_min_ratio = 0.0f;  // WarmupCosineLR
-};
-
-struct Fp16Config {
-  bool enabled = false;
-  float loss_scale = 0.0f;       // 0 = dynamic
-  int initial_scale_power = 16;
-  int loss_scale_window = 1000;
-  int hysteresis = 2;
-  bool consecutive_hysteresis = false;
-  float min_loss_scale = 1.0f;
-};
-
 struct Bf16Config {
   bool enabled = false;
   bool check_grad_overflow = true;
+  bool immediate_grad_update = false;
+  bool bf16_master_weights_and_grads = false;  // needs ZeRO 1-3
+  bool bf16_optimizer_states = false;          // needs bf16_master_weights_and_grads
+};
+
+// zero_optimization.offload_param / offload_optimizer. Keys of the other block are rejected.
+struct OffloadConfig {
+  std::string device = "none";   // "none" | "cpu" | "nvme"
+  std::string nvme_path;
+  int buffer_count = 4;          // offload_param: 5, offload_optimizer: 4
+  int64_t buffer_size = 100000000;    // offload_param only
+  int64_t max_in_cpu = 1000000000;    // offload_param only
+  bool pin_memory = true;
+  bool pipeline_read = false, pipeline_write = false, fast_init = false;  // offload_optimizer
+  double ratio = 1.0;            // offload_optimizer; < 1 needs stage 3
 };
 
 struct ZeroConfig {
@@ -87,6 +67,17 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
+  bool allgather_partitions = true;
+  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  int64_t sub_group_size = 1000000000;
+  bool round_robin_gradients = false;
+  OffloadConfig offload_param = [] {
+    OffloadConfig o;
+    o.buffer_count = 5;
+    return o;
+  }();
+  OffloadConfig offload_optimizer;
 };
 
 struct ActivationCheckpointingConfig {
@@ -104,6 +95,7 @@ struct CheckpointConfig {
   std::string tag_validation = "Warn";  // "Ignore" | "Warn" | "Fail"
   bool load_universal = false;
   bool use_node_local_storage = false;
+  bool parallel_write_pipeline_stage = false;  // parallel_write.pipeline_stage
 };
 
 struct ElasticityConfig {
@@ -115,6 +107,21 @@ struct ElasticityConfig {
   double version = 0.2;
   bool ignore_non_elastic_batch_info = false;
   bool prefer_larger_batch = true;
+  int num_gpus_per_node = 1;
+  int model_parallel_size = 1;
+};
+
+// tensorboard / csv_monitor blocks (DeepSpeed's monitor config).
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+};
+
+struct WandbConfig {
+  bool enabled = false;
+  std::string group, team;
+  std::string project = "deepspeed";
 };
 
 struct Config {
@@ -127,7 +134,16 @@ struct Config {
   int64_t steps_per_print = 10;    // 0 = never
   bool wall_clock_breakdown = false;
   std::optional<DType> communication_data_type;  // unset: fp16/bf16/fp32 from precision
-  DType grad_accum_dtype = DType::F32;           // data_types.grad_accum_dtype
+  // data_types.grad_accum_dtype. parse_config sets it to param_dtype() when not given (DeepSpeed:
+  // None means the model dtype); it must be fp32 or the parameter dtype.
+  DType grad_accum_dtype = DType::F32;
+  bool prescale_gradients = false;
+  float gradient_predivide_factor = 1.0f;
+  bool zero_allow_untested_optimizer = false;  // SGD under ZeRO needs it, as in DeepSpeed
+  // DeepSpeed keys of the fp16 and optimizer blocks whose structs live in optim/.
+  bool fp16_auto_cast = false;                 // fp16.auto_cast
+  bool fp16_master_weights_and_grads = false;  // fp16.fp16_master_weights_and_grads (ZeRO 1-3)
+  bool optimizer_torch_adam = false;           // optimizer.params.torch_adam: same math
 
   Fp16Config fp16;
   Bf16Config bf16;
@@ -137,13 +153,16 @@ struct Config {
   ActivationCheckpointingConfig activation_checkpointing;
   CheckpointConfig checkpoint;
   ElasticityConfig elasticity;
+  MonitorConfig tensorboard, csv_monitor;
+  WandbConfig wandb;
 
-  ModelConfig model;
+  ModelConfig model;  // no "model" block: the "demo" preset
   ParallelismConfig parallelism;
   DataConfig data;
   TrainConfig train;
 
-  // Which of the three batch keys the user gave (0 = not given), before resolution.
+  // Which of the three batch keys the user gave (0 = not given). parse_config leaves the three
+  // resolved fields above at 0; resolve_batch fills them.
   int64_t given_train_batch_size = 0, given_micro_batch = 0, given_grad_accum = 0;
 
   DType param_dtype() const {
@@ -156,6 +175,9 @@ struct Config {
 // before validation (value parsed as JSON, else taken as a string). Throws InputError.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {});
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Parses JSON text strictly: a duplicate key anywhere is an InputError naming its path; invalid
+// JSON names the line and column. `origin` (a file name) starts the messages.
+nlohmann::json parse_json_strict(std::string_view text, std::string_view origin);
 
 // Resolves the batch triangle for a data-parallel size as DeepSpeed does (floor division when
 // one key is missing; gradient_accumulation_steps=1 when two are); throws InputError naming all

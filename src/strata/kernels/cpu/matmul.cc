@@ -10,6 +10,8 @@
 
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
 
@@ -106,7 +108,7 @@ void run_native(const MatOut& c, const MatOperand& a, const MatOperand& b, int64
   cpu_stream().wait();
 }
 
-// Workspace for widening half-precision operands to fp32 where the CPU has no bf16 matmul.
+// Workspace for widening half-precision operands to fp32 where the CPU has no native kernel.
 // Grows to the largest shape seen (the first step), then is reused.
 struct Widen {
   Buffer a, b, c;
@@ -120,81 +122,126 @@ float* reserve(Buffer& buf, size_t elems) {
   return buf.as<float>();
 }
 
-// Copies a strided [B0,B1,rows,cols] operand into dense fp32 (row-major, batch-major).
-void widen(float* dst, const void* src, DType t, int64_t rows, int64_t cols, int64_t rs,
-           int64_t cs, const int64_t batch[2], const int64_t bstride[2]) {
+// dst (B0·B1, lines, len) fp32 = src[b0,b1] line l, element j at
+// b0·bstride[0] + b1·bstride[1] + l·line_stride + j·elem_stride.
+template <typename S>
+void widen_lines(float* dst, const S* src, int64_t lines, int64_t len, int64_t line_stride,
+                 int64_t elem_stride, const int64_t batch[2], const int64_t bstride[2]) {
   int64_t nb = batch[0] * batch[1];
-  size_t es = dtype_size(t);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if (parallel : nb * lines * len >= kParallelMinWork)
   for (int64_t bi = 0; bi < nb; ++bi) {
-    for (int64_t i = 0; i < rows; ++i) {
-      int64_t b0 = bi / batch[1], b1 = bi % batch[1];
-      const char* row = static_cast<const char*>(src) +
-                        size_t(b0 * bstride[0] + b1 * bstride[1] + i * rs) * es;
-      float* out = dst + (bi * rows + i) * cols;
-      if (cs == 1) {
-        convert(out, DType::F32, row, t, size_t(cols));
-      } else {
-        for (int64_t j = 0; j < cols; ++j) convert(out + j, DType::F32, row + j * cs * es, t, 1);
-      }
+    for (int64_t l = 0; l < lines; ++l) {
+      const S* in = src + (bi / batch[1]) * bstride[0] + (bi % batch[1]) * bstride[1] +
+                    l * line_stride;              // (len) with stride elem_stride
+      float* out = dst + (bi * lines + l) * len;  // (len)
+#pragma omp simd
+      for (int64_t j = 0; j < len; ++j) out[j] = load(in[j * elem_stride]);
     }
   }
+}
+
+// Copies a strided (B0,B1,rows,cols) half operand into dense fp32 and describes the copy. An
+// operand whose columns are contiguous (a transposed view) stays column-major, so both the
+// reads here and oneDNN's reads of the copy run along contiguous memory.
+MatOperand widen(float* dst, const MatOperand& x, int64_t rows, int64_t cols,
+                 const int64_t batch[2]) {
+  bool col_major = x.row_stride == 1 && x.col_stride != 1;
+  int64_t lines = col_major ? cols : rows, len = col_major ? rows : cols;
+  int64_t line_stride = col_major ? x.col_stride : x.row_stride;
+  int64_t elem_stride = col_major ? x.row_stride : x.col_stride;
+  if (x.dtype == DType::BF16) {
+    widen_lines(dst, static_cast<const bf16*>(x.ptr), lines, len, line_stride, elem_stride, batch,
+                x.batch_stride);
+  } else {
+    STRATA_CHECK(x.dtype == DType::F16, "only half-precision operands are widened");
+    widen_lines(dst, static_cast<const f16*>(x.ptr), lines, len, line_stride, elem_stride, batch,
+                x.batch_stride);
+  }
+  MatOperand w{dst, DType::F32, col_major ? 1 : cols, col_major ? rows : 1};
+  w.batch_stride[0] = batch[1] * rows * cols;
+  w.batch_stride[1] = rows * cols;
+  return w;
+}
+
+// c[b0,b1] (M,N) in half precision = src (B0·B1, M, N) dense fp32.
+template <typename S>
+void narrow_out(const MatOut& c, const float* src, int64_t M, int64_t N, const int64_t batch[2]) {
+  int64_t nb = batch[0] * batch[1];
+#pragma omp parallel for collapse(2) schedule(static) if (parallel : nb * M * N >= kParallelMinWork)
+  for (int64_t bi = 0; bi < nb; ++bi) {
+    for (int64_t i = 0; i < M; ++i) {
+      S* out = static_cast<S*>(c.ptr) + (bi / batch[1]) * c.batch_stride[0] +
+               (bi % batch[1]) * c.batch_stride[1] + i * c.row_stride;  // (N)
+      const float* in = src + (bi * M + i) * N;                         // (N)
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) out[j] = store<S>(in[j]);
+    }
+  }
+}
+
+bool probe_native(dnnl::memory::data_type dt) {
+  try {
+    dnnl::memory::desc md({16, 16}, dt, {16, 1});
+    dnnl::memory::desc od({16, 16}, dnnl::memory::data_type::f32, {16, 1});
+    dnnl::matmul::desc desc(md, md, od);
+    dnnl::matmul::primitive_desc pd(desc, cpu_engine());
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+bool native_f16_matmul() {
+  static const bool ok = probe_native(dnnl::memory::data_type::f16);
+  return ok;
 }
 
 }  // namespace
 
 bool native_bf16_matmul() {
-  static const bool ok = [] {
-    try {
-      dnnl::memory::desc md({16, 16}, dnnl::memory::data_type::bf16, {16, 1});
-      dnnl::memory::desc od({16, 16}, dnnl::memory::data_type::f32, {16, 1});
-      dnnl::matmul::desc desc(md, md, od);
-      dnnl::matmul::primitive_desc pd(desc, cpu_engine());
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
+  static const bool ok = probe_native(dnnl::memory::data_type::bf16);
   return ok;
 }
 
+namespace {
+
+// oneDNN runs fp32 everywhere, or both operands in one half type it has kernels for with an
+// fp32 or same-type result. Anything else (f16 on a bf16-only CPU, mixed operand types, any
+// half type on a CPU without half kernels) is widened to fp32 first.
+bool runs_native(DType c, DType a, DType b) {
+  if (a == DType::F32 && b == DType::F32 && c == DType::F32) return true;
+  if (a != b || a == DType::F32 || (c != DType::F32 && c != a)) return false;
+  return a == DType::BF16 ? native_bf16_matmul() : native_f16_matmul();
+}
+
+}  // namespace
+
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha, bool accumulate) {
-  bool half = a.dtype != DType::F32 || b.dtype != DType::F32 || c.dtype != DType::F32;
-  if (!half || native_bf16_matmul()) {
+  if (runs_native(c.dtype, a.dtype, b.dtype)) {
     run_native(c, a, b, M, N, K, batch, alpha, accumulate);
     return;
   }
   int64_t nb = batch[0] * batch[1];
   Widen& w = widen_buffers();
   MatOperand wa = a, wb = b;
-  if (a.dtype != DType::F32) {
-    float* d = reserve(w.a, size_t(nb * M * K));
-    widen(d, a.ptr, a.dtype, M, K, a.row_stride, a.col_stride, batch, a.batch_stride);
-    wa = MatOperand{d, DType::F32, K, 1, {batch[1] * M * K, M * K}};
-  }
-  if (b.dtype != DType::F32) {
-    float* d = reserve(w.b, size_t(nb * K * N));
-    widen(d, b.ptr, b.dtype, K, N, b.row_stride, b.col_stride, batch, b.batch_stride);
-    wb = MatOperand{d, DType::F32, N, 1, {batch[1] * K * N, K * N}};
-  }
+  if (a.dtype != DType::F32) wa = widen(reserve(w.a, size_t(nb * M * K)), a, M, K, batch);
+  if (b.dtype != DType::F32) wb = widen(reserve(w.b, size_t(nb * K * N)), b, K, N, batch);
   if (c.dtype == DType::F32) {
     run_native(c, wa, wb, M, N, K, batch, alpha, accumulate);
     return;
   }
   float* d = reserve(w.c, size_t(nb * M * N));
   MatOut wc{d, DType::F32, N, {batch[1] * M * N, M * N}};
-  if (accumulate) widen(d, c.ptr, c.dtype, M, N, c.row_stride, 1, batch, c.batch_stride);
+  if (accumulate) {
+    MatOperand cur{c.ptr, c.dtype, c.row_stride, 1, {c.batch_stride[0], c.batch_stride[1]}};
+    widen(d, cur, M, N, batch);
+  }
   run_native(wc, wa, wb, M, N, K, batch, alpha, accumulate);
-  size_t es = dtype_size(c.dtype);
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t bi = 0; bi < nb; ++bi) {
-    for (int64_t i = 0; i < M; ++i) {
-      int64_t b0 = bi / batch[1], b1 = bi % batch[1];
-      char* row = static_cast<char*>(c.ptr) +
-                  size_t(b0 * c.batch_stride[0] + b1 * c.batch_stride[1] + i * c.row_stride) * es;
-      convert(row, c.dtype, d + (bi * M + i) * N, DType::F32, size_t(N));
-    }
+  if (c.dtype == DType::BF16) {
+    narrow_out<bf16>(c, d, M, N, batch);
+  } else {
+    narrow_out<f16>(c, d, M, N, batch);
   }
 }
 
@@ -208,7 +255,7 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
   constexpr DType t = dtype_of<T>();
   matmul({out, t, N}, {inp, t, K, 1}, {weight, t, 1, K}, M, N, K, kNoBatch);
   if (bias != nullptr) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel : M * N >= kParallelMinWork)
     for (int64_t m = 0; m < M; ++m) {
       T* o = out + m * N;
       for (int64_t n = 0; n < N; ++n) o[n] = from_f32<T>(to_f32(o[n]) + to_f32(bias[n]));
@@ -224,7 +271,7 @@ void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
   matmul({dweight, dtype_of<G>(), K}, {dout, t, 1, N}, {inp, t, K, 1}, N, K, M, kNoBatch, 1.0f,
          true);
   if (dbias != nullptr) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (parallel : M * N >= kParallelMinWork)
     for (int64_t n = 0; n < N; ++n) {
       float s = 0.0f;
       for (int64_t m = 0; m < M; ++m) s += to_f32(dout[m * N + n]);

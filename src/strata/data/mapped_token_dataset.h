@@ -1,0 +1,60 @@
+// The one concrete TokenDataset: a list of segments, each a run of fixed-width integer tokens
+// inside an mmapped file. An llm.c shard is one segment; a Megatron dataset is one segment per
+// run of contiguous sequences. Readers of each format append their files and segments here.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "strata/data/file_io.h"
+#include "strata/data/token_dataset.h"
+
+namespace strata::data {
+
+enum class TokenType : uint8_t { U8, I8, I16, U16, I32, U32, I64 };
+
+int token_type_size(TokenType t);
+const char* token_type_name(TokenType t);  // "uint8", "int16", ...
+
+class MappedTokenDataset final : public TokenDataset {
+ public:
+  explicit MappedTokenDataset(std::string source);
+
+  // Takes ownership of a mapped file; returns its index for add_segment.
+  int add_file(MappedFile file);
+  // ntok tokens of type `type` at byte `offset` of file `file_index`, appended to the sequence.
+  // The caller has checked the range lies inside the file and is aligned to the token size.
+  void add_segment(int file_index, int64_t offset, int64_t ntok, TokenType type);
+  // Call once after the last add_segment: rejects an empty dataset, and scans ids when small.
+  void finalize();
+
+  int64_t num_tokens() const override { return num_tokens_; }
+  void read(int64_t begin, int64_t count, int32_t* out) const override;
+  int64_t vocab_bound() const override;
+  const std::string& source() const override { return source_; }
+
+  const std::vector<MappedFile>& files() const { return files_; }
+
+ private:
+  struct Segment {
+    const uint8_t* data;
+    int64_t ntok;
+    int64_t first;        // index of its first token in the dataset
+    int64_t file_offset;  // byte offset of its first token in the file
+    int file;
+    TokenType type;
+  };
+  void read_segment(const Segment& s, int64_t begin, int64_t count, int32_t* out) const;
+  void scan() const;
+
+  std::string source_;
+  std::vector<MappedFile> files_;
+  std::vector<Segment> segments_;
+  int64_t num_tokens_ = 0;
+  mutable std::once_flag scanned_;
+  mutable int64_t vocab_bound_ = 0;
+};
+
+}  // namespace strata::data

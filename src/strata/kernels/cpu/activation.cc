@@ -1,0 +1,81 @@
+#include "strata/kernels/cpu/activation.h"
+
+#include <cstdint>
+
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/vec.h"
+
+namespace strata::kernels {
+
+namespace {
+constexpr float kGeluC = 0.7978845608028654f;  // √(2/π)
+constexpr float kGeluA = 0.044715f;
+}  // namespace
+
+template <typename S>
+void gelu_forward(S* out, const S* inp, size_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (size_t i = 0; i < n; ++i) {
+    float x = load(inp[i]);
+    float u = kGeluC * (x + kGeluA * x * x * x);
+    out[i] = store<S>(x * sigmoid(2.0f * u));
+  }
+}
+
+// With s = sigmoid(2u) = (1 + tanh u)/2: d/dx [x·s] = s + x·2s(1-s)·u'.
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, size_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (size_t i = 0; i < n; ++i) {
+    float x = load(inp[i]);
+    float u = kGeluC * (x + kGeluA * x * x * x);
+    float du = kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+    float s = sigmoid(2.0f * u);
+    float grad = s + x * 2.0f * s * (1.0f - s) * du;
+    dinp[i] = store<S>(grad * load(dout[i]));
+  }
+}
+
+template <typename S>
+void swiglu_forward(S* out, const S* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (parallel : int64_t(N) * F >= kParallelMinWork)
+  for (int n = 0; n < N; ++n) {
+    const S* gate = inp + int64_t(n) * 2 * F;  // (F)
+    const S* up = gate + F;                    // (F)
+    S* o = out + int64_t(n) * F;               // (F)
+#pragma omp simd
+    for (int f = 0; f < F; ++f) {
+      float g = load(gate[f]);
+      o[f] = store<S>(g * sigmoid(g) * load(up[f]));
+    }
+  }
+}
+
+// silu'(g) = s·(1 + g·(1 - s)) with s = sigmoid(g).
+template <typename S>
+void swiglu_backward(S* dinp, const S* dout, const S* inp, int N, int F) {
+#pragma omp parallel for schedule(static) if (parallel : int64_t(N) * F >= kParallelMinWork)
+  for (int n = 0; n < N; ++n) {
+    const S* gate = inp + int64_t(n) * 2 * F;  // (F)
+    const S* up = gate + F;                    // (F)
+    const S* dy = dout + int64_t(n) * F;       // (F)
+    S* dgate = dinp + int64_t(n) * 2 * F;      // (F)
+    S* dup = dgate + F;                        // (F)
+#pragma omp simd
+    for (int f = 0; f < F; ++f) {
+      float g = load(gate[f]), u = load(up[f]), d = load(dy[f]);
+      float s = sigmoid(g);
+      dgate[f] = store<S>(d * u * s * (1.0f + g * (1.0f - s)));
+      dup[f] = store<S>(d * g * s);
+    }
+  }
+}
+
+#define INSTANTIATE_S(S)                                                \
+  template void gelu_forward<S>(S*, const S*, size_t);                  \
+  template void gelu_backward<S>(S*, const S*, const S*, size_t);       \
+  template void swiglu_forward<S>(S*, const S*, int, int);              \
+  template void swiglu_backward<S>(S*, const S*, const S*, int, int);
+STRATA_FOR_EACH_S(INSTANTIATE_S)
+
+}  // namespace strata::kernels

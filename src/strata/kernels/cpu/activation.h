@@ -1,0 +1,27 @@
+// Pointwise activations. S: storage type (float, bf16, f16); computation is in fp32.
+#pragma once
+
+#include <cstddef>
+
+#include "strata/core/dtype.h"
+
+namespace strata::kernels {
+
+// out (n) = GELU(inp) with the tanh approximation (PyTorch approximate='tanh'):
+// 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), evaluated as x·sigmoid(2·√(2/π)·(x + 0.044715·x³)).
+template <typename S>
+void gelu_forward(S* out, const S* inp, size_t n);
+
+// dinp (n) = dout · GELU'(inp); dinp may alias dout.
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, size_t n);
+
+// inp (N,2F): columns [0,F) gate, [F,2F) up; out (N,F) = silu(gate) · up.
+template <typename S>
+void swiglu_forward(S* out, const S* inp, int N, int F);
+
+// dinp (N,2F) written (gate part, then up part); dout (N,F); inp (N,2F) as in the forward.
+template <typename S>
+void swiglu_backward(S* dinp, const S* dout, const S* inp, int N, int F);
+
+}  // namespace strata::kernels

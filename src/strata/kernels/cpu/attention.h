@@ -1,0 +1,29 @@
+// Causal self-attention, multi-head and grouped-query, scale 1/sqrt(hd). S: storage type
+// (float, bf16, f16). The four products per direction go through the strided batched matmul
+// (oneDNN), reading q, k and v in place inside qkv; softmax runs in fp32 between them.
+// For bf16/f16 the pre-softmax scores are rounded to S in `att` before the softmax, as PyTorch's
+// eager attention under autocast does.
+#pragma once
+
+#include <cstddef>
+
+#include "strata/core/dtype.h"
+
+namespace strata::kernels {
+
+// out (B,T,NH*hd); att (B,NH,T,T) softmax probabilities saved for backward (masked part 0);
+// qkv (B,T,(NH+2*KVH)*hd): per row the NH query heads, then KVH key heads, then KVH value heads.
+// Query head h uses kv head h/(NH/KVH); NH must be a multiple of KVH.
+template <typename S>
+void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd);
+
+// Floats of scratch attention_backward needs.
+size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd);
+
+// dqkv (B,T,(NH+2*KVH)*hd) written; scratch (attention_backward_scratch_floats); dout
+// (B,T,NH*hd); qkv and att as in (and from) the forward.
+template <typename S>
+void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, int B,
+                        int T, int NH, int KVH, int hd);
+
+}  // namespace strata::kernels

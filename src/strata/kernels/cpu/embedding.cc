@@ -1,0 +1,70 @@
+#include "strata/kernels/cpu/embedding.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/vec.h"
+
+namespace strata::kernels {
+
+namespace {
+// Channels per backward task: 64 keeps a task's rows of dwte in whole cache lines for every G.
+constexpr int kChannelBlock = 64;
+}  // namespace
+
+template <typename S>
+void embedding_forward(S* out, const int32_t* tokens, const S* wte, const S* wpe, int B, int T,
+                       int C) {
+#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
+  for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
+    S* o = out + bt * C;                          // (C)
+    const S* e = wte + int64_t(tokens[bt]) * C;  // (C)
+    if (wpe != nullptr) {
+      const S* p = wpe + (bt % T) * C;  // (C)
+#pragma omp simd
+      for (int c = 0; c < C; ++c) o[c] = store<S>(load(e[c]) + load(p[c]));
+    } else {
+      std::memcpy(o, e, sizeof(S) * size_t(C));
+    }
+  }
+}
+
+template <typename S, typename G>
+void embedding_backward(G* dwte, G* dwpe, const S* dout, const int32_t* tokens, int B, int T,
+                        int C) {
+  int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
+  for (int blk = 0; blk < nblocks; ++blk) {
+    int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
+      const S* d = dout + bt * C;                   // (C)
+      G* g = dwte + int64_t(tokens[bt]) * C;       // (C)
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) g[c] = store<G>(load(g[c]) + load(d[c]));
+    }
+    if (dwpe == nullptr) continue;
+    for (int t = 0; t < T; ++t) {
+      G* g = dwpe + int64_t(t) * C;  // (C)
+      float acc[kChannelBlock];
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) acc[c - c0] = 0.0f;
+      for (int b = 0; b < B; ++b) {
+        const S* d = dout + (int64_t(b) * T + t) * C;  // (C)
+#pragma omp simd
+        for (int c = c0; c < c1; ++c) acc[c - c0] += load(d[c]);
+      }
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) g[c] = store<G>(load(g[c]) + acc[c - c0]);
+    }
+  }
+}
+
+#define INSTANTIATE_S(S)                                                                   \
+  template void embedding_forward<S>(S*, const int32_t*, const S*, const S*, int, int, int);
+#define INSTANTIATE_SG(S, G) \
+  template void embedding_backward<S, G>(G*, G*, const S*, const int32_t*, int, int, int);
+STRATA_FOR_EACH_S(INSTANTIATE_S)
+STRATA_FOR_EACH_SG(INSTANTIATE_SG)
+
+}  // namespace strata::kernels

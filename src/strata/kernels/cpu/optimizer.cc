@@ -1,0 +1,98 @@
+#include "strata/kernels/cpu/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/vec.h"
+
+namespace strata::kernels {
+
+namespace {
+// sum_squares splits its input into this many equal parts whatever the thread count.
+constexpr int kSumParts = 64;
+}  // namespace
+
+// When S is float and param aliases master, the final store writes back the value just written:
+// harmless, and it keeps the loop free of a branch.
+template <typename S, typename G>
+void adam_step(float* master, S* param, const G* grad, float* m, float* v, size_t n, float lr,
+               float beta1, float beta2, float eps, float weight_decay, float grad_scale,
+               int64_t step, bool adamw_mode) {
+  const float step_size = float(lr / (1.0 - std::pow(double(beta1), double(step))));
+  const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(beta2), double(step))));
+  const float decay = adamw_mode ? 1.0f - lr * weight_decay : 1.0f;
+  const float l2 = adamw_mode ? 0.0f : weight_decay;
+#pragma omp parallel for simd schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (size_t i = 0; i < n; ++i) {
+    float p = master[i];
+    float g = load(grad[i]) * grad_scale + l2 * p;
+    p *= decay;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    p -= step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    m[i] = mi;
+    v[i] = vi;
+    master[i] = p;
+    param[i] = store<S>(p);
+  }
+}
+
+template <typename S, typename G>
+void sgd_step(float* master, S* param, const G* grad, float* buf, size_t n, float lr,
+              float momentum, float weight_decay, bool nesterov, float grad_scale, int64_t step) {
+  const bool use_momentum = momentum != 0.0f;
+  const float keep = step <= 1 ? 0.0f : momentum;  // torch starts the buffer at the first g
+#pragma omp parallel for simd schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (size_t i = 0; i < n; ++i) {
+    float p = master[i];
+    float g = load(grad[i]) * grad_scale + weight_decay * p;
+    if (use_momentum) {
+      float b = keep * buf[i] + g;
+      buf[i] = b;
+      g = nesterov ? g + momentum * b : b;
+    }
+    p -= lr * g;
+    master[i] = p;
+    param[i] = store<S>(p);
+  }
+}
+
+template <typename G>
+double sum_squares(const G* g, size_t n) {
+  double partial[kSumParts];
+#pragma omp parallel for schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (int part = 0; part < kSumParts; ++part) {
+    size_t begin = n / kSumParts * part + std::min<size_t>(part, n % kSumParts);
+    size_t end = begin + n / kSumParts + (size_t(part) < n % kSumParts ? 1 : 0);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = begin; i < end; ++i) {
+      double x = load(g[i]);
+      s += x * x;
+    }
+    partial[part] = s;
+  }
+  double total = 0.0;
+  for (int part = 0; part < kSumParts; ++part) total += partial[part];
+  return total;
+}
+
+template <typename G>
+void scale_inplace(G* g, size_t n, float s) {
+#pragma omp parallel for simd schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (size_t i = 0; i < n; ++i) g[i] = store<G>(load(g[i]) * s);
+}
+
+#define INSTANTIATE_SG(S, G)                                                                  \
+  template void adam_step<S, G>(float*, S*, const G*, float*, float*, size_t, float, float,   \
+                                float, float, float, float, int64_t, bool);                   \
+  template void sgd_step<S, G>(float*, S*, const G*, float*, size_t, float, float, float, bool, \
+                               float, int64_t);
+#define INSTANTIATE_G(G)                                   \
+  template double sum_squares<G>(const G*, size_t);        \
+  template void scale_inplace<G>(G*, size_t, float);
+STRATA_FOR_EACH_SG(INSTANTIATE_SG)
+STRATA_FOR_EACH_S(INSTANTIATE_G)
+
+}  // namespace strata::kernels

@@ -1,0 +1,64 @@
+#include "strata/kernels/cpu/rope.h"
+
+#include <cmath>
+
+#include "strata/core/check.h"
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/vec.h"
+
+namespace strata::kernels {
+
+namespace {
+
+constexpr int kMaxHalf = 512;
+
+// Rotates every head of rows at position t (one per batch element) by +angle (sign 1) or
+// -angle (sign -1). cos/sin are computed once per position and shared by all B·nheads heads.
+template <typename S>
+void rotate(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float theta, float sign) {
+  STRATA_CHECK(hd % 2 == 0 && hd / 2 <= kMaxHalf, "rope needs an even head dim <= ",
+               2 * kMaxHalf, ", got ", hd);
+  int half = hd / 2;
+#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * nheads * hd >= kParallelMinWork)
+  for (int t = 0; t < T; ++t) {
+    float cs[kMaxHalf], sn[kMaxHalf];
+    for (int i = 0; i < half; ++i) {
+      float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(hd));
+      float angle = float(t) * inv_freq;
+      cs[i] = std::cos(angle);
+      sn[i] = sign * std::sin(angle);
+    }
+    for (int b = 0; b < B; ++b) {
+      S* row = x + (int64_t(b) * T + t) * row_stride;  // (nheads*hd)
+      for (int h = 0; h < nheads; ++h) {
+        S* lo = row + int64_t(h) * hd;  // (hd/2)
+        S* hi = lo + half;              // (hd/2)
+#pragma omp simd
+        for (int i = 0; i < half; ++i) {
+          float a = load(lo[i]), c = load(hi[i]);
+          lo[i] = store<S>(a * cs[i] - c * sn[i]);
+          hi[i] = store<S>(c * cs[i] + a * sn[i]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <typename S>
+void rope_forward(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float theta) {
+  rotate(x, B, T, nheads, hd, row_stride, theta, 1.0f);
+}
+
+template <typename S>
+void rope_backward(S* dx, int B, int T, int nheads, int hd, int64_t row_stride, float theta) {
+  rotate(dx, B, T, nheads, hd, row_stride, theta, -1.0f);
+}
+
+#define INSTANTIATE_S(S)                                                         \
+  template void rope_forward<S>(S*, int, int, int, int, int64_t, float);         \
+  template void rope_backward<S>(S*, int, int, int, int, int64_t, float);
+STRATA_FOR_EACH_S(INSTANTIATE_S)
+
+}  // namespace strata::kernels

@@ -1,0 +1,39 @@
+// fp16 loss scaling with DeepSpeed's semantics (deepspeed/runtime/fp16/loss_scaler.py): a
+// static scale when fp16.loss_scale > 0, else dynamic: start at 2^initial_scale_power, halve on
+// overflow once `hysteresis` overflows have been tolerated, double after `loss_scale_window`
+// steps without one, never below min_loss_scale. An overflowing step is skipped.
+#pragma once
+
+#include <cstdint>
+
+#include "strata/optim/optim_config.h"
+
+namespace strata {
+
+class LossScaler {
+ public:
+  LossScaler() = default;  // disabled: scale 1, never changes
+  explicit LossScaler(const Fp16Config& c);
+
+  float scale() const { return scale_; }
+  // Records the outcome of a step: overflow = the gradients held Inf or NaN.
+  void update(bool overflow);
+
+  // Resumable state.
+  struct State {
+    float scale;
+    int64_t iter, last_overflow_iter;
+    int hysteresis_left;
+  };
+  State state() const { return {scale_, iter_, last_overflow_iter_, hysteresis_left_}; }
+  void set_state(const State& s);
+
+ private:
+  bool dynamic_ = false;
+  float scale_ = 1.0f, min_scale_ = 1.0f;
+  int64_t window_ = 1000, iter_ = 0, last_overflow_iter_ = -1;
+  int hysteresis_ = 1, hysteresis_left_ = 1;
+  bool consecutive_hysteresis_ = false;
+};
+
+}  // namespace strata

@@ -1,0 +1,84 @@
+#include "strata/optim/optimizer.h"
+
+#include "strata/core/check.h"
+#include "strata/kernels/cpu/optimizer.h"
+
+namespace strata {
+
+Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dtype, void* params,
+                     int64_t numel, std::vector<ParamRange> ranges)
+    : cfg_(c),
+      param_dtype_(param_dtype),
+      grad_dtype_(grad_dtype),
+      params_(params),
+      numel_(numel),
+      ranges_(std::move(ranges)) {
+  const size_t bytes = size_t(numel) * sizeof(float);
+  if (param_dtype == DType::F32) {
+    master_ = static_cast<float*>(params);  // fp32 training: the parameters are the master copy
+  } else {
+    master_buf_ = Buffer(MemCategory::MasterParams, bytes);
+    master_ = master_buf_.as<float>();
+  }
+  const bool sgd = cfg_.type == "sgd";
+  if (!sgd || cfg_.momentum != 0.0f) m_ = Buffer(MemCategory::OptimizerState, bytes);
+  if (!sgd) v_ = Buffer(MemCategory::OptimizerState, bytes);
+}
+
+void Optimizer::publish() {
+  if (param_dtype_ != DType::F32) convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
+}
+
+namespace {
+
+template <typename T, typename G>
+void step_range(const OptimizerConfig& c, float* master, T* param, const G* grad, float* m,
+                float* v, const ParamRange& r, float lr, float grad_scale, int64_t step) {
+  const int64_t o = r.offset;
+  const float wd = r.decay ? c.weight_decay : 0.0f;
+  T* p = param + o;
+  if (c.type == "sgd") {
+    kernels::sgd_step(master + o, p, grad + o, m ? m + o : nullptr, size_t(r.numel), lr,
+                      c.momentum, wd, c.nesterov, grad_scale, step);
+  } else {
+    const bool adamw = c.type == "adamw" || c.adam_w_mode;
+    kernels::adam_step(master + o, p, grad + o, m + o, v + o, size_t(r.numel), lr, c.beta1,
+                       c.beta2, c.eps, wd, grad_scale, step, adamw);
+  }
+}
+
+template <typename T, typename G>
+void step_all(const OptimizerConfig& c, float* master, void* params, const void* grads, float* m,
+              float* v, const std::vector<ParamRange>& ranges, float lr, float grad_scale,
+              int64_t step) {
+  for (const ParamRange& r : ranges) {
+    step_range(c, master, static_cast<T*>(params), static_cast<const G*>(grads), m, v, r, lr,
+               grad_scale, step);
+  }
+}
+
+}  // namespace
+
+void Optimizer::step(const void* grads, float lr, float grad_scale) {
+  ++step_;
+  float* m = m_.as<float>();
+  float* v = v_.as<float>();
+  using P = DType;
+  const P pt = param_dtype_, gt = grad_dtype_;
+  if (pt == P::F32 && gt == P::F32) {
+    step_all<float, float>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+  } else if (pt == P::BF16 && gt == P::F32) {
+    step_all<bf16, float>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+  } else if (pt == P::BF16 && gt == P::BF16) {
+    step_all<bf16, bf16>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+  } else if (pt == P::F16 && gt == P::F32) {
+    step_all<f16, float>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+  } else if (pt == P::F16 && gt == P::F16) {
+    step_all<f16, f16>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+  } else {
+    STRATA_FAIL("no optimizer kernel for parameters ", dtype_name(pt), " and gradients ",
+                dtype_name(gt));
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,110 @@
+// Internals of the config parser shared by the config_*.cc files: the schema (every block's keys),
+// the strict block reader, and the parsers of each group of blocks. Not for use outside config*.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/train/config.h"
+
+namespace strata::config_detail {
+
+using json = nlohmann::json;
+using Keys = std::vector<std::string>;
+
+// ---- schema: the valid keys of every block, by path ("" is the top level) ----
+
+struct BlockSchema {
+  std::string path;
+  const Keys* keys;
+};
+const std::vector<BlockSchema>& schema();
+const Keys& keys_of(std::string_view path);  // the block at `path` must exist in schema()
+
+// ---- messages ----
+
+// Edit distance (optimal string alignment, case-insensitive): insertion, deletion, substitution
+// and transposition of adjacent characters each cost 1.
+size_t edit_distance(std::string_view a, std::string_view b);
+// The candidate nearest to `word` by edit distance; "" when there are none.
+std::string nearest(std::string_view word, const Keys& candidates);
+// A value as the user wrote it (JSON), shortened for a message.
+std::string show(const json& v);
+std::string join_path(std::string_view parent, std::string_view key);
+// ", "-joined list, each element quoted when `quote`.
+std::string list(const Keys& items, bool quote);
+// Throws the InputError for key `key` of the block at `path`, which allows `valid`: names a
+// DeepSpeed key strata does not implement as such, a key that belongs to another block by its
+// full path, else the nearest valid key.
+[[noreturn]] void fail_unknown_key(std::string_view path, std::string_view key, const Keys& valid);
+
+// ---- the block reader ----
+
+// One JSON object read as a config block. The constructor rejects a non-object and any key outside
+// `keys`; the getters leave `out` untouched (the default) when the key is absent, check the type
+// and the range, and return whether the key was given. In DeepSpeed's pydantic blocks (zero,
+// fp16, bf16, monitors) the string "auto" means "use the default" (`auto_means_default`).
+class Block {
+ public:
+  Block(const json* j, std::string path, const Keys& keys, bool auto_means_default = false);
+
+  const std::string& path() const { return path_; }
+  bool present() const { return j_ != nullptr; }
+  // Keys whose JSON null means "not given" (DeepSpeed's Optional fields).
+  Block& nullable(std::initializer_list<std::string_view> keys);
+  bool has(std::string_view key) const;  // given (not absent, not "auto"/null where they mean unset)
+  bool is_null(std::string_view key) const;  // given as JSON null
+  const json& at(std::string_view key) const;
+  std::string key_path(std::string_view key) const { return join_path(path_, key); }
+
+  bool get_bool(std::string_view key, bool& out) const;
+  bool get_int(std::string_view key, int64_t& out, int64_t lo, int64_t hi = INT64_MAX) const;
+  bool get_int(std::string_view key, int& out, int lo, int hi = INT_MAX) const;
+  bool get_uint64(std::string_view key, uint64_t& out) const;
+  // A finite number in [lo, hi] (or (lo, hi] when `lo_open`).
+  bool get_number(std::string_view key, double& out, double lo, double hi,
+                  bool lo_open = false) const;
+  bool get_number(std::string_view key, float& out, double lo, double hi,
+                  bool lo_open = false) const;
+  bool get_string(std::string_view key, std::string& out) const;
+  // One of `allowed`; stores the allowed spelling (matched case-insensitively when asked).
+  bool get_choice(std::string_view key, std::string& out, const Keys& allowed,
+                  bool case_insensitive = false) const;
+  // The nested block at `key` (absent: an empty block, every getter leaves its default).
+  Block child(std::string_view key, const Keys& keys, bool auto_means_default = false) const;
+
+  // "<path> must be <what>, got <value>" for `key`.
+  [[noreturn]] void fail(std::string_view key, std::string_view what) const;
+
+ private:
+  const json* value(std::string_view key) const;  // nullptr when not given
+
+  const json* j_;
+  std::string path_;
+  bool auto_means_default_;
+  std::vector<std::string> nullable_;
+};
+
+// ---- the parsers, one per group of blocks; each fills its part of `c` from the top level ----
+
+void parse_batch_and_top(const Block& top, Config& c);     // batch keys, scalars, data_types
+void parse_precision(const Block& top, Config& c);         // fp16, bf16 / bfloat16
+void parse_optimizer(const Block& top, Config& c);         // optimizer
+void parse_scheduler(const Block& top, Config& c);         // scheduler (after the optimizer)
+void parse_zero(const Block& top, Config& c);              // zero_optimization
+void parse_runtime_blocks(const Block& top, Config& c);    // activation ckpt, checkpoint,
+                                                           // elasticity, monitors
+void parse_model(const Block& top, Config& c);             // model (finalized)
+void parse_layout_blocks(const Block& top, Config& c);     // parallelism, data, train
+// Checks that span blocks (ZeRO with the optimizer, precision with data_types, ...).
+void check_cross_block(Config& c);
+
+// Applies one "--set a.b.c=value" to the tree.
+void apply_override(json& root, const std::string& spec);
+
+}  // namespace strata::config_detail

@@ -1,0 +1,133 @@
+#include "strata/train/engine.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "strata/core/check.h"
+#include "strata/data/sampler.h"
+#include "strata/data/token_dataset.h"
+#include "strata/kernels/cpu/optimizer.h"
+#include "strata/optim/lr_schedule.h"
+
+namespace strata {
+
+namespace {
+
+double grad_sum_squares(const void* g, DType t, size_t n) {
+  switch (t) {
+    case DType::F32:
+      return kernels::sum_squares(static_cast<const float*>(g), n);
+    case DType::BF16:
+      return kernels::sum_squares(static_cast<const bf16*>(g), n);
+    case DType::F16:
+      return kernels::sum_squares(static_cast<const f16*>(g), n);
+  }
+  return 0.0;
+}
+
+}  // namespace
+
+Engine::Engine(const Config& cfg, const data::TokenDataset* dataset)
+    : cfg_(cfg), spec_(build_model_spec(cfg.model)) {
+  STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0,
+               "the batch triangle must be resolved before building the engine");
+  const ModelConfig& m = cfg_.model;
+  const DType pt = cfg_.param_dtype();
+  const DType gt = cfg_.fp16.enabled || cfg_.bf16.enabled ? cfg_.grad_accum_dtype : DType::F32;
+  if (dataset != nullptr) {
+    sampler_ = std::make_unique<data::Sampler>(*dataset, m.seq_len, cfg_.train.seed);
+    sampler_->check_vocab(m.vocab);
+  }
+
+  params_ = Buffer(MemCategory::Params, size_t(spec_.numel) * dtype_size(pt));
+  grads_ = Buffer(MemCategory::Grads, size_t(spec_.numel) * dtype_size(gt));
+  std::vector<ParamRange> ranges;
+  for (const ParamSpec& p : spec_.params) ranges.push_back({p.offset, p.numel(), p.decay});
+  optimizer_ = std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, params_.data(), spec_.numel,
+                                           std::move(ranges));
+  for (const ParamSpec& p : spec_.params) {
+    init_param_slice(optimizer_->master() + p.offset, p, cfg_.train.seed, 0, p.numel());
+  }
+  optimizer_->publish();
+  if (cfg_.fp16.enabled) scaler_ = LossScaler(cfg_.fp16);
+
+  const int B = int(cfg_.train_micro_batch_size_per_gpu);
+  model_ = make_transformer(spec_, pt, gt, params_.data(), grads_.data(), B, m.seq_len);
+  const size_t batch_bytes = size_t(cfg_.train_batch_size) * size_t(m.seq_len) * sizeof(int32_t);
+  inputs_ = Buffer(MemCategory::Activations, batch_bytes);
+  targets_ = Buffer(MemCategory::Activations, batch_bytes);
+  flops_per_token_ = train_flops_per_token(spec_);
+}
+
+Engine::~Engine() = default;
+
+void Engine::zero_grads() { std::memset(grads_.data(), 0, grads_.bytes()); }
+
+double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
+  const int64_t tokens = cfg_.train_micro_batch_size_per_gpu * cfg_.model.seq_len;
+  double loss = model_->forward(inputs, targets, scaler_.scale() / float(tokens), true);
+  model_->backward();
+  return loss / double(tokens);
+}
+
+StepMetrics Engine::train_batch() {
+  STRATA_CHECK(sampler_ != nullptr, "this engine was built without a dataset");
+  const int64_t gbs = cfg_.train_batch_size;
+  int32_t* in = inputs_.as<int32_t>();
+  int32_t* tg = targets_.as<int32_t>();
+  sampler_->get_batch(data::Sampler::first_sample_of(consumed_samples_, 0, 1, gbs), gbs, in, tg);
+  return train_batch_on(in, tg);
+}
+
+StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets) {
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  MemoryTracker::instance().reset_peaks();
+  const int64_t mb = cfg_.train_micro_batch_size_per_gpu;
+  const int64_t gas = cfg_.gradient_accumulation_steps;
+  const int64_t gbs = cfg_.train_batch_size;
+  const int64_t T = cfg_.model.seq_len;
+  // Every target of a sampled window counts, so the global batch holds gbs·T loss terms; each
+  // micro-batch's dlogits carry 1/(gbs·T), making the accumulated gradient the global mean's.
+  const float dloss = scaler_.scale() / float(gbs * T);
+  double loss_sum = 0.0;
+  for (int64_t k = 0; k < gas; ++k) {
+    const int64_t at = k * mb * T;
+    loss_sum += model_->forward(inputs + at, targets + at, dloss, true);
+    model_->backward();
+  }
+  consumed_samples_ += gbs;
+  ++step_;
+
+  StepMetrics s;
+  s.step = step_;
+  s.loss = loss_sum / double(gbs * T);
+  s.loss_scale = scaler_.scale();
+  const DType gt = cfg_.fp16.enabled || cfg_.bf16.enabled ? cfg_.grad_accum_dtype : DType::F32;
+  double sumsq = grad_sum_squares(grads_.data(), gt, size_t(spec_.numel));
+  s.grad_norm = std::sqrt(sumsq) / scaler_.scale();
+  const bool overflow = !std::isfinite(sumsq);
+  const bool check = !cfg_.bf16.enabled || cfg_.bf16.check_grad_overflow;
+  s.skipped = overflow && check;
+  s.lr = lr_at(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
+  if (!s.skipped) {
+    float clip = 1.0f;
+    if (cfg_.gradient_clipping > 0.0f && s.grad_norm > cfg_.gradient_clipping) {
+      clip = float(cfg_.gradient_clipping / (s.grad_norm + 1e-6));  // torch's clip_grad_norm_
+    }
+    optimizer_->step(grads_.data(), s.lr, clip / scaler_.scale());
+  }
+  if (cfg_.fp16.enabled) scaler_.update(overflow);
+  zero_grads();
+
+  s.tokens = gbs * T;
+  s.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  s.tokens_per_s = double(s.tokens) / s.seconds;
+  s.flops = flops_per_token_ * double(s.tokens);
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    s.peak_bytes[size_t(c)] = MemoryTracker::instance().peak(MemCategory(c));
+  }
+  return s;
+}
+
+}  // namespace strata

@@ -1,0 +1,78 @@
+// The training engine: the only place that knows the order of a step (DESIGN.md §3). One process
+// today; later layers plug data, tensor and pipeline parallelism and ZeRO in behind the same step.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/memory.h"
+#include "strata/model/param_spec.h"
+#include "strata/model/transformer.h"
+#include "strata/optim/loss_scaler.h"
+#include "strata/optim/optimizer.h"
+#include "strata/train/config.h"
+
+namespace strata {
+
+namespace data {
+class TokenDataset;
+class Sampler;
+}  // namespace data
+
+struct StepMetrics {
+  int64_t step = 0;            // optimizer steps attempted so far (1-based)
+  double loss = 0.0;           // mean loss over the global batch
+  float lr = 0.0f;
+  double grad_norm = 0.0;      // global norm of the unscaled gradients, before clipping
+  float loss_scale = 1.0f;
+  bool skipped = false;        // the step was skipped: gradients overflowed
+  int64_t tokens = 0;          // tokens in the global batch
+  double seconds = 0.0;        // wall time of the step
+  double tokens_per_s = 0.0;
+  double flops = 0.0;          // matmul FLOPs of the step (peers' convention)
+  std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
+};
+
+class Engine {
+ public:
+  // cfg must be resolved (resolve_batch) for dp = 1. The dataset, when given, must outlive the
+  // engine; without one, only train_batch_on() can train.
+  Engine(const Config& cfg, const data::TokenDataset* dataset);
+  ~Engine();
+
+  // One optimizer step over the next global batch of the dataset.
+  StepMetrics train_batch();
+  // One optimizer step over the given global batch: inputs, targets (train_batch_size, seq_len).
+  StepMetrics train_batch_on(const int32_t* inputs, const int32_t* targets);
+
+  const ModelSpec& spec() const { return spec_; }
+  const Config& config() const { return cfg_; }
+  int64_t consumed_samples() const { return consumed_samples_; }
+  // The current parameters (param dtype) and the fp32 master copy, flat in ModelSpec order.
+  const void* params() const { return params_.data(); }
+  const float* master() { return optimizer_->master(); }
+  Transformer& model() { return *model_; }
+  // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
+  // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only).
+  double forward_backward(const int32_t* inputs, const int32_t* targets);
+  const void* grads() const { return grads_.data(); }
+  void zero_grads();
+
+ private:
+  Config cfg_;
+  ModelSpec spec_;
+  std::unique_ptr<data::Sampler> sampler_;
+  Buffer params_, grads_;
+  std::unique_ptr<Transformer> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  LossScaler scaler_;
+  Buffer inputs_, targets_;  // one global batch of token ids (train_batch_size, seq_len)
+  int64_t consumed_samples_ = 0;
+  int64_t step_ = 0;
+  double flops_per_token_ = 0.0;
+};
+
+}  // namespace strata

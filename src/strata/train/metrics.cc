@@ -1,0 +1,83 @@
+#include "strata/train/metrics.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "strata/core/check.h"
+#include "strata/kernels/cpu/matmul.h"
+
+namespace strata {
+
+double measured_matmul_peak_gflops(DType dtype, int n) {
+  static std::map<std::pair<DType, int>, double> cache;
+  auto key = std::make_pair(dtype, n);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  const size_t elems = size_t(n) * size_t(n);
+  Buffer a(MemCategory::Workspace, elems * dtype_size(dtype));
+  Buffer b(MemCategory::Workspace, elems * dtype_size(dtype));
+  Buffer c(MemCategory::Workspace, elems * sizeof(float));
+  const int64_t batch[2] = {1, 1};
+  auto run = [&] {
+    kernels::matmul({c.data(), DType::F32, n}, {a.data(), dtype, n, 1}, {b.data(), dtype, 1, n}, n,
+                    n, n, batch);
+  };
+  run();  // warm-up: JIT and first touch
+  const int reps = 3;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) run();
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double gflops = 2.0 * double(n) * n * n * reps / s / 1e9;
+  cache[key] = gflops;
+  return gflops;
+}
+
+std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops) {
+  size_t mem = 0;
+  for (size_t v : s.peak_bytes) mem += v;
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | MFU %5.1f%% "
+                "| mem %s%s",
+                static_cast<long long>(s.step), static_cast<long long>(total_steps), s.loss,
+                double(s.lr), s.grad_norm, s.tokens_per_s,
+                100.0 * s.flops / s.seconds / 1e9 / peak_gflops, format_bytes(mem).c_str(),
+                s.skipped ? " | skipped (overflow)" : "");
+  return buf;
+}
+
+MetricsLog::MetricsLog(const std::string& run_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  STRATA_INPUT_CHECK(!ec, "cannot create run directory '", run_dir, "': ", ec.message(),
+                     "; set train.run_dir (or --run-dir) to a writable path");
+  path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
+  out_.open(path_, std::ios::trunc);
+  STRATA_INPUT_CHECK(out_.good(), "cannot write ", path_,
+                     "; set train.run_dir (or --run-dir) to a writable path");
+}
+
+void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
+  nlohmann::json j;
+  j["step"] = s.step;
+  j["loss"] = s.loss;
+  j["lr"] = s.lr;
+  j["grad_norm"] = s.grad_norm;
+  j["loss_scale"] = s.loss_scale;
+  j["skipped"] = s.skipped;
+  j["tokens"] = s.tokens;
+  j["step_time_s"] = s.seconds;
+  j["tokens_per_s"] = s.tokens_per_s;
+  j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
+  nlohmann::json mem;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    mem[mem_category_name(MemCategory(c))] = s.peak_bytes[size_t(c)];
+  }
+  j["peak_bytes"] = mem;
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+}  // namespace strata

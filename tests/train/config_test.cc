@@ -1,0 +1,621 @@
+// The config parser: the seed config, DeepSpeed's defaults, the batch triangle, "auto", overrides,
+// strict JSON, and the notices for settings not in effect.
+#include "strata/train/config.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "strata/core/check.h"
+
+namespace strata {
+namespace {
+
+using nlohmann::json;
+
+const json kMinimal = {{"train_micro_batch_size_per_gpu", 1}};
+
+json with(json j, const json& patch) {
+  j.merge_patch(patch);
+  return j;
+}
+
+// The InputError message of parsing `j` (with `overrides`); "" when it parses.
+std::string error_of(const json& j, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(j, overrides);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
+  for (const std::string& l : lines) {
+    if (contains(l, part)) return true;
+  }
+  return false;
+}
+
+TEST(Config, SeedConfigLoadsUnchanged) {
+  Config c = load_config(std::string(STRATA_SOURCE_DIR) + "/configs/seed_ds_config.json");
+  EXPECT_EQ(c.given_micro_batch, 1);
+  EXPECT_EQ(c.given_grad_accum, 16);
+  EXPECT_EQ(c.given_train_batch_size, 0);
+  EXPECT_EQ(c.train_batch_size, 0) << "parse_config must not resolve the batch";
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.param_dtype(), DType::BF16);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_TRUE(c.zero.overlap_comm);
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  ASSERT_TRUE(c.communication_data_type.has_value());
+  EXPECT_EQ(*c.communication_data_type, DType::BF16);
+  EXPECT_TRUE(c.activation_checkpointing.partition_activations);
+  EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
+  EXPECT_TRUE(c.activation_checkpointing.contiguous_memory_optimization);
+  EXPECT_EQ(c.grad_accum_dtype, DType::BF16);  // DeepSpeed: unset means the model dtype
+  EXPECT_EQ(c.model.preset, "demo");           // no model block
+  resolve_batch(c, 1);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 16);
+
+  const std::vector<std::string> notes = config_notices(c, 1);
+  EXPECT_TRUE(any_contains(notes, "zero_optimization.stage=3 is honoured trivially"));
+  EXPECT_TRUE(any_contains(notes, "zero_optimization.overlap_comm"));
+  EXPECT_TRUE(any_contains(notes, "activation_checkpointing.partition_activations"));
+  EXPECT_TRUE(any_contains(notes, "communication_data_type=bf16"));
+}
+
+TEST(Config, DeepSpeedDefaults) {
+  Config c = parse_config(kMinimal);
+  EXPECT_FLOAT_EQ(c.gradient_clipping, 1.0f);
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_FALSE(c.communication_data_type.has_value());
+  EXPECT_EQ(c.comm_dtype(), DType::F32);
+  EXPECT_EQ(c.grad_accum_dtype, DType::F32);
+  EXPECT_FALSE(c.prescale_gradients);
+  EXPECT_FLOAT_EQ(c.gradient_predivide_factor, 1.0f);
+
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 0.0f);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_FALSE(c.fp16.consecutive_hysteresis);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1.0f);
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_TRUE(c.bf16.check_grad_overflow);
+
+  const ZeroConfig& z = c.zero;
+  EXPECT_EQ(z.stage, 0);
+  EXPECT_FALSE(z.overlap_comm);
+  EXPECT_TRUE(z.contiguous_gradients);
+  EXPECT_EQ(z.reduce_bucket_size, 500000000);
+  EXPECT_EQ(z.allgather_bucket_size, 500000000);
+  EXPECT_TRUE(z.reduce_scatter);
+  EXPECT_TRUE(z.allgather_partitions);
+  EXPECT_EQ(z.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_EQ(z.stage3_param_persistence_threshold, 100000);
+  EXPECT_EQ(z.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 1000000000);
+  EXPECT_EQ(z.stage3_model_persistence_threshold, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(z.sub_group_size, 1000000000);
+  EXPECT_FALSE(z.round_robin_gradients);
+  EXPECT_EQ(z.offload_param.device, "none");
+  EXPECT_EQ(z.offload_param.buffer_count, 5);
+  EXPECT_EQ(z.offload_param.buffer_size, 100000000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 1000000000);
+  EXPECT_TRUE(z.offload_param.pin_memory);
+  EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
+
+  EXPECT_FALSE(c.activation_checkpointing.partition_activations);
+  EXPECT_FALSE(c.activation_checkpointing.number_checkpoints.has_value());
+  EXPECT_EQ(c.checkpoint.tag_validation, "Warn");
+  EXPECT_FALSE(c.checkpoint.load_universal);
+  EXPECT_FALSE(c.checkpoint.use_node_local_storage);
+  EXPECT_FALSE(c.checkpoint.parallel_write_pipeline_stage);
+  EXPECT_FALSE(c.elasticity.enabled);
+  EXPECT_EQ(c.elasticity.max_gpus, 10000);
+  EXPECT_EQ(c.tensorboard.job_name, "DeepSpeedJobName");
+  EXPECT_EQ(c.wandb.project, "deepspeed");
+
+  EXPECT_EQ(c.parallelism.tensor, 1);
+  EXPECT_EQ(c.parallelism.order, "tp-dp-pp");
+  EXPECT_EQ(c.train.seed, 1234u);
+  EXPECT_TRUE(config_notices(c, 1).empty());
+}
+
+TEST(Config, OptimizerDefaultsAsDeepSpeed) {
+  Config adam = parse_config(with(kMinimal, {{"optimizer", {{"type", "adam"}}}}));
+  EXPECT_EQ(adam.optimizer.type, "adam");
+  EXPECT_FLOAT_EQ(adam.optimizer.lr, 1e-3f);
+  EXPECT_FLOAT_EQ(adam.optimizer.beta1, 0.9f);
+  EXPECT_FLOAT_EQ(adam.optimizer.beta2, 0.999f);
+  EXPECT_FLOAT_EQ(adam.optimizer.eps, 1e-8f);
+  EXPECT_FLOAT_EQ(adam.optimizer.weight_decay, 0.0f);  // FusedAdam's default
+  EXPECT_TRUE(adam.optimizer.adam_w_mode);             // DeepSpeed's Adam is AdamW by default
+
+  Config l2 = parse_config(
+      with(kMinimal, {{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", false}}}}}}));
+  EXPECT_FALSE(l2.optimizer.adam_w_mode);
+
+  Config w = parse_config(with(
+      kMinimal, {{"optimizer",
+                  {{"type", "ADAMW"},
+                   {"params", {{"lr", 3e-4}, {"betas", {0.9, 0.95}}, {"weight_decay", 0.1}}}}}}));
+  EXPECT_EQ(w.optimizer.type, "adamw");
+  EXPECT_TRUE(w.optimizer.adam_w_mode);
+  EXPECT_FLOAT_EQ(w.optimizer.lr, 3e-4f);
+  EXPECT_FLOAT_EQ(w.optimizer.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(w.optimizer.weight_decay, 0.1f);
+
+  // torch_adam picks torch.optim.AdamW, whose default decay is 0.01.
+  Config torch = parse_config(
+      with(kMinimal, {{"optimizer", {{"type", "AdamW"}, {"params", {{"torch_adam", true}}}}}}));
+  EXPECT_FLOAT_EQ(torch.optimizer.weight_decay, 0.01f);
+
+  Config sgd = parse_config(with(
+      kMinimal,
+      {{"optimizer", {{"type", "sgd"}, {"params", {{"momentum", 0.9}, {"nesterov", true}}}}}}));
+  EXPECT_EQ(sgd.optimizer.type, "sgd");
+  EXPECT_FLOAT_EQ(sgd.optimizer.momentum, 0.9f);
+  EXPECT_TRUE(sgd.optimizer.nesterov);
+  EXPECT_FLOAT_EQ(sgd.optimizer.weight_decay, 0.0f);
+
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"optimizer", {{"params", {{"lr", 1}}}}}})),
+                       "optimizer.type is required"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal,
+                    {{"optimizer", {{"type", "AdamW"}, {"params", {{"adam_w_mode", false}}}}}})),
+      "optimizer.params.adam_w_mode=false"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"optimizer", {{"type", "Adam"}, {"params", {{"betas", {0.9}}}}}}})),
+      "optimizer.params.betas must be two numbers in [0, 1)"));
+}
+
+TEST(Config, SchedulerDefaultsAsDeepSpeed) {
+  Config w = parse_config(with(kMinimal, {{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}}},
+                                          {"scheduler", {{"type", "WarmupLR"}}}}));
+  EXPECT_EQ(w.scheduler.type, "WarmupLR");
+  EXPECT_FLOAT_EQ(w.scheduler.warmup_min_lr, 0.0f);
+  EXPECT_FLOAT_EQ(w.scheduler.warmup_max_lr, 3e-4f);  // unset: the optimizer's lr
+  EXPECT_EQ(w.scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(w.scheduler.warmup_type, "log");
+
+  Config d = parse_config(with(
+      kMinimal, {{"scheduler",
+                  {{"type", "WarmupDecayLR"},
+                   {"params",
+                    {{"total_num_steps", 5000}, {"warmup_max_lr", 0.01}, {"warmup_type", "linear"}}}}}}));
+  EXPECT_EQ(d.scheduler.total_num_steps, 5000);
+  EXPECT_FLOAT_EQ(d.scheduler.warmup_max_lr, 0.01f);
+  EXPECT_EQ(d.scheduler.warmup_type, "linear");
+
+  Config cos = parse_config(with(
+      kMinimal, {{"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 2000}}}}}}));
+  EXPECT_FLOAT_EQ(cos.scheduler.cos_min_ratio, 1e-4f);
+  EXPECT_FLOAT_EQ(cos.scheduler.warmup_min_ratio, 0.0f);
+  EXPECT_EQ(cos.scheduler.warmup_num_steps, 1000);
+
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"scheduler", {{"type", "WarmupCosineLR"},
+                                              {"params", {{"total_num_steps", 10},
+                                                          {"warmup_max_lr", 0.1}}}}}})),
+      "scheduler.params.warmup_max_lr is not a parameter of WarmupCosineLR"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"scheduler", {{"type", "warmuplr"}}}})),
+                       "did you mean \"WarmupLR\"?"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal,
+                    {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}}})),
+      "scheduler.params.warmup_num_steps must be an integer >= 1, got 0"));
+}
+
+TEST(Config, OverlapCommFollowsTheStageWhenUnset) {
+  auto zero = [](const json& z) { return parse_config(with(kMinimal, {{"zero_optimization", z}})).zero; };
+  EXPECT_TRUE(zero({{"stage", 3}}).overlap_comm);
+  EXPECT_FALSE(zero({{"stage", 2}}).overlap_comm);
+  EXPECT_FALSE(zero({{"stage", 3}, {"overlap_comm", false}}).overlap_comm);
+  EXPECT_TRUE(zero({{"stage", 1}, {"overlap_comm", true}}).overlap_comm);
+  EXPECT_TRUE(zero({{"stage", 3}, {"overlap_comm", nullptr}}).overlap_comm);
+}
+
+TEST(Config, AutoMeansDefaultInsideDeepSpeedsPydanticBlocks) {
+  Config c = parse_config(with(
+      kMinimal, {{"zero_optimization",
+                  {{"stage", "auto"}, {"reduce_bucket_size", "auto"}, {"overlap_comm", "auto"},
+                   {"offload_optimizer", {{"device", "auto"}}}}},
+                 {"bf16", {{"enabled", "auto"}}},
+                 {"fp16", {{"enabled", "auto"}, {"loss_scale", "auto"}}},
+                 {"tensorboard", {{"enabled", "auto"}}}}));
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_EQ(c.zero.offload_optimizer.device, "none");
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_FALSE(c.fp16.enabled);
+  // Outside those blocks "auto" is an error that says why.
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"gradient_clipping", "auto"}})),
+                       "gradient_clipping must be a finite number >= 0, got \"auto\""));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"train", {{"steps", "auto"}}}})),
+                       "Hugging Face Trainer"));
+}
+
+TEST(Config, IntegralFloatsAreAcceptedForIntegerKeys) {
+  Config c = parse_config(with(kMinimal, {{"zero_optimization",
+                                           {{"reduce_bucket_size", 5e8},
+                                            {"stage3_prefetch_bucket_size", 5e7},
+                                            {"stage", 2.0}}},
+                                          {"train", {{"steps", 1e3}}}}));
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_EQ(c.train.steps, 1000);
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", {{"allgather_bucket_size", 3}}}})),
+                       "zero_optimization.allgather_bucket_size must be an even integer"));
+}
+
+TEST(Config, ZeroAliasesAndOffload) {
+  Config c = parse_config(with(
+      kMinimal, {{"zero_optimization",
+                  {{"stage", 3},
+                   {"prefetch_bucket_size", 1000},
+                   {"max_live_parameters", 2000},
+                   {"stage3_gather_16bit_weights_on_model_save", true},
+                   {"offload_param", {{"device", "cpu"}}},
+                   {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/nvme"}, {"ratio", 0.5}}}}}}));
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 1000);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 2000);
+  EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
+  EXPECT_EQ(c.zero.offload_param.device, "cpu");
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/nvme");
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.5);
+  const std::vector<std::string> notes = config_notices(c, 1);
+  EXPECT_TRUE(any_contains(notes, "zero_optimization.offload_param.device=cpu is not yet in effect"));
+  EXPECT_TRUE(any_contains(notes, "zero_optimization.offload_optimizer.device=nvme"));
+
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization",
+                                                 {{"prefetch_bucket_size", 1},
+                                                  {"stage3_prefetch_bucket_size", 2}}}})),
+                       "are two names of one setting"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"zero_optimization",
+                                {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}}}})),
+      "needs zero_optimization.stage 3"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"zero_optimization", {{"offload_optimizer", {{"max_in_cpu", 1}}}}}})),
+      "unknown key 'zero_optimization.offload_optimizer.max_in_cpu'"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", true}})), "legacy boolean"));
+}
+
+TEST(Config, PrecisionAndDataTypes) {
+  Config legacy = parse_config(with(kMinimal, {{"bfloat16", {{"enabled", true}}}}));
+  EXPECT_TRUE(legacy.bf16.enabled);
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"bf16", {{"enabled", true}}},
+                                                {"bfloat16", {{"enabled", true}}}})),
+                       "legacy name"));
+
+  Config fp32acc = parse_config(with(kMinimal, {{"bf16", {{"enabled", true}}},
+                                                {"data_types", {{"grad_accum_dtype", "fp32"}}}}));
+  EXPECT_EQ(fp32acc.grad_accum_dtype, DType::F32);
+  Config fp16 = parse_config(with(kMinimal, {{"fp16", {{"enabled", true}, {"loss_scale", 128}}}}));
+  EXPECT_EQ(fp16.grad_accum_dtype, DType::F16);
+  EXPECT_EQ(fp16.comm_dtype(), DType::F16);
+  EXPECT_FLOAT_EQ(fp16.fp16.loss_scale, 128.0f);
+  // Static scaling: the dynamic-only checks do not apply (DeepSpeed).
+  EXPECT_EQ(error_of(with(kMinimal, {{"fp16", {{"enabled", true}, {"loss_scale", 8}, {"min_loss_scale", 0}}}})), "");
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"fp16", {{"enabled", true}, {"min_loss_scale", 0}}}})),
+                       "fp16.min_loss_scale must be > 0"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data_types", {{"grad_accum_dtype", "bf16"}}}})),
+                       "data_types.grad_accum_dtype=\"bf16\" with fp32 parameters is not supported"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data_types", {{"param_dtype", "bf16"}}}})),
+                       "data_types.param_dtype=\"bf16\" conflicts"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"fp16", {{"loss_scale", "inf"}}}})),
+                       "fp16.loss_scale must be a finite number >= 0"));
+
+  for (const char* s : {"BF16", "bfloat16", "bf16"}) {
+    Config c = parse_config(with(kMinimal, {{"communication_data_type", s}}));
+    EXPECT_EQ(c.comm_dtype(), DType::BF16) << s;
+  }
+  EXPECT_EQ(parse_config(with(kMinimal, {{"communication_data_type", nullptr}})).communication_data_type,
+            std::nullopt);
+}
+
+TEST(Config, BatchTriangleAsDeepSpeed) {
+  struct Case {
+    int64_t tb, mb, gas;
+    int dp;
+    int64_t want_tb, want_mb, want_gas;  // 0: must fail
+  };
+  const Case cases[] = {
+      // test_ds_config_dict.py, 2 ranks
+      {32, 16, 1, 2, 32, 16, 1},
+      {32, 8, 2, 2, 32, 8, 2},
+      {33, 17, 2, 2, 0, 0, 0},
+      {32, 18, 1, 2, 0, 0, 0},
+      // the inference table, floor division
+      {32, 4, 0, 2, 32, 4, 4},     // tb + mb: gas = tb // mb // ws
+      {32, 0, 2, 2, 32, 8, 2},     // tb + gas: mb = tb // ws // gas
+      {0, 4, 2, 2, 16, 4, 2},      // mb + gas: tb = mb * gas * ws
+      {32, 0, 0, 2, 32, 16, 1},    // tb only
+      {0, 4, 0, 2, 8, 4, 1},       // mb only
+      {0, 1, 16, 1, 16, 1, 16},    // the seed config
+      {33, 0, 2, 2, 0, 0, 0},      // mb = 33 // 2 // 2 = 8: 8·2·2 != 33
+      {8, 16, 0, 1, 0, 0, 0},      // gas = 8 // 16 = 0
+      {30, 4, 0, 2, 0, 0, 0},      // gas = 30 // 4 // 2 = 3: 4·3·2 != 30
+  };
+  for (const Case& k : cases) {
+    json j = json::object();
+    if (k.tb) j["train_batch_size"] = k.tb;
+    if (k.mb) j["train_micro_batch_size_per_gpu"] = k.mb;
+    if (k.gas) j["gradient_accumulation_steps"] = k.gas;
+    Config c = parse_config(j);
+    const std::string what = j.dump() + " dp=" + std::to_string(k.dp);
+    if (k.want_tb == 0) {
+      try {
+        resolve_batch(c, k.dp);
+        ADD_FAILURE() << what << " was accepted";
+      } catch (const InputError& e) {
+        const std::string msg = e.what();
+        EXPECT_TRUE(contains(msg, "data-parallel size " + std::to_string(k.dp))) << msg;
+        EXPECT_TRUE(contains(msg, "train_batch_size=")) << msg;
+        EXPECT_TRUE(contains(msg, "train_micro_batch_size_per_gpu=")) << msg;
+        EXPECT_TRUE(contains(msg, "gradient_accumulation_steps=")) << msg;
+        EXPECT_TRUE(contains(msg, "Consistent: ")) << msg;
+      }
+      continue;
+    }
+    resolve_batch(c, k.dp);
+    EXPECT_EQ(c.train_batch_size, k.want_tb) << what;
+    EXPECT_EQ(c.train_micro_batch_size_per_gpu, k.want_mb) << what;
+    EXPECT_EQ(c.gradient_accumulation_steps, k.want_gas) << what;
+  }
+}
+
+TEST(Config, ResolveBatchRecomputesFromTheGivenKeys) {
+  Config c = parse_config({{"train_batch_size", 32}, {"train_micro_batch_size_per_gpu", 4}});
+  resolve_batch(c, 1);
+  EXPECT_EQ(c.gradient_accumulation_steps, 8);
+  resolve_batch(c, 4);  // a different DP degree: the global batch stays, accumulation follows
+  EXPECT_EQ(c.train_batch_size, 32);
+  EXPECT_EQ(c.gradient_accumulation_steps, 2);
+  EXPECT_THROW(resolve_batch(c, 0), InputError);
+}
+
+TEST(Config, Overrides) {
+  Config c = parse_config(kMinimal, {"zero_optimization.stage=2", "bf16.enabled=true",
+                                     "optimizer.type=AdamW", "optimizer.params.lr=3e-4",
+                                     "model.preset=gpt2-tiny", "model.seq_len=8",
+                                     "data.path=/tmp/tokens.bin", "train.run_dir=\"runs/x\"",
+                                     "train.seed=18446744073709551615", "gradient_clipping=0"});
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_FLOAT_EQ(c.optimizer.lr, 3e-4f);
+  EXPECT_EQ(c.model.preset, "gpt2-tiny");
+  EXPECT_EQ(c.model.seq_len, 8);
+  EXPECT_EQ(c.data.path, "/tmp/tokens.bin");
+  EXPECT_EQ(c.train.run_dir, "runs/x");
+  EXPECT_EQ(c.train.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(c.gradient_clipping, 0.0f);
+
+  // An override replaces a value the file gave, and may set a whole block.
+  Config d = parse_config(with(kMinimal, {{"train", {{"steps", 5}}}}),
+                          {"train.steps=7", "model={\"preset\": \"llama-tiny\"}"});
+  EXPECT_EQ(d.train.steps, 7);
+  EXPECT_EQ(d.model.family, "llama");
+
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"train", {{"steps", -5}}}})),
+                       "train.steps must be an integer >= 0, got -5"));
+  // A value that is not JSON is a string; a string where a number belongs is caught.
+  EXPECT_TRUE(contains(error_of(kMinimal, {"train.steps=ten"}),
+                       "train.steps must be an integer >= 0, got \"ten\""));
+  EXPECT_TRUE(contains(error_of(kMinimal, {"zero_optimization.stagee=1"}),
+                       "unknown key 'zero_optimization.stagee'; did you mean "
+                       "'zero_optimization.stage'?"));
+  EXPECT_TRUE(contains(error_of(kMinimal, {"zero_optimization.stage"}),
+                       "--set \"zero_optimization.stage\": expected KEY=VALUE"));
+  EXPECT_TRUE(contains(error_of(kMinimal, {"=3"}), "--set \"=3\": the key path"));
+  EXPECT_TRUE(contains(error_of(kMinimal, {"train..steps=3"}), "--set \"train..steps=3\""));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"train", {{"steps", 5}}}}), {"train.steps.x=1"}),
+                       "train.steps is 5, not a block"));
+  EXPECT_TRUE(contains(error_of(kMinimal, {"model={\"preset\": \"demo\", \"preset\": \"demo\"}"}),
+                       "duplicate key 'preset'"));
+}
+
+TEST(Config, ModelPresets) {
+  const std::vector<std::string> names = model_preset_names();
+  EXPECT_EQ(names.size(), 8u);
+  for (const std::string& n : names) {
+    ModelConfig m = model_preset(n);
+    EXPECT_EQ(m.preset, n);
+    EXPECT_GT(m.ffn_hidden, 0) << n;
+    EXPECT_GT(m.kv_heads, 0) << n;
+  }
+  ModelConfig g = model_preset("gpt2-tiny");
+  EXPECT_EQ(g.family, "gpt2");
+  EXPECT_EQ(g.layers, 2);
+  EXPECT_EQ(g.hidden, 32);
+  EXPECT_EQ(g.heads, 4);
+  EXPECT_EQ(g.kv_heads, 4);
+  EXPECT_EQ(g.vocab, 64);
+  EXPECT_EQ(g.seq_len, 16);
+  EXPECT_EQ(g.ffn_hidden, 128);
+  EXPECT_TRUE(g.tied_embeddings);
+
+  ModelConfig l = model_preset("llama-tiny");
+  EXPECT_EQ(l.family, "llama");
+  EXPECT_EQ(l.kv_heads, 2);
+  EXPECT_EQ(l.ffn_hidden, 64);
+  EXPECT_FALSE(l.tied_embeddings);
+
+  EXPECT_EQ(model_preset("demo").vocab, 257);
+  EXPECT_EQ(model_preset("demo").layers, 4);
+  EXPECT_EQ(model_preset("llama-demo").ffn_hidden, 352);
+  EXPECT_EQ(model_preset("bench-23M").hidden, 512);
+  EXPECT_EQ(model_preset("bench-23M").vocab, 8192);
+  ModelConfig g124 = model_preset("gpt2-124M");
+  EXPECT_EQ(g124.layers, 12);
+  EXPECT_EQ(g124.hidden, 768);
+  EXPECT_EQ(g124.vocab, 50304);
+  EXPECT_EQ(g124.ffn_hidden, 3072);
+  EXPECT_EQ(model_preset("gpt2-350M").layers, 24);
+  ModelConfig l1 = model_preset("llama-1B");
+  EXPECT_EQ(l1.kv_heads, 8);
+  EXPECT_EQ(l1.ffn_hidden, 8192);
+  EXPECT_EQ(l1.vocab, 128256);
+  EXPECT_FALSE(l1.tied_embeddings);
+
+  try {
+    model_preset("gpt2-124m");
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_TRUE(contains(e.what(), "did you mean \"gpt2-124M\"?")) << e.what();
+  }
+}
+
+TEST(Config, ModelBlock) {
+  // Preset with overrides on top; derived fields follow the overrides.
+  Config a = parse_config(with(kMinimal, {{"model", {{"preset", "gpt2-124M"}, {"seq_len", 256}}}}));
+  EXPECT_EQ(a.model.preset, "gpt2-124M");
+  EXPECT_EQ(a.model.seq_len, 256);
+  EXPECT_EQ(a.model.hidden, 768);
+  Config b = parse_config(with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}, {"hidden", 64}}}}));
+  EXPECT_EQ(b.model.ffn_hidden, 256);
+
+  // Explicit fields: Llama's rule for the FFN (8/3·hidden up to a multiple of 256), untied.
+  Config l = parse_config(with(kMinimal, {{"model",
+                                           {{"family", "llama"},
+                                            {"layers", 2},
+                                            {"hidden", 4096},
+                                            {"heads", 32},
+                                            {"vocab", 32000},
+                                            {"seq_len", 64}}}}));
+  EXPECT_EQ(l.model.ffn_hidden, 11008);
+  EXPECT_EQ(l.model.kv_heads, 32);
+  EXPECT_FALSE(l.model.tied_embeddings);
+  EXPECT_TRUE(l.model.preset.empty());
+
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"family", "gpt2"}, {"layers", 2}}}})),
+                       "model.hidden is required when model.preset is not given"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}, {"rope_theta", 1e4}}}})),
+                       "model.rope_theta applies to family llama only"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "llama-tiny"}, {"kv_heads", 3}}}})),
+                       "model.heads=4 is not divisible by model.kv_heads=3"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "demo"}, {"family", "bert"}}}})),
+                       "model.family must be one of \"gpt2\", \"llama\", got \"bert\""));
+
+  ModelConfig bad;
+  bad.family = "gpt2";
+  EXPECT_THROW(finalize_model(bad), InputError);  // layers 0
+}
+
+TEST(Config, Parallelism) {
+  Config c = parse_config(with(kMinimal, {{"model", {{"preset", "gpt2-124M"}}},
+                                          {"parallelism",
+                                           {{"tensor", 4},
+                                            {"pipeline", 4},
+                                            {"virtual_stages", 3},
+                                            {"schedule", "interleaved"},
+                                            {"sequence_parallel", true},
+                                            {"order", "dp-tp-pp"}}}}));
+  EXPECT_EQ(c.parallelism.tensor, 4);
+  EXPECT_EQ(c.parallelism.order, "dp-tp-pp");
+  const std::vector<std::string> notes = config_notices(c, 1);
+  EXPECT_TRUE(any_contains(notes, "parallelism.tensor=4 is not yet in effect"));
+  EXPECT_TRUE(any_contains(notes, "parallelism.pipeline=4"));
+  EXPECT_TRUE(any_contains(notes, "parallelism.sequence_parallel is not yet in effect"));
+
+  const json tiny = with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}}}});
+  EXPECT_TRUE(contains(error_of(with(tiny, {{"parallelism", {{"schedule", "interleaved"}}}})),
+                       "needs parallelism.virtual_stages >= 2"));
+  EXPECT_TRUE(contains(error_of(with(tiny, {{"parallelism", {{"virtual_stages", 2}}}})),
+                       "needs parallelism.pipeline > 1"));
+  EXPECT_TRUE(contains(error_of(with(tiny, {{"parallelism", {{"order", "tp-dp"}}}})),
+                       "parallelism.order must be a permutation"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "llama-tiny"}}},
+                                                {"parallelism", {{"tensor", 4}}}})),
+                       "model.kv_heads=2 is not divisible by parallelism.tensor=4"));
+}
+
+TEST(Config, RuntimeBlocksAndNotices) {
+  Config c = parse_config(with(
+      kMinimal, {{"checkpoint",
+                  {{"dir", "ckpt"},
+                   {"interval", 100},
+                   {"tag_validation", "fail"},
+                   {"load_universal", true},
+                   {"parallel_write", {{"pipeline_stage", true}}}}},
+                 {"elasticity",
+                  {{"enabled", true}, {"max_train_batch_size", 1024}, {"micro_batch_sizes", {2, 4}}}},
+                 {"tensorboard", {{"enabled", true}, {"output_path", "tb"}}},
+                 {"csv_monitor", {{"enabled", true}}},
+                 {"wandb", {{"enabled", true}, {"group", nullptr}}},
+                 {"activation_checkpointing", {{"number_checkpoints", 4}}},
+                 {"communication_data_type", "fp16"}}));
+  EXPECT_EQ(c.checkpoint.tag_validation, "Fail");
+  EXPECT_TRUE(c.checkpoint.parallel_write_pipeline_stage);
+  EXPECT_EQ(c.elasticity.micro_batch_sizes, (std::vector<int64_t>{2, 4}));
+  const std::vector<std::string> notes = config_notices(c, 1);
+  for (const char* key : {"checkpoint.dir", "checkpoint.load_universal", "elasticity.enabled",
+                          "tensorboard.enabled", "csv_monitor.enabled", "wandb.enabled",
+                          "activation_checkpointing.number_checkpoints",
+                          "communication_data_type=fp16"}) {
+    EXPECT_TRUE(any_contains(notes, key)) << key;
+  }
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"elasticity", {{"enabled", true}}}})),
+                       "elasticity.max_train_batch_size is required"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"wandb", {{"entity", "x"}}}})),
+                       "unknown key 'wandb.entity'"));
+
+  // At more than one process ZeRO is not yet in effect, and says so.
+  Config z = parse_config(with(kMinimal, {{"zero_optimization", {{"stage", 2}}}}));
+  EXPECT_TRUE(any_contains(config_notices(z, 4), "zero_optimization.stage=2 is not yet in effect"));
+}
+
+TEST(Config, StrictJson) {
+  EXPECT_EQ(parse_json_strict("{\"a\": [1, {\"b\": 2}]}", "x")["a"][1]["b"], 2);
+  try {
+    parse_json_strict("{\"a\": [{\"b\": 1}, {\"b\": 1, \"b\": 2}]}", "cfg.json");
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "cfg.json: duplicate key 'a[1].b'");
+  }
+  try {
+    parse_json_strict("{\n  \"a\": 1\n  \"b\": 2\n}", "cfg.json");
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_TRUE(contains(e.what(), "cfg.json: invalid JSON: parse error at line 3, column")) << e.what();
+  }
+  EXPECT_TRUE(contains(error_of(json::array()), "the config must be a JSON object"));
+  try {
+    load_config("/nonexistent/strata.json");
+    ADD_FAILURE();
+  } catch (const InputError& e) {
+    EXPECT_TRUE(contains(e.what(), "cannot read the config file /nonexistent/strata.json"));
+  }
+}
+
+TEST(Config, UnknownKeySuggestions) {
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"stage", 2}})),
+                       "unknown key 'stage'; did you mean 'zero_optimization.stage'?"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"Bf16", {{"enabled", true}}}})),
+                       "did you mean 'bf16'?"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"pipeline", {{"stages", 2}}}})),
+                       "'pipeline' is a DeepSpeed key that strata does not implement; strata sets "
+                       "pipeline parallelism in parallelism.pipeline"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"activation_checkpointing", {{"partition_activation", true}}}})),
+                       "did you mean 'activation_checkpointing.partition_activations'?"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data", {{"pth", "x"}}}})),
+                       "unknown key 'data.pth'; did you mean 'data.path'?"));
+}
+
+}  // namespace
+}  // namespace strata
