@@ -25,7 +25,7 @@ struct Tolerances {
 class Golden : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 std::vector<float> to_f32(const void* p, DType t, int64_t offset, int64_t n) {
-  std::vector<float> out(size_t(n));
+  std::vector<float> out(static_cast<size_t>(n));
   convert(out.data(), DType::F32, static_cast<const char*>(p) + size_t(offset) * dtype_size(t), t,
           size_t(n));
   return out;
@@ -43,12 +43,16 @@ TEST_P(Golden, MatchesPyTorch) {
   std::vector<int32_t> inputs, targets;
   golden::split(golden::tokens(T, V), T, inputs, targets);
 
-  // fp32 follows PyTorch's fp32 to summation order. bf16 stores weights and activations with an
-  // 8-bit mantissa (unit roundoff 2^-9 ≈ 0.2%): each of the ~10 roundings between input and
-  // logits adds that much relative error, so logits and the loss agree to ~1-2%, gradients
-  // (products of several rounded factors) to a few percent of the tensor's scale, and the
-  // 10-step trajectory, which compounds them, to a few percent.
-  const Tolerances tol = bf16 ? Tolerances{2e-2, 3e-2, 1e-1, 5e-2} : Tolerances{1e-5, 1e-5, 1e-4, 1e-5};
+  // fp32 follows PyTorch's fp32 up to summation order: observed differences are ~1e-7 relative
+  // (logits, loss, each 10-step loss) and ~1e-6 of each gradient's scale.
+  // bf16 stores weights and activations with an 8-bit mantissa (unit roundoff u = 2^-9 ≈ 0.2%).
+  // A logit passes through ~10 roundings (embedding, norms, projections, residual adds), so it
+  // may be off by ~10u ≈ 2% of the logits' scale; the loss, a mean over 32 tokens of errors of
+  // both signs, agrees far better (observed 1e-5 relative). Gradients are products of several
+  // rounded factors (observed ≤1.5% of the tensor's scale; bound 5%). The 10-step trajectory
+  // compounds the gradient error through AdamW's normalised updates (observed ≤1.1%; bound 3%).
+  const Tolerances tol =
+      bf16 ? Tolerances{1e-3, 2e-2, 5e-2, 3e-2} : Tolerances{1e-5, 1e-5, 1e-4, 1e-5};
 
   // Logits at the initial weights.
   engine.model().forward(inputs.data(), targets.data(), 1.0f, false);

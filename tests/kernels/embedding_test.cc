@@ -89,9 +89,10 @@ void check_half_backward(double tol) {
 TEST(Embedding, HalfBackwardAgainstReference) {
   check_half_backward<bf16, float>(1e-6);
   check_half_backward<f16, float>(1e-6);
-  // A token seen k times is rounded k times when G is half: k <= B·T/V·few here, so 8u bounds it.
-  check_half_backward<bf16, bf16>(8 * 0x1p-9);
-  check_half_backward<f16, f16>(8 * 0x1p-11);
+  // With G half, a token seen k times is rounded k times; k is small here (15 tokens over 11
+  // ids) and the roundings partly cancel: 4u (u = 2^-8 bf16, 2^-11 fp16).
+  check_half_backward<bf16, bf16>(4 * 0x1p-8);
+  check_half_backward<f16, f16>(4 * 0x1p-11);
 }
 
 TEST(Embedding, BackwardDeterministic) {

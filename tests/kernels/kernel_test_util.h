@@ -11,7 +11,6 @@
 #include <functional>
 #include <string_view>
 #include <vector>
-#include <cstdio>
 
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
@@ -75,7 +74,6 @@ double rel_err(const std::vector<A>& a, const std::vector<R>& ref) {
     num = std::max(num, std::fabs(as_double(a[i]) - double(ref[i])));
     den = std::max(den, std::fabs(double(ref[i])));
   }
-  fprintf(stderr, "RELERR %g\n", num / std::max(den, 1e-30));
   return num / std::max(den, 1e-30);
 }
 

@@ -2,13 +2,13 @@
 // the text its error message must contain. Shared by the parser test and the CLI test.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace strata::testing {
 

@@ -17,8 +17,9 @@ using nlohmann::json;
 
 const json kMinimal = {{"train_micro_batch_size_per_gpu", 1}};
 
+// `j` with `patch` merged in, objects recursively; unlike merge_patch, null is kept as a value.
 json with(json j, const json& patch) {
-  j.merge_patch(patch);
+  j.update(patch, true);
   return j;
 }
 
@@ -60,8 +61,8 @@ TEST(Config, SeedConfigLoadsUnchanged) {
   EXPECT_TRUE(c.activation_checkpointing.partition_activations);
   EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
   EXPECT_TRUE(c.activation_checkpointing.contiguous_memory_optimization);
-  EXPECT_EQ(c.grad_accum_dtype, DType::BF16);  // DeepSpeed: unset means the model dtype
-  EXPECT_EQ(c.model.preset, "demo");           // no model block
+  EXPECT_EQ(c.grad_accum_dtype, DType::F32);  // strata's default (DeepSpeed's: the model dtype)
+  EXPECT_EQ(c.model.preset, "demo");          // no model block
   resolve_batch(c, 1);
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 1);
@@ -77,6 +78,8 @@ TEST(Config, SeedConfigLoadsUnchanged) {
 TEST(Config, DeepSpeedDefaults) {
   Config c = parse_config(kMinimal);
   EXPECT_FLOAT_EQ(c.gradient_clipping, 1.0f);
+  EXPECT_EQ(c.steps_per_print, 10);  // strata prints progress; DeepSpeed's None is null here
+  EXPECT_EQ(parse_config(with(kMinimal, {{"steps_per_print", nullptr}})).steps_per_print, 0);
   EXPECT_FALSE(c.wall_clock_breakdown);
   EXPECT_FALSE(c.communication_data_type.has_value());
   EXPECT_EQ(c.comm_dtype(), DType::F32);
@@ -183,8 +186,9 @@ TEST(Config, OptimizerDefaultsAsDeepSpeed) {
 }
 
 TEST(Config, SchedulerDefaultsAsDeepSpeed) {
-  Config w = parse_config(with(kMinimal, {{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}}},
-                                          {"scheduler", {{"type", "WarmupLR"}}}}));
+  Config w =
+      parse_config(with(kMinimal, {{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}}}}},
+                                   {"scheduler", {{"type", "WarmupLR"}}}}));
   EXPECT_EQ(w.scheduler.type, "WarmupLR");
   EXPECT_FLOAT_EQ(w.scheduler.warmup_min_lr, 0.0f);
   EXPECT_FLOAT_EQ(w.scheduler.warmup_max_lr, 3e-4f);  // unset: the optimizer's lr
@@ -192,35 +196,39 @@ TEST(Config, SchedulerDefaultsAsDeepSpeed) {
   EXPECT_EQ(w.scheduler.warmup_type, "log");
 
   Config d = parse_config(with(
-      kMinimal, {{"scheduler",
-                  {{"type", "WarmupDecayLR"},
-                   {"params",
-                    {{"total_num_steps", 5000}, {"warmup_max_lr", 0.01}, {"warmup_type", "linear"}}}}}}));
+      kMinimal,
+      {{"scheduler",
+        {{"type", "WarmupDecayLR"},
+         {"params",
+          {{"total_num_steps", 5000}, {"warmup_max_lr", 0.01}, {"warmup_type", "linear"}}}}}}));
   EXPECT_EQ(d.scheduler.total_num_steps, 5000);
   EXPECT_FLOAT_EQ(d.scheduler.warmup_max_lr, 0.01f);
   EXPECT_EQ(d.scheduler.warmup_type, "linear");
 
-  Config cos = parse_config(with(
-      kMinimal, {{"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 2000}}}}}}));
+  Config cos = parse_config(
+      with(kMinimal,
+           {{"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"total_num_steps", 2000}}}}}}));
   EXPECT_FLOAT_EQ(cos.scheduler.cos_min_ratio, 1e-4f);
   EXPECT_FLOAT_EQ(cos.scheduler.warmup_min_ratio, 0.0f);
   EXPECT_EQ(cos.scheduler.warmup_num_steps, 1000);
 
   EXPECT_TRUE(contains(
-      error_of(with(kMinimal, {{"scheduler", {{"type", "WarmupCosineLR"},
-                                              {"params", {{"total_num_steps", 10},
-                                                          {"warmup_max_lr", 0.1}}}}}})),
+      error_of(with(kMinimal, {{"scheduler",
+                                {{"type", "WarmupCosineLR"},
+                                 {"params", {{"total_num_steps", 10}, {"warmup_max_lr", 0.1}}}}}})),
       "scheduler.params.warmup_max_lr is not a parameter of WarmupCosineLR"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"scheduler", {{"type", "warmuplr"}}}})),
                        "did you mean \"WarmupLR\"?"));
   EXPECT_TRUE(contains(
-      error_of(with(kMinimal,
-                    {{"scheduler", {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}}})),
+      error_of(with(kMinimal, {{"scheduler",
+                                {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}}})),
       "scheduler.params.warmup_num_steps must be an integer >= 1, got 0"));
 }
 
 TEST(Config, OverlapCommFollowsTheStageWhenUnset) {
-  auto zero = [](const json& z) { return parse_config(with(kMinimal, {{"zero_optimization", z}})).zero; };
+  auto zero = [](const json& z) {
+    return parse_config(with(kMinimal, {{"zero_optimization", z}})).zero;
+  };
   EXPECT_TRUE(zero({{"stage", 3}}).overlap_comm);
   EXPECT_FALSE(zero({{"stage", 2}}).overlap_comm);
   EXPECT_FALSE(zero({{"stage", 3}, {"overlap_comm", false}}).overlap_comm);
@@ -229,13 +237,14 @@ TEST(Config, OverlapCommFollowsTheStageWhenUnset) {
 }
 
 TEST(Config, AutoMeansDefaultInsideDeepSpeedsPydanticBlocks) {
-  Config c = parse_config(with(
-      kMinimal, {{"zero_optimization",
-                  {{"stage", "auto"}, {"reduce_bucket_size", "auto"}, {"overlap_comm", "auto"},
-                   {"offload_optimizer", {{"device", "auto"}}}}},
-                 {"bf16", {{"enabled", "auto"}}},
-                 {"fp16", {{"enabled", "auto"}, {"loss_scale", "auto"}}},
-                 {"tensorboard", {{"enabled", "auto"}}}}));
+  Config c = parse_config(with(kMinimal, {{"zero_optimization",
+                                           {{"stage", "auto"},
+                                            {"reduce_bucket_size", "auto"},
+                                            {"overlap_comm", "auto"},
+                                            {"offload_optimizer", {{"device", "auto"}}}}},
+                                          {"bf16", {{"enabled", "auto"}}},
+                                          {"fp16", {{"enabled", "auto"}, {"loss_scale", "auto"}}},
+                                          {"tensorboard", {{"enabled", "auto"}}}}));
   EXPECT_EQ(c.zero.stage, 0);
   EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
   EXPECT_FALSE(c.zero.overlap_comm);
@@ -245,33 +254,35 @@ TEST(Config, AutoMeansDefaultInsideDeepSpeedsPydanticBlocks) {
   // Outside those blocks "auto" is an error that says why.
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"gradient_clipping", "auto"}})),
                        "gradient_clipping must be a finite number >= 0, got \"auto\""));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"train", {{"steps", "auto"}}}})),
-                       "Hugging Face Trainer"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"train", {{"steps", "auto"}}}})), "Hugging Face Trainer"));
 }
 
 TEST(Config, IntegralFloatsAreAcceptedForIntegerKeys) {
-  Config c = parse_config(with(kMinimal, {{"zero_optimization",
-                                           {{"reduce_bucket_size", 5e8},
-                                            {"stage3_prefetch_bucket_size", 5e7},
-                                            {"stage", 2.0}}},
-                                          {"train", {{"steps", 1e3}}}}));
+  Config c = parse_config(
+      with(kMinimal,
+           {{"zero_optimization",
+             {{"reduce_bucket_size", 5e8}, {"stage3_prefetch_bucket_size", 5e7}, {"stage", 2.0}}},
+            {"train", {{"steps", 1e3}}}}));
   EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
   EXPECT_EQ(c.zero.stage, 2);
   EXPECT_EQ(c.train.steps, 1000);
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", {{"allgather_bucket_size", 3}}}})),
-                       "zero_optimization.allgather_bucket_size must be an even integer"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"zero_optimization", {{"allgather_bucket_size", 3}}}})),
+               "zero_optimization.allgather_bucket_size must be an even integer"));
 }
 
 TEST(Config, ZeroAliasesAndOffload) {
   Config c = parse_config(with(
-      kMinimal, {{"zero_optimization",
-                  {{"stage", 3},
-                   {"prefetch_bucket_size", 1000},
-                   {"max_live_parameters", 2000},
-                   {"stage3_gather_16bit_weights_on_model_save", true},
-                   {"offload_param", {{"device", "cpu"}}},
-                   {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/nvme"}, {"ratio", 0.5}}}}}}));
+      kMinimal,
+      {{"zero_optimization",
+        {{"stage", 3},
+         {"prefetch_bucket_size", 1000},
+         {"max_live_parameters", 2000},
+         {"stage3_gather_16bit_weights_on_model_save", true},
+         {"offload_param", {{"device", "cpu"}}},
+         {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/nvme"}, {"ratio", 0.5}}}}}}));
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 1000);
   EXPECT_EQ(c.zero.stage3_max_live_parameters, 2000);
   EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
@@ -279,7 +290,8 @@ TEST(Config, ZeroAliasesAndOffload) {
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/nvme");
   EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.5);
   const std::vector<std::string> notes = config_notices(c, 1);
-  EXPECT_TRUE(any_contains(notes, "zero_optimization.offload_param.device=cpu is not yet in effect"));
+  EXPECT_TRUE(
+      any_contains(notes, "zero_optimization.offload_param.device=cpu is not yet in effect"));
   EXPECT_TRUE(any_contains(notes, "zero_optimization.offload_optimizer.device=nvme"));
 
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization",
@@ -288,34 +300,43 @@ TEST(Config, ZeroAliasesAndOffload) {
                        "are two names of one setting"));
   EXPECT_TRUE(contains(
       error_of(with(kMinimal, {{"zero_optimization",
-                                {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}}}})),
+                                {{"stage", 2},
+                                 {"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}}}})),
       "needs zero_optimization.stage 3"));
-  EXPECT_TRUE(contains(
-      error_of(with(kMinimal, {{"zero_optimization", {{"offload_optimizer", {{"max_in_cpu", 1}}}}}})),
-      "unknown key 'zero_optimization.offload_optimizer.max_in_cpu'"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization",
+                                                 {{"offload_optimizer", {{"max_in_cpu", 1}}}}}})),
+                       "unknown key 'zero_optimization.offload_optimizer.max_in_cpu'"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", true}})), "legacy boolean"));
 }
 
 TEST(Config, PrecisionAndDataTypes) {
   Config legacy = parse_config(with(kMinimal, {{"bfloat16", {{"enabled", true}}}}));
   EXPECT_TRUE(legacy.bf16.enabled);
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"bf16", {{"enabled", true}}},
-                                                {"bfloat16", {{"enabled", true}}}})),
-                       "legacy name"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"bf16", {{"enabled", true}}}, {"bfloat16", {{"enabled", true}}}})),
+      "legacy name"));
 
-  Config fp32acc = parse_config(with(kMinimal, {{"bf16", {{"enabled", true}}},
-                                                {"data_types", {{"grad_accum_dtype", "fp32"}}}}));
+  Config fp32acc = parse_config(with(
+      kMinimal, {{"bf16", {{"enabled", true}}}, {"data_types", {{"grad_accum_dtype", "fp32"}}}}));
   EXPECT_EQ(fp32acc.grad_accum_dtype, DType::F32);
   Config fp16 = parse_config(with(kMinimal, {{"fp16", {{"enabled", true}, {"loss_scale", 128}}}}));
-  EXPECT_EQ(fp16.grad_accum_dtype, DType::F16);
+  EXPECT_EQ(fp16.grad_accum_dtype, DType::F32);
+  Config bf16acc = parse_config(with(
+      kMinimal, {{"bf16", {{"enabled", true}}}, {"data_types", {{"grad_accum_dtype", "bf16"}}}}));
+  EXPECT_EQ(bf16acc.grad_accum_dtype, DType::BF16);
   EXPECT_EQ(fp16.comm_dtype(), DType::F16);
   EXPECT_FLOAT_EQ(fp16.fp16.loss_scale, 128.0f);
   // Static scaling: the dynamic-only checks do not apply (DeepSpeed).
-  EXPECT_EQ(error_of(with(kMinimal, {{"fp16", {{"enabled", true}, {"loss_scale", 8}, {"min_loss_scale", 0}}}})), "");
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"fp16", {{"enabled", true}, {"min_loss_scale", 0}}}})),
-                       "fp16.min_loss_scale must be > 0"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data_types", {{"grad_accum_dtype", "bf16"}}}})),
-                       "data_types.grad_accum_dtype=\"bf16\" with fp32 parameters is not supported"));
+  EXPECT_EQ(
+      error_of(with(kMinimal,
+                    {{"fp16", {{"enabled", true}, {"loss_scale", 8}, {"min_loss_scale", 0}}}})),
+      "");
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"fp16", {{"enabled", true}, {"min_loss_scale", 0}}}})),
+               "fp16.min_loss_scale must be > 0"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"data_types", {{"grad_accum_dtype", "bf16"}}}})),
+               "data_types.grad_accum_dtype=\"bf16\" with fp32 parameters is not supported"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data_types", {{"param_dtype", "bf16"}}}})),
                        "data_types.param_dtype=\"bf16\" conflicts"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"fp16", {{"loss_scale", "inf"}}}})),
@@ -325,8 +346,9 @@ TEST(Config, PrecisionAndDataTypes) {
     Config c = parse_config(with(kMinimal, {{"communication_data_type", s}}));
     EXPECT_EQ(c.comm_dtype(), DType::BF16) << s;
   }
-  EXPECT_EQ(parse_config(with(kMinimal, {{"communication_data_type", nullptr}})).communication_data_type,
-            std::nullopt);
+  EXPECT_EQ(
+      parse_config(with(kMinimal, {{"communication_data_type", nullptr}})).communication_data_type,
+      std::nullopt);
 }
 
 TEST(Config, BatchTriangleAsDeepSpeed) {
@@ -342,15 +364,15 @@ TEST(Config, BatchTriangleAsDeepSpeed) {
       {33, 17, 2, 2, 0, 0, 0},
       {32, 18, 1, 2, 0, 0, 0},
       // the inference table, floor division
-      {32, 4, 0, 2, 32, 4, 4},     // tb + mb: gas = tb // mb // ws
-      {32, 0, 2, 2, 32, 8, 2},     // tb + gas: mb = tb // ws // gas
-      {0, 4, 2, 2, 16, 4, 2},      // mb + gas: tb = mb * gas * ws
-      {32, 0, 0, 2, 32, 16, 1},    // tb only
-      {0, 4, 0, 2, 8, 4, 1},       // mb only
-      {0, 1, 16, 1, 16, 1, 16},    // the seed config
-      {33, 0, 2, 2, 0, 0, 0},      // mb = 33 // 2 // 2 = 8: 8·2·2 != 33
-      {8, 16, 0, 1, 0, 0, 0},      // gas = 8 // 16 = 0
-      {30, 4, 0, 2, 0, 0, 0},      // gas = 30 // 4 // 2 = 3: 4·3·2 != 30
+      {32, 4, 0, 2, 32, 4, 4},   // tb + mb: gas = tb // mb // ws
+      {32, 0, 2, 2, 32, 8, 2},   // tb + gas: mb = tb // ws // gas
+      {0, 4, 2, 2, 16, 4, 2},    // mb + gas: tb = mb * gas * ws
+      {32, 0, 0, 2, 32, 16, 1},  // tb only
+      {0, 4, 0, 2, 8, 4, 1},     // mb only
+      {0, 1, 16, 1, 16, 1, 16},  // the seed config
+      {33, 0, 2, 2, 0, 0, 0},    // mb = 33 // 2 // 2 = 8: 8·2·2 != 33
+      {8, 16, 0, 1, 0, 0, 0},    // gas = 8 // 16 = 0
+      {30, 4, 0, 2, 0, 0, 0},    // gas = 30 // 4 // 2 = 3: 4·3·2 != 30
   };
   for (const Case& k : cases) {
     json j = json::object();
@@ -391,11 +413,11 @@ TEST(Config, ResolveBatchRecomputesFromTheGivenKeys) {
 }
 
 TEST(Config, Overrides) {
-  Config c = parse_config(kMinimal, {"zero_optimization.stage=2", "bf16.enabled=true",
-                                     "optimizer.type=AdamW", "optimizer.params.lr=3e-4",
-                                     "model.preset=gpt2-tiny", "model.seq_len=8",
-                                     "data.path=/tmp/tokens.bin", "train.run_dir=\"runs/x\"",
-                                     "train.seed=18446744073709551615", "gradient_clipping=0"});
+  Config c = parse_config(kMinimal,
+                          {"zero_optimization.stage=2", "bf16.enabled=true", "optimizer.type=AdamW",
+                           "optimizer.params.lr=3e-4", "model.preset=gpt2-tiny", "model.seq_len=8",
+                           "data.path=/tmp/tokens.bin", "train.run_dir=\"runs/x\"",
+                           "train.seed=18446744073709551615", "gradient_clipping=0"});
   EXPECT_EQ(c.zero.stage, 2);
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_FLOAT_EQ(c.optimizer.lr, 3e-4f);
@@ -505,12 +527,15 @@ TEST(Config, ModelBlock) {
 
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"family", "gpt2"}, {"layers", 2}}}})),
                        "model.hidden is required when model.preset is not given"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}, {"rope_theta", 1e4}}}})),
-                       "model.rope_theta applies to family llama only"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "llama-tiny"}, {"kv_heads", 3}}}})),
-                       "model.heads=4 is not divisible by model.kv_heads=3"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "demo"}, {"family", "bert"}}}})),
-                       "model.family must be one of \"gpt2\", \"llama\", got \"bert\""));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}, {"rope_theta", 1e4}}}})),
+      "model.rope_theta applies to family llama only"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"model", {{"preset", "llama-tiny"}, {"kv_heads", 3}}}})),
+               "model.heads=4 is not divisible by model.kv_heads=3"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"model", {{"preset", "demo"}, {"family", "bert"}}}})),
+               "model.family must be one of \"gpt2\", \"llama\", got \"bert\""));
 
   ModelConfig bad;
   bad.family = "gpt2";
@@ -546,28 +571,29 @@ TEST(Config, Parallelism) {
 }
 
 TEST(Config, RuntimeBlocksAndNotices) {
-  Config c = parse_config(with(
-      kMinimal, {{"checkpoint",
-                  {{"dir", "ckpt"},
-                   {"interval", 100},
-                   {"tag_validation", "fail"},
-                   {"load_universal", true},
-                   {"parallel_write", {{"pipeline_stage", true}}}}},
-                 {"elasticity",
-                  {{"enabled", true}, {"max_train_batch_size", 1024}, {"micro_batch_sizes", {2, 4}}}},
-                 {"tensorboard", {{"enabled", true}, {"output_path", "tb"}}},
-                 {"csv_monitor", {{"enabled", true}}},
-                 {"wandb", {{"enabled", true}, {"group", nullptr}}},
-                 {"activation_checkpointing", {{"number_checkpoints", 4}}},
-                 {"communication_data_type", "fp16"}}));
+  Config c = parse_config(
+      with(kMinimal,
+           {{"checkpoint",
+             {{"dir", "ckpt"},
+              {"interval", 100},
+              {"tag_validation", "fail"},
+              {"load_universal", true},
+              {"parallel_write", {{"pipeline_stage", true}}}}},
+            {"elasticity",
+             {{"enabled", true}, {"max_train_batch_size", 1024}, {"micro_batch_sizes", {2, 4}}}},
+            {"tensorboard", {{"enabled", true}, {"output_path", "tb"}}},
+            {"csv_monitor", {{"enabled", true}}},
+            {"wandb", {{"enabled", true}, {"group", nullptr}}},
+            {"activation_checkpointing", {{"number_checkpoints", 4}}},
+            {"communication_data_type", "fp16"}}));
   EXPECT_EQ(c.checkpoint.tag_validation, "Fail");
   EXPECT_TRUE(c.checkpoint.parallel_write_pipeline_stage);
   EXPECT_EQ(c.elasticity.micro_batch_sizes, (std::vector<int64_t>{2, 4}));
   const std::vector<std::string> notes = config_notices(c, 1);
-  for (const char* key : {"checkpoint.dir", "checkpoint.load_universal", "elasticity.enabled",
-                          "tensorboard.enabled", "csv_monitor.enabled", "wandb.enabled",
-                          "activation_checkpointing.number_checkpoints",
-                          "communication_data_type=fp16"}) {
+  for (const char* key :
+       {"checkpoint.dir", "checkpoint.load_universal", "elasticity.enabled", "tensorboard.enabled",
+        "csv_monitor.enabled", "wandb.enabled", "activation_checkpointing.number_checkpoints",
+        "communication_data_type=fp16"}) {
     EXPECT_TRUE(any_contains(notes, key)) << key;
   }
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"elasticity", {{"enabled", true}}}})),
@@ -592,7 +618,8 @@ TEST(Config, StrictJson) {
     parse_json_strict("{\n  \"a\": 1\n  \"b\": 2\n}", "cfg.json");
     ADD_FAILURE();
   } catch (const InputError& e) {
-    EXPECT_TRUE(contains(e.what(), "cfg.json: invalid JSON: parse error at line 3, column")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "cfg.json: invalid JSON: parse error at line 3, column"))
+        << e.what();
   }
   EXPECT_TRUE(contains(error_of(json::array()), "the config must be a JSON object"));
   try {
@@ -606,13 +633,14 @@ TEST(Config, StrictJson) {
 TEST(Config, UnknownKeySuggestions) {
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"stage", 2}})),
                        "unknown key 'stage'; did you mean 'zero_optimization.stage'?"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"Bf16", {{"enabled", true}}}})),
-                       "did you mean 'bf16'?"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"Bf16", {{"enabled", true}}}})), "did you mean 'bf16'?"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"pipeline", {{"stages", 2}}}})),
                        "'pipeline' is a DeepSpeed key that strata does not implement; strata sets "
                        "pipeline parallelism in parallelism.pipeline"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"activation_checkpointing", {{"partition_activation", true}}}})),
-                       "did you mean 'activation_checkpointing.partition_activations'?"));
+  EXPECT_TRUE(contains(
+      error_of(with(kMinimal, {{"activation_checkpointing", {{"partition_activation", true}}}})),
+      "did you mean 'activation_checkpointing.partition_activations'?"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data", {{"pth", "x"}}}})),
                        "unknown key 'data.pth'; did you mean 'data.path'?"));
 }

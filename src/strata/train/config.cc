@@ -20,9 +20,8 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
   json root = j.is_null() ? json::object() : j;
   for (const std::string& o : overrides) apply_override(root, o);
   Block top(&root, "", keys_of(""));
-  top.nullable({"train_batch_size", "train_micro_batch_size_per_gpu",
-                "gradient_accumulation_steps", "steps_per_print", "communication_data_type",
-                "optimizer", "scheduler"});
+  top.nullable({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                "steps_per_print", "communication_data_type", "optimizer", "scheduler"});
   Config c;
   parse_batch_and_top(top, c);
   parse_precision(top, c);
@@ -66,8 +65,9 @@ void resolve_batch(Config& c, int dp) {
     gas = 1;
     tb = mb * dp;
   } else {
-    STRATA_INPUT_FAIL("either train_batch_size or train_micro_batch_size_per_gpu must be given "
-                      "(as in DeepSpeed), e.g. \"train_micro_batch_size_per_gpu\": 1");
+    STRATA_INPUT_FAIL(
+        "either train_batch_size or train_micro_batch_size_per_gpu must be given "
+        "(as in DeepSpeed), e.g. \"train_micro_batch_size_per_gpu\": 1");
   }
   int64_t product = 0;
   const bool overflow = __builtin_mul_overflow(mb, gas, &product) ||
@@ -79,7 +79,8 @@ void resolve_batch(Config& c, int dp) {
   }
   // Consistent triples close to what was given: keep the given micro batch and accumulation
   // (the batch follows), or keep the given train_batch_size (the micro batch follows).
-  const int64_t mb1 = mb_in > 0 ? mb_in : std::max<int64_t>(1, tb_in / dp / std::max<int64_t>(1, gas_in));
+  const int64_t mb1 =
+      mb_in > 0 ? mb_in : std::max<int64_t>(1, tb_in / dp / std::max<int64_t>(1, gas_in));
   const int64_t gas1 = gas_in > 0 ? gas_in : std::max<int64_t>(1, tb_in / mb1 / dp);
   std::string choice = "train_batch_size=" + std::to_string(mb1 * gas1 * dp) +
                        ", train_micro_batch_size_per_gpu=" + std::to_string(mb1) +
@@ -106,7 +107,6 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   std::vector<std::string> out;
   const auto add = [&](auto&&... parts) { out.push_back(detail::concat(parts...)); };
   const bool one = world_size == 1;
-  const std::string procs = std::to_string(world_size) + (one ? " process" : " processes");
 
   const ZeroConfig& z = c.zero;
   if (z.stage > 0) {
@@ -145,7 +145,10 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   }
 
   const ParallelismConfig& p = c.parallelism;
-  if (p.tensor > 1) add("parallelism.tensor=", p.tensor, " is not yet in effect: ", procs, " run the whole model");
+  if (p.tensor > 1) {
+    add("parallelism.tensor=", p.tensor,
+        " is not yet in effect: every process holds and runs whole layers");
+  }
   if (p.pipeline > 1) {
     add("parallelism.pipeline=", p.pipeline, " (schedule ", p.schedule,
         ") is not yet in effect: one stage runs every layer");
@@ -154,8 +157,8 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
     add("parallelism.virtual_stages=", p.virtual_stages, " is not yet in effect");
   }
   if (p.sequence_parallel) {
-    add("parallelism.sequence_parallel", p.tensor == 1 ? " has no effect with parallelism.tensor=1"
-                                                       : " is not yet in effect");
+    add("parallelism.sequence_parallel",
+        p.tensor == 1 ? " has no effect with parallelism.tensor=1" : " is not yet in effect");
   }
 
   const ActivationCheckpointingConfig& a = c.activation_checkpointing;
@@ -188,7 +191,8 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
         "train_micro_batch_size_per_gpu and gradient_accumulation_steps");
   }
   const CheckpointConfig& k = c.checkpoint;
-  if (!k.dir.empty()) add("checkpoint.dir=", k.dir, " is not yet in effect: no checkpoints are saved");
+  if (!k.dir.empty())
+    add("checkpoint.dir=", k.dir, " is not yet in effect: no checkpoints are saved");
   if (k.load_universal) add("checkpoint.load_universal is not yet in effect: nothing is loaded");
   if (c.tensorboard.enabled) {
     add("tensorboard.enabled is not yet in effect: metrics go to train.run_dir only");

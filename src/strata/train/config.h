@@ -5,8 +5,8 @@
 #pragma once
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,12 +26,12 @@ struct ParallelismConfig {
 };
 
 struct DataConfig {
-  std::string path;              // "" = the built-in demo corpus
-  std::string format = "auto";   // "auto" | "llmc" | "megatron"
+  std::string path;             // "" = the built-in demo corpus
+  std::string format = "auto";  // "auto" | "llmc" | "megatron"
 };
 
 struct TrainConfig {
-  int64_t steps = 0;             // 0 = the default of the run (demo: 200)
+  int64_t steps = 0;  // 0 = the default of the run (demo: 200)
   uint64_t seed = 1234;
   std::string run_dir = "runs/default";
 };
@@ -46,19 +46,19 @@ struct Bf16Config {
 
 // zero_optimization.offload_param / offload_optimizer. Keys of the other block are rejected.
 struct OffloadConfig {
-  std::string device = "none";   // "none" | "cpu" | "nvme"
+  std::string device = "none";  // "none" | "cpu" | "nvme"
   std::string nvme_path;
-  int buffer_count = 4;          // offload_param: 5, offload_optimizer: 4
-  int64_t buffer_size = 100000000;    // offload_param only
-  int64_t max_in_cpu = 1000000000;    // offload_param only
+  int buffer_count = 4;             // offload_param: 5, offload_optimizer: 4
+  int64_t buffer_size = 100000000;  // offload_param only
+  int64_t max_in_cpu = 1000000000;  // offload_param only
   bool pin_memory = true;
   bool pipeline_read = false, pipeline_write = false, fast_init = false;  // offload_optimizer
-  double ratio = 1.0;            // offload_optimizer; < 1 needs stage 3
+  double ratio = 1.0;  // offload_optimizer; < 1 needs stage 3
 };
 
 struct ZeroConfig {
   int stage = 0;
-  bool overlap_comm = false;     // DeepSpeed: unset means true iff stage 3
+  bool overlap_comm = false;  // DeepSpeed: unset means true iff stage 3
   bool contiguous_gradients = true;
   int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;
@@ -90,8 +90,8 @@ struct ActivationCheckpointingConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;               // "" = no checkpoints
-  int64_t interval = 0;          // steps between saves; 0 = only when asked
+  std::string dir;                      // "" = no checkpoints
+  int64_t interval = 0;                 // steps between saves; 0 = only when asked
   std::string tag_validation = "Warn";  // "Ignore" | "Warn" | "Fail"
   bool load_universal = false;
   bool use_node_local_storage = false;
@@ -134,8 +134,8 @@ struct Config {
   int64_t steps_per_print = 10;    // 0 = never
   bool wall_clock_breakdown = false;
   std::optional<DType> communication_data_type;  // unset: fp16/bf16/fp32 from precision
-  // data_types.grad_accum_dtype. parse_config sets it to param_dtype() when not given (DeepSpeed:
-  // None means the model dtype); it must be fp32 or the parameter dtype.
+  // data_types.grad_accum_dtype: fp32 or the parameter dtype. Unset stays fp32, unlike DeepSpeed
+  // (where None means the model dtype); the engine and its memory test rely on fp32.
   DType grad_accum_dtype = DType::F32;
   bool prescale_gradients = false;
   float gradient_predivide_factor = 1.0f;

@@ -1,7 +1,6 @@
 // DeepSpeed's blocks, with DeepSpeed's defaults and checks (deepspeed/runtime/config.py,
 // precision_config.py, zero/config.py, zero/offload_config.py, lr_schedules.py, engine.py).
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 
 #include "strata/core/check.h"
@@ -15,8 +14,7 @@ namespace {
 DType parse_dtype_key(const Block& b, std::string_view key) {
   const json& v = b.at(key);
   if (!v.is_string()) b.fail(key, "one of \"fp32\", \"fp16\", \"bf16\"");
-  std::string s = v.get<std::string>();
-  for (char& ch : s) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  std::string s = lower(v.get_ref<const std::string&>());
   if (s.rfind("torch.", 0) == 0) s = s.substr(6);
   return parse_dtype(s, b.key_path(key));
 }
@@ -121,20 +119,23 @@ void parse_precision(const Block& top, Config& c) {
   fp16.get_bool("fp16_master_weights_and_grads", c.fp16_master_weights_and_grads);
   if (f.enabled && f.loss_scale == 0.0f) {  // dynamic scaling: DeepSpeed's checks
     if (f.loss_scale_window <= 0) {
-      STRATA_INPUT_FAIL("fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled "
-                        "(loss_scale=0), got ",
-                        f.loss_scale_window);
+      STRATA_INPUT_FAIL(
+          "fp16.loss_scale_window must be > 0 when dynamic loss scaling is enabled "
+          "(loss_scale=0), got ",
+          f.loss_scale_window);
     }
     if (f.min_loss_scale <= 0) {
-      STRATA_INPUT_FAIL("fp16.min_loss_scale must be > 0 when dynamic loss scaling is enabled "
-                        "(loss_scale=0), got ",
-                        min_scale);
+      STRATA_INPUT_FAIL(
+          "fp16.min_loss_scale must be > 0 when dynamic loss scaling is enabled "
+          "(loss_scale=0), got ",
+          min_scale);
     }
   }
 
   if (top.has("bf16") && top.has("bfloat16")) {
-    STRATA_INPUT_FAIL("bf16 and bfloat16 are both given; bfloat16 is the legacy name of bf16: "
-                      "keep only bf16");
+    STRATA_INPUT_FAIL(
+        "bf16 and bfloat16 are both given; bfloat16 is the legacy name of bf16: "
+        "keep only bf16");
   }
   const char* bf16_key = top.has("bfloat16") ? "bfloat16" : "bf16";
   Block bf16 = top.child(bf16_key, keys_of("bf16"), true);
@@ -158,15 +159,14 @@ void parse_precision(const Block& top, Config& c) {
                       " conflicts with the fp16/bf16 enabled flags, which make the parameters ",
                       dtype_name(pt), "; set the flag or remove data_types.param_dtype");
   }
-  c.grad_accum_dtype = pt;  // DeepSpeed: None means the model dtype
   if (dt.has("grad_accum_dtype")) {
     const DType g = parse_dtype_key(dt, "grad_accum_dtype");
     if (g != DType::F32 && g != pt) {
-      STRATA_INPUT_FAIL("data_types.grad_accum_dtype=", show(dt.at("grad_accum_dtype")),
-                        " with ", dtype_name(pt),
-                        " parameters is not supported (DeepSpeed: unsupported mix); use \"fp32\" or "
-                        "the parameter dtype \"",
-                        dtype_name(pt), "\"");
+      STRATA_INPUT_FAIL(
+          "data_types.grad_accum_dtype=", show(dt.at("grad_accum_dtype")), " with ", dtype_name(pt),
+          " parameters is not supported (DeepSpeed: unsupported mix); use \"fp32\" or "
+          "the parameter dtype \"",
+          dtype_name(pt), "\"");
     }
     c.grad_accum_dtype = g;
   }
@@ -178,13 +178,15 @@ void parse_optimizer(const Block& top, Config& c) {
   OptimizerConfig& o = c.optimizer;
   std::string type;
   if (!ob.get_choice("type", type, {"Adam", "AdamW", "SGD"}, true)) {
-    STRATA_INPUT_FAIL("optimizer.type is required in an optimizer block: \"Adam\", \"AdamW\" or "
-                      "\"SGD\"");
+    STRATA_INPUT_FAIL(
+        "optimizer.type is required in an optimizer block: \"Adam\", \"AdamW\" or "
+        "\"SGD\"");
   }
   const json* params = ob.has("params") ? &ob.at("params") : nullptr;
   if (params != nullptr && params->is_object() && params->contains("max_grad_norm")) {
-    STRATA_INPUT_FAIL("optimizer.params.max_grad_norm is not supported as an optimizer parameter "
-                      "(as in DeepSpeed); use the top-level \"gradient_clipping\"");
+    STRATA_INPUT_FAIL(
+        "optimizer.params.max_grad_norm is not supported as an optimizer parameter "
+        "(as in DeepSpeed); use the top-level \"gradient_clipping\"");
   }
   const bool sgd = type == "SGD";
   const Keys adam_keys = {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam"};
@@ -200,8 +202,9 @@ void parse_optimizer(const Block& top, Config& c) {
     p.get_number("momentum", o.momentum, 0.0, HUGE_VAL);
     p.get_bool("nesterov", o.nesterov);
     if (o.nesterov && o.momentum <= 0.0f) {
-      STRATA_INPUT_FAIL("optimizer.params.nesterov=true needs optimizer.params.momentum > 0 (as "
-                        "torch.optim.SGD); set momentum, e.g. 0.9");
+      STRATA_INPUT_FAIL(
+          "optimizer.params.nesterov=true needs optimizer.params.momentum > 0 (as "
+          "torch.optim.SGD); set momentum, e.g. 0.9");
     }
     p.get_number("weight_decay", o.weight_decay, 0.0, HUGE_VAL);
     return;
@@ -221,8 +224,9 @@ void parse_optimizer(const Block& top, Config& c) {
   bool adam_w_mode = true;  // DeepSpeed's ADAM_W_MODE_DEFAULT
   const bool w_given = p.get_bool("adam_w_mode", adam_w_mode);
   if (o.type == "adamw" && w_given && !adam_w_mode) {
-    STRATA_INPUT_FAIL("optimizer.params.adam_w_mode=false does nothing with type AdamW (DeepSpeed "
-                      "still decouples the weight decay); use type \"Adam\" for L2 weight decay");
+    STRATA_INPUT_FAIL(
+        "optimizer.params.adam_w_mode=false does nothing with type AdamW (DeepSpeed "
+        "still decouples the weight decay); use type \"Adam\" for L2 weight decay");
   }
   o.adam_w_mode = o.type == "adamw" || adam_w_mode;
   p.get_bool("torch_adam", c.optimizer_torch_adam);
@@ -236,8 +240,9 @@ void parse_scheduler(const Block& top, Config& c) {
   if (!sb.present()) return;
   SchedulerConfig& s = c.scheduler;
   if (!sb.get_choice("type", s.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"})) {
-    STRATA_INPUT_FAIL("scheduler.type is required in a scheduler block: \"WarmupLR\", "
-                      "\"WarmupDecayLR\" or \"WarmupCosineLR\"");
+    STRATA_INPUT_FAIL(
+        "scheduler.type is required in a scheduler block: \"WarmupLR\", "
+        "\"WarmupDecayLR\" or \"WarmupCosineLR\"");
   }
   const Keys warmup_keys = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"};
   const Keys decay_keys = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
@@ -267,18 +272,19 @@ void parse_scheduler(const Block& top, Config& c) {
   }
   const int64_t warmup = std::max<int64_t>(2, s.warmup_num_steps);  // DeepSpeed's floor
   if (s.total_num_steps <= warmup) {
-    STRATA_INPUT_FAIL("scheduler.params.total_num_steps=", s.total_num_steps,
-                      " must be greater than scheduler.params.warmup_num_steps=",
-                      s.warmup_num_steps,
-                      warmup_given ? (s.warmup_num_steps < 2 ? " (2 in effect)" : "") : " (default)",
-                      "; raise total_num_steps or lower warmup_num_steps");
+    STRATA_INPUT_FAIL(
+        "scheduler.params.total_num_steps=", s.total_num_steps,
+        " must be greater than scheduler.params.warmup_num_steps=", s.warmup_num_steps,
+        warmup_given ? (s.warmup_num_steps < 2 ? " (2 in effect)" : "") : " (default)",
+        "; raise total_num_steps or lower warmup_num_steps");
   }
 }
 
 void parse_zero(const Block& top, Config& c) {
   if (top.has("zero_optimization") && top.at("zero_optimization").is_boolean()) {
-    STRATA_INPUT_FAIL("zero_optimization must be a block such as {\"stage\": 1}; DeepSpeed's legacy "
-                      "boolean form is not supported");
+    STRATA_INPUT_FAIL(
+        "zero_optimization must be a block such as {\"stage\": 1}; DeepSpeed's legacy "
+        "boolean form is not supported");
   }
   Block z = top.child("zero_optimization", keys_of("zero_optimization"), true);
   z.nullable({"overlap_comm", "offload_param", "offload_optimizer"});
@@ -378,8 +384,8 @@ void parse_runtime_blocks(const Block& top, Config& c) {
   el.get_int("num_gpus_per_node", e.num_gpus_per_node, 1);
   el.get_int("model_parallel_size", e.model_parallel_size, 1);
   if (e.max_gpus < e.min_gpus) {
-    STRATA_INPUT_FAIL("elasticity.min_gpus=", e.min_gpus, " cannot be greater than max_gpus=",
-                      e.max_gpus);
+    STRATA_INPUT_FAIL("elasticity.min_gpus=", e.min_gpus,
+                      " cannot be greater than max_gpus=", e.max_gpus);
   }
   if (e.enabled) {
     for (const char* key : {"max_train_batch_size", "micro_batch_sizes"}) {
@@ -411,21 +417,25 @@ void parse_runtime_blocks(const Block& top, Config& c) {
 void check_cross_block(Config& c) {
   const int stage = c.zero.stage;
   if (c.fp16_master_weights_and_grads && stage == 0) {
-    STRATA_INPUT_FAIL("fp16.fp16_master_weights_and_grads needs zero_optimization.stage 1, 2 or 3 "
-                      "(as in DeepSpeed)");
+    STRATA_INPUT_FAIL(
+        "fp16.fp16_master_weights_and_grads needs zero_optimization.stage 1, 2 or 3 "
+        "(as in DeepSpeed)");
   }
   if (c.bf16.bf16_master_weights_and_grads && stage == 0) {
-    STRATA_INPUT_FAIL("bf16.bf16_master_weights_and_grads needs zero_optimization.stage 1, 2 or 3 "
-                      "(as in DeepSpeed)");
+    STRATA_INPUT_FAIL(
+        "bf16.bf16_master_weights_and_grads needs zero_optimization.stage 1, 2 or 3 "
+        "(as in DeepSpeed)");
   }
   if (c.bf16.bf16_optimizer_states && !c.bf16.bf16_master_weights_and_grads) {
-    STRATA_INPUT_FAIL("bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads=true "
-                      "(as in DeepSpeed)");
+    STRATA_INPUT_FAIL(
+        "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads=true "
+        "(as in DeepSpeed)");
   }
   if (c.optimizer.type == "sgd" && stage > 0 && !c.zero_allow_untested_optimizer) {
-    STRATA_INPUT_FAIL("optimizer.type SGD is not one of ZeRO's tested optimizers (Adam, AdamW); "
-                      "as DeepSpeed, zero_optimization.stage=",
-                      stage, " needs \"zero_allow_untested_optimizer\": true to use it");
+    STRATA_INPUT_FAIL(
+        "optimizer.type SGD is not one of ZeRO's tested optimizers (Adam, AdamW); "
+        "as DeepSpeed, zero_optimization.stage=",
+        stage, " needs \"zero_allow_untested_optimizer\": true to use it");
   }
 }
 

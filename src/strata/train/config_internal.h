@@ -28,6 +28,8 @@ const Keys& keys_of(std::string_view path);  // the block at `path` must exist i
 
 // ---- messages ----
 
+std::string lower(std::string_view s);
+
 // Edit distance (optimal string alignment, case-insensitive): insertion, deletion, substitution
 // and transposition of adjacent characters each cost 1.
 size_t edit_distance(std::string_view a, std::string_view b);
@@ -57,7 +59,8 @@ class Block {
   bool present() const { return j_ != nullptr; }
   // Keys whose JSON null means "not given" (DeepSpeed's Optional fields).
   Block& nullable(std::initializer_list<std::string_view> keys);
-  bool has(std::string_view key) const;  // given (not absent, not "auto"/null where they mean unset)
+  bool has(
+      std::string_view key) const;  // given (not absent, not "auto"/null where they mean unset)
   bool is_null(std::string_view key) const;  // given as JSON null
   const json& at(std::string_view key) const;
   std::string key_path(std::string_view key) const { return join_path(path_, key); }
@@ -92,15 +95,15 @@ class Block {
 
 // ---- the parsers, one per group of blocks; each fills its part of `c` from the top level ----
 
-void parse_batch_and_top(const Block& top, Config& c);     // batch keys, scalars, data_types
-void parse_precision(const Block& top, Config& c);         // fp16, bf16 / bfloat16
-void parse_optimizer(const Block& top, Config& c);         // optimizer
-void parse_scheduler(const Block& top, Config& c);         // scheduler (after the optimizer)
-void parse_zero(const Block& top, Config& c);              // zero_optimization
-void parse_runtime_blocks(const Block& top, Config& c);    // activation ckpt, checkpoint,
-                                                           // elasticity, monitors
-void parse_model(const Block& top, Config& c);             // model (finalized)
-void parse_layout_blocks(const Block& top, Config& c);     // parallelism, data, train
+void parse_batch_and_top(const Block& top, Config& c);   // batch keys, top-level scalars
+void parse_precision(const Block& top, Config& c);       // fp16, bf16 / bfloat16, data_types
+void parse_optimizer(const Block& top, Config& c);       // optimizer
+void parse_scheduler(const Block& top, Config& c);       // scheduler (after the optimizer)
+void parse_zero(const Block& top, Config& c);            // zero_optimization
+void parse_runtime_blocks(const Block& top, Config& c);  // activation ckpt, checkpoint,
+                                                         // elasticity, monitors
+void parse_model(const Block& top, Config& c);           // model (finalized)
+void parse_layout_blocks(const Block& top, Config& c);   // parallelism, data, train
 // Checks that span blocks (ZeRO with the optimizer, precision with data_types, ...).
 void check_cross_block(Config& c);
 

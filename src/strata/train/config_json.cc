@@ -1,7 +1,5 @@
-// The mechanics of strict parsing: the schema of every block, the block reader with its typed
-// getters, unknown-key suggestions, JSON text without duplicate keys, and --set overrides.
+// The block reader with its typed getters, JSON text without duplicate keys, and --set overrides.
 #include <algorithm>
-#include <cctype>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -15,179 +13,6 @@ namespace strata::config_detail {
 
 namespace {
 
-// ---- the schema ----
-
-const Keys kTop = {"train_batch_size",
-                   "train_micro_batch_size_per_gpu",
-                   "gradient_accumulation_steps",
-                   "gradient_clipping",
-                   "steps_per_print",
-                   "wall_clock_breakdown",
-                   "communication_data_type",
-                   "prescale_gradients",
-                   "gradient_predivide_factor",
-                   "zero_allow_untested_optimizer",
-                   "bf16",
-                   "bfloat16",
-                   "fp16",
-                   "optimizer",
-                   "scheduler",
-                   "zero_optimization",
-                   "activation_checkpointing",
-                   "checkpoint",
-                   "data_types",
-                   "elasticity",
-                   "tensorboard",
-                   "csv_monitor",
-                   "wandb",
-                   "model",
-                   "parallelism",
-                   "data",
-                   "train"};
-const Keys kBf16 = {"enabled", "immediate_grad_update", "check_grad_overflow",
-                    "bf16_master_weights_and_grads", "bf16_optimizer_states"};
-const Keys kFp16 = {"enabled",          "auto_cast",  "loss_scale",
-                    "initial_scale_power", "loss_scale_window", "hysteresis",
-                    "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads"};
-const Keys kOptimizer = {"type", "params"};
-const Keys kOptimizerParams = {"lr",         "betas",     "eps",      "weight_decay",
-                               "adam_w_mode", "torch_adam", "momentum", "nesterov"};
-const Keys kScheduler = {"type", "params"};
-const Keys kSchedulerParams = {"warmup_min_lr",    "warmup_max_lr",  "warmup_num_steps",
-                               "warmup_type",      "total_num_steps", "warmup_min_ratio",
-                               "cos_min_ratio"};
-// DeepSpeed's pydantic model accepts both a field's name and its stage3_ alias.
-const Keys kZero = {"stage",
-                    "overlap_comm",
-                    "contiguous_gradients",
-                    "reduce_bucket_size",
-                    "allgather_bucket_size",
-                    "reduce_scatter",
-                    "allgather_partitions",
-                    "stage3_prefetch_bucket_size",
-                    "prefetch_bucket_size",
-                    "stage3_param_persistence_threshold",
-                    "param_persistence_threshold",
-                    "stage3_max_live_parameters",
-                    "max_live_parameters",
-                    "stage3_max_reuse_distance",
-                    "max_reuse_distance",
-                    "stage3_model_persistence_threshold",
-                    "model_persistence_threshold",
-                    "stage3_gather_16bit_weights_on_model_save",
-                    "gather_16bit_weights_on_model_save",
-                    "stage3_gather_fp16_weights_on_model_save",
-                    "sub_group_size",
-                    "round_robin_gradients",
-                    "offload_param",
-                    "offload_optimizer"};
-const Keys kOffloadParam = {"device",     "nvme_path", "buffer_count",
-                            "buffer_size", "max_in_cpu", "pin_memory"};
-const Keys kOffloadOptimizer = {"device",        "nvme_path",      "buffer_count", "pin_memory",
-                                "pipeline_read", "pipeline_write", "fast_init",    "ratio"};
-const Keys kActivationCheckpointing = {"partition_activations",
-                                       "cpu_checkpointing",
-                                       "contiguous_memory_optimization",
-                                       "number_checkpoints",
-                                       "synchronize_checkpoint_boundary",
-                                       "profile"};
-const Keys kCheckpoint = {"dir",           "interval",       "tag_validation",
-                          "load_universal", "use_node_local_storage", "parallel_write"};
-const Keys kParallelWrite = {"pipeline_stage"};
-const Keys kDataTypes = {"grad_accum_dtype", "param_dtype"};
-const Keys kElasticity = {"enabled",
-                          "max_train_batch_size",
-                          "micro_batch_sizes",
-                          "min_gpus",
-                          "max_gpus",
-                          "min_time",
-                          "version",
-                          "ignore_non_elastic_batch_info",
-                          "prefer_larger_batch",
-                          "num_gpus_per_node",
-                          "model_parallel_size"};
-const Keys kMonitor = {"enabled", "output_path", "job_name"};
-const Keys kWandb = {"enabled", "group", "team", "project"};
-const Keys kModel = {"preset", "family",   "layers",          "hidden",   "heads",
-                     "kv_heads", "ffn_hidden", "vocab",         "seq_len",  "tied_embeddings",
-                     "norm_eps", "rope_theta", "init_std"};
-const Keys kParallelism = {"tensor",   "pipeline",          "virtual_stages",
-                           "schedule", "sequence_parallel", "order"};
-const Keys kData = {"path", "format"};
-const Keys kTrain = {"steps", "seed", "run_dir"};
-
-// DeepSpeed keys strata does not implement, by block, with what to do instead.
-struct Unsupported {
-  std::string_view path, key, hint;
-};
-constexpr Unsupported kUnsupported[] = {
-    {"", "amp", "use bf16 or fp16"},
-    {"", "pipeline", "strata sets pipeline parallelism in parallelism.pipeline and .schedule"},
-    {"", "tensor_parallel", "strata sets tensor parallelism in parallelism.tensor"},
-    {"", "sequence_parallel_size",
-     "strata shards sequences over the tensor group: parallelism.sequence_parallel"},
-    {"", "fp32_allreduce", "use communication_data_type"},
-    {"", "vocabulary_size", "the vocabulary is model.vocab"},
-    {"", "comet", "strata's monitors are tensorboard, csv_monitor and wandb"},
-    {"", "flops_profiler", "strata reports achieved FLOP/s in its metrics"},
-    {"", "comms_logger", "remove it"},
-    {"", "autotuning", "remove it"},
-    {"", "sparse_attention", "remove it"},
-    {"", "sparse_gradients", "remove it"},
-    {"", "compression_training", "remove it"},
-    {"", "curriculum_learning", "remove it"},
-    {"", "data_efficiency", "remove it"},
-    {"", "memory_breakdown", "strata reports memory per category in its metrics"},
-    {"", "dump_state", "remove it"},
-    {"", "disable_allgather", "remove it"},
-    {"", "zero_force_ds_cpu_optimizer", "remove it"},
-    {"", "gradient_allreduce_op", "gradients are averaged over data-parallel ranks"},
-    {"", "dataloader_drop_last", "remove it"},
-    {"", "torch_autocast", "use bf16 or fp16"},
-    {"", "compile", "remove it"},
-    {"", "aio", "remove it"},
-    {"", "seq_parallel_communication_data_type", "use communication_data_type"},
-    {"zero_optimization", "cpu_offload", "use offload_optimizer: {\"device\": \"cpu\"}"},
-    {"zero_optimization", "cpu_offload_param", "use offload_param: {\"device\": \"cpu\"}"},
-    {"zero_optimization", "cpu_offload_use_pin_memory", "use offload_*.pin_memory"},
-    {"zero_optimization", "grad_hooks", "DeepSpeed documents it but has no such field"},
-    {"zero_optimization", "elastic_checkpoint", "strata's checkpoints load under any layout"},
-    {"zero_optimization", "load_from_fp32_weights", "strata always loads the fp32 master"},
-    {"zero_optimization", "use_multi_rank_bucket_allreduce", "remove it"},
-    {"zero_optimization", "ignore_unused_parameters", "remove it"},
-    {"zero_optimization", "legacy_stage1", "remove it"},
-    {"zero_optimization", "zero_hpz_partition_size", "remove it"},
-    {"zero_optimization", "zero_quantized_weights", "remove it"},
-    {"zero_optimization", "zero_quantized_nontrainable_weights", "remove it"},
-    {"zero_optimization", "zero_quantized_gradients", "remove it"},
-    {"zero_optimization", "zeropp_loco_param", "remove it"},
-    {"zero_optimization", "mics_shard_size", "remove it"},
-    {"zero_optimization", "mics_hierarchical_params_gather", "remove it"},
-    {"zero_optimization", "memory_efficient_linear", "remove it"},
-    {"zero_optimization", "pipeline_loading_checkpoint", "remove it"},
-    {"zero_optimization", "override_module_apply", "remove it"},
-    {"zero_optimization", "log_trace_cache_warnings",
-     "strata's ZeRO-3 fetch order is static, there is no trace cache"},
-    {"zero_optimization", "stage3_module_granularity_threshold", "remove it"},
-    {"zero_optimization", "stage3_use_all_reduce_for_fetch_params", "remove it"},
-    {"zero_optimization", "stage3_allgather_sequential", "remove it"},
-    {"zero_optimization", "zenflow", "remove it"},
-    {"zero_optimization", "leaf_module", "a unit is one Transformer block"},
-    {"zero_optimization.offload_optimizer", "super_offload", "remove it"},
-    {"zero_optimization.offload_optimizer", "cpuadam_cores_perc", "remove it"},
-    {"optimizer", "legacy_fusion", "remove it"},
-    {"optimizer.params", "bias_correction", "strata's Adam always corrects the bias"},
-    {"optimizer.params", "amsgrad", "DeepSpeed's FusedAdam has no AMSGrad either"},
-    {"optimizer.params", "dampening", "strata's SGD has no dampening"},
-    {"scheduler.params", "last_batch_iteration", "a resumed run takes the step from its checkpoint"},
-};
-
-std::string lower(std::string_view s) {
-  std::string r(s);
-  for (char& ch : r) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-  return r;
-}
-
 std::string fmt_num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.9g", v);
@@ -195,125 +20,6 @@ std::string fmt_num(double v) {
 }
 
 }  // namespace
-
-const std::vector<BlockSchema>& schema() {
-  static const std::vector<BlockSchema> s = {
-      {"", &kTop},
-      {"bf16", &kBf16},
-      {"bfloat16", &kBf16},
-      {"fp16", &kFp16},
-      {"optimizer", &kOptimizer},
-      {"optimizer.params", &kOptimizerParams},
-      {"scheduler", &kScheduler},
-      {"scheduler.params", &kSchedulerParams},
-      {"zero_optimization", &kZero},
-      {"zero_optimization.offload_param", &kOffloadParam},
-      {"zero_optimization.offload_optimizer", &kOffloadOptimizer},
-      {"activation_checkpointing", &kActivationCheckpointing},
-      {"checkpoint", &kCheckpoint},
-      {"checkpoint.parallel_write", &kParallelWrite},
-      {"data_types", &kDataTypes},
-      {"elasticity", &kElasticity},
-      {"tensorboard", &kMonitor},
-      {"csv_monitor", &kMonitor},
-      {"wandb", &kWandb},
-      {"model", &kModel},
-      {"parallelism", &kParallelism},
-      {"data", &kData},
-      {"train", &kTrain},
-  };
-  return s;
-}
-
-const Keys& keys_of(std::string_view path) {
-  for (const BlockSchema& b : schema()) {
-    if (b.path == path) return *b.keys;
-  }
-  STRATA_FAIL("no config block '", std::string(path), "' in the schema");
-}
-
-// ---- messages ----
-
-size_t edit_distance(std::string_view a_in, std::string_view b_in) {
-  const std::string a = lower(a_in), b = lower(b_in);
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= m; ++j) {
-      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-      }
-    }
-  }
-  return d[n][m];
-}
-
-std::string nearest(std::string_view word, const Keys& candidates) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const std::string& c : candidates) {
-    const size_t d = edit_distance(word, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  return best;
-}
-
-std::string show(const json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
-std::string join_path(std::string_view parent, std::string_view key) {
-  std::string r(parent);
-  if (!r.empty()) r += '.';
-  r += key;
-  return r;
-}
-
-std::string list(const Keys& items, bool quote) {
-  std::string r;
-  for (size_t i = 0; i < items.size(); ++i) {
-    if (i > 0) r += ", ";
-    r += quote ? "\"" + items[i] + "\"" : items[i];
-  }
-  return r;
-}
-
-void fail_unknown_key(std::string_view path, std::string_view key, const Keys& valid) {
-  const std::string full = join_path(path, key);
-  for (const Unsupported& u : kUnsupported) {
-    if (u.path == path && u.key == key) {
-      STRATA_INPUT_FAIL("'", full, "' is a DeepSpeed key that strata does not implement; ",
-                        std::string(u.hint));
-    }
-  }
-  const std::string near = nearest(key, valid);
-  const size_t near_d = near.empty() ? SIZE_MAX : edit_distance(key, near);
-  // The same key in another block ("seed" -> "train.seed") beats a distant neighbour.
-  if (near_d > 1) {
-    Keys elsewhere;
-    for (const BlockSchema& b : schema()) {
-      if (b.path == path || b.path == "bfloat16") continue;
-      if (std::find(b.keys->begin(), b.keys->end(), key) != b.keys->end()) {
-        elsewhere.push_back("'" + join_path(b.path, key) + "'");
-      }
-    }
-    if (!elsewhere.empty()) {
-      if (elsewhere.size() > 3) elsewhere.resize(3);
-      std::string alternatives;
-      for (size_t i = 0; i < elsewhere.size(); ++i) {
-        alternatives += (i == 0 ? "" : " or ") + elsewhere[i];
-      }
-      STRATA_INPUT_FAIL("unknown key '", full, "'; did you mean ", alternatives, "?");
-    }
-  }
-  STRATA_INPUT_FAIL("unknown key '", full, "'; did you mean '", join_path(path, near), "'?");
-}
 
 // ---- the block reader ----
 
@@ -341,14 +47,15 @@ const json* Block::value(std::string_view key) const {
   if (auto_means_default_ && it->is_string() && it->get_ref<const std::string&>() == "auto") {
     return nullptr;
   }
-  if (it->is_null() &&
-      std::find(nullable_.begin(), nullable_.end(), key) != nullable_.end()) {
+  if (it->is_null() && std::find(nullable_.begin(), nullable_.end(), key) != nullable_.end()) {
     return nullptr;
   }
   return &*it;
 }
 
-bool Block::has(std::string_view key) const { return value(key) != nullptr; }
+bool Block::has(std::string_view key) const {
+  return value(key) != nullptr;
+}
 
 bool Block::is_null(std::string_view key) const {
   if (j_ == nullptr) return false;
@@ -408,7 +115,9 @@ bool Block::get_int(std::string_view key, int64_t& out, int64_t lo, int64_t hi) 
 
 bool Block::get_int(std::string_view key, int& out, int lo, int hi) const {
   int64_t x = 0;
-  if (!get_int(key, x, lo, hi == INT_MAX ? int64_t(INT_MAX) : hi)) return false;
+  if (!get_int(key, x, lo == INT_MIN ? INT64_MIN : lo, hi == INT_MAX ? INT64_MAX : hi))
+    return false;
+  if (x < INT_MIN || x > INT_MAX) fail(key, "an integer within the range of int32");
   out = int(x);
   return true;
 }
@@ -450,8 +159,7 @@ bool Block::get_number(std::string_view key, double& out, double lo, double hi,
   return true;
 }
 
-bool Block::get_number(std::string_view key, float& out, double lo, double hi,
-                       bool lo_open) const {
+bool Block::get_number(std::string_view key, float& out, double lo, double hi, bool lo_open) const {
   double d = 0;
   if (!get_number(key, d, lo, hi, lo_open)) return false;
   if (std::fabs(d) > double(FLT_MAX)) fail(key, "a number within the range of fp32");
@@ -533,7 +241,8 @@ class StrictDom : public nlohmann::json_sax<json> {
     frames_.pop_back();
     return true;
   }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& ex) override {
+  bool parse_error(std::size_t, const std::string&,
+                   const nlohmann::detail::exception& ex) override {
     // "[json.exception.parse_error.101] parse error at line 3, column 1: syntax error ..."
     std::string what = ex.what();
     const size_t p = what.find("] ");
@@ -606,8 +315,9 @@ namespace strata::config_detail {
 void apply_override(json& root, const std::string& spec) {
   const size_t eq = spec.find('=');
   if (eq == std::string::npos) {
-    STRATA_INPUT_FAIL("--set \"", spec,
-                      "\": expected KEY=VALUE with a dotted key, e.g. --set zero_optimization.stage=2");
+    STRATA_INPUT_FAIL(
+        "--set \"", spec,
+        "\": expected KEY=VALUE with a dotted key, e.g. --set zero_optimization.stage=2");
   }
   const std::string path = spec.substr(0, eq), text = spec.substr(eq + 1);
   std::vector<std::string> parts;

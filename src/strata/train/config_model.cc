@@ -86,8 +86,10 @@ void finalize_model(ModelConfig& m) {
   if (m.family != "gpt2" && m.family != "llama") {
     STRATA_INPUT_FAIL("model.family must be one of \"gpt2\", \"llama\", got \"", m.family, "\"");
   }
-  const std::pair<const char*, int> positive[] = {{"layers", m.layers}, {"hidden", m.hidden},
-                                                  {"heads", m.heads},   {"vocab", m.vocab},
+  const std::pair<const char*, int> positive[] = {{"layers", m.layers},
+                                                  {"hidden", m.hidden},
+                                                  {"heads", m.heads},
+                                                  {"vocab", m.vocab},
                                                   {"seq_len", m.seq_len}};
   for (const auto& [key, v] : positive) {
     STRATA_INPUT_CHECK(v > 0, "model.", key, " must be > 0, got ", v);
@@ -116,8 +118,8 @@ void finalize_model(ModelConfig& m) {
                        ", but family gpt2 has no grouped-query attention; remove model.kv_heads "
                        "or use family \"llama\"");
   } else {
-    STRATA_INPUT_CHECK((m.hidden / m.heads) % 2 == 0, "model.hidden/model.heads = ", m.hidden,
-                       "/", m.heads, " = ", m.hidden / m.heads,
+    STRATA_INPUT_CHECK((m.hidden / m.heads) % 2 == 0, "model.hidden/model.heads = ", m.hidden, "/",
+                       m.heads, " = ", m.hidden / m.heads,
                        " is odd, but RoPE (family llama) rotates pairs of dimensions; choose "
                        "model.hidden and model.heads with an even head dimension");
   }
@@ -145,17 +147,19 @@ void parse_model(const Block& top, Config& c) {
   if (from_preset) m = raw_preset(preset, "model.preset");
   const bool family_given = b.get_choice("family", m.family, {"gpt2", "llama"});
   if (!from_preset && !family_given) {
-    STRATA_INPUT_FAIL("model.family is required when model.preset is not given: \"gpt2\" or "
-                      "\"llama\" (or give a preset: ",
-                      list(model_preset_names(), false), ")");
+    STRATA_INPUT_FAIL(
+        "model.family is required when model.preset is not given: \"gpt2\" or "
+        "\"llama\" (or give a preset: ",
+        list(model_preset_names(), false), ")");
   }
   const std::pair<const char*, int*> ints[] = {
-      {"layers", &m.layers}, {"hidden", &m.hidden},         {"heads", &m.heads},
-      {"vocab", &m.vocab},   {"seq_len", &m.seq_len},       {"kv_heads", &m.kv_heads},
+      {"layers", &m.layers},        {"hidden", &m.hidden},   {"heads", &m.heads},
+      {"vocab", &m.vocab},          {"seq_len", &m.seq_len}, {"kv_heads", &m.kv_heads},
       {"ffn_hidden", &m.ffn_hidden}};
   for (const auto& [key, out] : ints) {
     const bool given = b.get_int(key, *out, 1);
-    const bool derived = std::string_view(key) == "kv_heads" || std::string_view(key) == "ffn_hidden";
+    const bool derived =
+        std::string_view(key) == "kv_heads" || std::string_view(key) == "ffn_hidden";
     if (!given && !from_preset && !derived) {
       STRATA_INPUT_FAIL("model.", key, " is required when model.preset is not given");
     }
@@ -166,8 +170,9 @@ void parse_model(const Block& top, Config& c) {
   }
   b.get_number("norm_eps", m.norm_eps, 0.0, HUGE_VAL, true);
   if (b.get_number("rope_theta", m.rope_theta, 0.0, HUGE_VAL, true) && m.family != "llama") {
-    STRATA_INPUT_FAIL("model.rope_theta applies to family llama only (gpt2 has learned position "
-                      "embeddings); remove it");
+    STRATA_INPUT_FAIL(
+        "model.rope_theta applies to family llama only (gpt2 has learned position "
+        "embeddings); remove it");
   }
   b.get_number("init_std", m.init_std, 0.0, HUGE_VAL, true);
   finalize_model(m);
@@ -235,8 +240,9 @@ void parse_layout_blocks(const Block& top, Config& c) {
                       p.schedule, "\"");
   }
   if (p.schedule == "interleaved" && p.virtual_stages < 2) {
-    STRATA_INPUT_FAIL("parallelism.schedule \"interleaved\" needs parallelism.virtual_stages >= 2 "
-                      "(model chunks per stage); set virtual_stages or use schedule \"1f1b\"");
+    STRATA_INPUT_FAIL(
+        "parallelism.schedule \"interleaved\" needs parallelism.virtual_stages >= 2 "
+        "(model chunks per stage); set virtual_stages or use schedule \"1f1b\"");
   }
 
   Block db = top.child("data", keys_of("data"));
