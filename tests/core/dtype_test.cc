@@ -12,7 +12,9 @@
 namespace strata {
 namespace {
 
-float bits_f32(uint32_t u) { return std::bit_cast<float>(u); }
+float bits_f32(uint32_t u) {
+  return std::bit_cast<float>(u);
+}
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 TEST(Bf16, RoundsToNearestEven) {
@@ -58,9 +60,9 @@ TEST(F16, RoundsToNearestEven) {
 }
 
 TEST(F16, OverflowAndSpecials) {
-  EXPECT_EQ(f32_to_f16(65504.0f).bits, 0x7bff);     // largest finite
-  EXPECT_EQ(f32_to_f16(65519.996f).bits, 0x7bff);   // below the midpoint to 65536
-  EXPECT_EQ(f32_to_f16(65520.0f).bits, 0x7c00);     // the midpoint: ties to even = Inf
+  EXPECT_EQ(f32_to_f16(65504.0f).bits, 0x7bff);    // largest finite
+  EXPECT_EQ(f32_to_f16(65519.996f).bits, 0x7bff);  // below the midpoint to 65536
+  EXPECT_EQ(f32_to_f16(65520.0f).bits, 0x7c00);    // the midpoint: ties to even = Inf
   EXPECT_EQ(f32_to_f16(1e10f).bits, 0x7c00);
   EXPECT_EQ(f32_to_f16(-1e10f).bits, 0xfc00);
   EXPECT_EQ(f32_to_f16(kInf).bits, 0x7c00);
@@ -73,13 +75,13 @@ TEST(F16, OverflowAndSpecials) {
 }
 
 TEST(F16, Subnormals) {
-  EXPECT_EQ(f32_to_f16(0x1p-24f).bits, 0x0001);          // smallest subnormal
-  EXPECT_EQ(f32_to_f16(0x1p-25f).bits, 0x0000);          // half of it: tie → even (0)
-  EXPECT_EQ(f32_to_f16(0x1.8p-25f).bits, 0x0001);        // above the tie
-  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f).bits, 0x0002);      // 1.5 units: tie → even (2)
+  EXPECT_EQ(f32_to_f16(0x1p-24f).bits, 0x0001);      // smallest subnormal
+  EXPECT_EQ(f32_to_f16(0x1p-25f).bits, 0x0000);      // half of it: tie → even (0)
+  EXPECT_EQ(f32_to_f16(0x1.8p-25f).bits, 0x0001);    // above the tie
+  EXPECT_EQ(f32_to_f16(3 * 0x1p-25f).bits, 0x0002);  // 1.5 units: tie → even (2)
   EXPECT_EQ(f32_to_f16(0x1p-26f).bits, 0x0000);
   EXPECT_EQ(f32_to_f16(-0x1p-24f).bits, 0x8001);
-  EXPECT_EQ(f32_to_f16(0x1p-14f).bits, 0x0400);          // smallest normal
+  EXPECT_EQ(f32_to_f16(0x1p-14f).bits, 0x0400);             // smallest normal
   EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-24f).bits, 0x03ff);  // largest subnormal
   EXPECT_EQ(f32_to_f16(0x1p-14f - 0x1p-26f).bits, 0x0400);  // rounds up into the normals
   EXPECT_EQ(f16_to_f32(f16{0x0001}), 0x1p-24f);

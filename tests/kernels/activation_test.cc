@@ -16,10 +16,14 @@ double gelu_ref(double x) {
   return x / (1.0 + std::exp(-2.0 * u));
 }
 
-double silu_ref(double x) { return x / (1.0 + std::exp(-x)); }
+double silu_ref(double x) {
+  return x / (1.0 + std::exp(-x));
+}
 
 // Inputs over the range that matters, tails included (|x| up to ~12).
-std::vector<float> act_input(size_t n) { return test::randn(n, "x", 3.0f); }
+std::vector<float> act_input(size_t n) {
+  return test::randn(n, "x", 3.0f);
+}
 
 TEST(Gelu, ForwardAgainstReference) {
   auto x = act_input(1000);
@@ -85,7 +89,8 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
 template <typename S>
 void check_half(double u) {
   const int N = 6, F = 50;
-  auto x = test::rounded<S>(act_input(2 * N * F)), dy = test::rounded<S>(test::randn(2 * N * F, "dy"));
+  auto x = test::rounded<S>(act_input(2 * N * F)),
+       dy = test::rounded<S>(test::randn(2 * N * F, "dy"));
   auto tx = test::to_dtype<S>(x), tdy = test::to_dtype<S>(dy);
   std::vector<S> out(2 * N * F), dx(2 * N * F);
   std::vector<float> fout(2 * N * F), fdx(2 * N * F);

@@ -17,10 +17,18 @@
 
 namespace strata::test {
 
-inline double as_double(double v) { return v; }
-inline double as_double(float v) { return v; }
-inline double as_double(bf16 v) { return to_f32(v); }
-inline double as_double(f16 v) { return to_f32(v); }
+inline double as_double(double v) {
+  return v;
+}
+inline double as_double(float v) {
+  return v;
+}
+inline double as_double(bf16 v) {
+  return to_f32(v);
+}
+inline double as_double(f16 v) {
+  return to_f32(v);
+}
 
 // n normal samples, mean 0, standard deviation `std`, from a stream named `name`.
 inline std::vector<float> randn(size_t n, std::string_view name, float std = 1.0f) {

@@ -83,8 +83,8 @@ double matmul_error(int64_t M, int64_t N, int64_t K, int64_t B0, int64_t B1, boo
   const int64_t batch[2] = {B0, B1};
   matmul({tc.data(), dtype_of<C>(), lc.rs(), {lc.bs0(), lc.bs1()}},
          {ta_.data(), dtype_of<A>(), la.rs(), la.cs(), {la.bs0(), la.bs1()}},
-         {tb_.data(), dtype_of<B>(), lb.rs(), lb.cs(), {lb.bs0(), lb.bs1()}}, M, N, K, batch,
-         alpha, accumulate);
+         {tb_.data(), dtype_of<B>(), lb.rs(), lb.cs(), {lb.bs0(), lb.bs1()}}, M, N, K, batch, alpha,
+         accumulate);
   auto ref = reference(a, la, b, lb, accumulate ? &c0 : nullptr, lc, alpha);
   // The padding between lines and matrices must be untouched.
   std::vector<bool> inside(lc.size(), false);
@@ -106,10 +106,8 @@ TEST(Matmul, Fp32LayoutsAgainstReference) {
       SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
       EXPECT_LT((matmul_error<float, float, float>(33, 17, 29, 1, 1, ta, tb, 1.0f, false)),
                 kTolF32);
-      EXPECT_LT((matmul_error<float, float, float>(9, 12, 7, 2, 3, ta, tb, 0.5f, false)),
-                kTolF32);
-      EXPECT_LT((matmul_error<float, float, float>(9, 12, 7, 3, 2, ta, tb, -2.0f, true)),
-                kTolF32);
+      EXPECT_LT((matmul_error<float, float, float>(9, 12, 7, 2, 3, ta, tb, 0.5f, false)), kTolF32);
+      EXPECT_LT((matmul_error<float, float, float>(9, 12, 7, 3, 2, ta, tb, -2.0f, true)), kTolF32);
     }
 }
 
@@ -118,16 +116,12 @@ TEST(Matmul, HalfOperandsAgainstReference) {
     for (bool tb : {false, true}) {
       SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
       EXPECT_LT((matmul_error<bf16, bf16, float>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF32);
-      EXPECT_LT((matmul_error<bf16, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.5f, false)),
-                kTolBf16);
-      EXPECT_LT((matmul_error<bf16, bf16, bf16>(33, 17, 29, 1, 1, ta, tb, 1.0f, true)),
-                kTolBf16);
+      EXPECT_LT((matmul_error<bf16, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.5f, false)), kTolBf16);
+      EXPECT_LT((matmul_error<bf16, bf16, bf16>(33, 17, 29, 1, 1, ta, tb, 1.0f, true)), kTolBf16);
       EXPECT_LT((matmul_error<f16, f16, f16>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF16);
-      EXPECT_LT((matmul_error<f16, f16, float>(33, 17, 29, 1, 1, ta, tb, 1.0f, false)),
-                kTolF32);
+      EXPECT_LT((matmul_error<f16, f16, float>(33, 17, 29, 1, 1, ta, tb, 1.0f, false)), kTolF32);
       // Mixed operand types (attention's fp32 score gradients times bf16 keys).
-      EXPECT_LT((matmul_error<float, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.25f, false)),
-                kTolBf16);
+      EXPECT_LT((matmul_error<float, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.25f, false)), kTolBf16);
       EXPECT_LT((matmul_error<float, f16, float>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF32);
     }
 }
@@ -224,8 +218,8 @@ TEST(Linear, BackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw[i], 2.0f * dw1[i]);
   for (size_t i = 0; i < db.size(); ++i) EXPECT_FLOAT_EQ(db[i], 2.0f * db1[i]);
   // dinp and dbias may be null.
-  linear_backward(static_cast<float*>(nullptr), dw.data(), static_cast<float*>(nullptr),
-                  w.data(), inp.data(), wt.data(), M, K, N);
+  linear_backward(static_cast<float*>(nullptr), dw.data(), static_cast<float*>(nullptr), w.data(),
+                  inp.data(), wt.data(), M, K, N);
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw[i], 3.0f * dw1[i]);
 }
 

@@ -56,8 +56,7 @@ TEST(LayerNorm, ForwardAgainstReference) {
   const int N = 9, C = 37;
   auto x = norm_input(N * C), w = test::randn(C, "w"), b = test::randn(C, "b");
   std::vector<float> out(N * C), mean(N), rstd(N);
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
-                    kEps);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, kEps);
   Ref r = layernorm_reference(x, w, &b, N, C);
   EXPECT_LT(rel_err(out, r.out), 1e-5);
   EXPECT_LT(rel_err(mean, r.mean), 1e-5);
@@ -102,21 +101,21 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   loss();
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f), db(C, 0.0f);
   std::vector<float> scratch(norm_backward_scratch_floats(N, C));
-  layernorm_backward(dx.data(), dw.data(), db.data(), scratch.data(), lw.data(), x.data(),
-                     w.data(), mean.data(), rstd.data(), N, C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), scratch.data(), lw.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
   EXPECT_LT(rel_err(dx, test::numeric_grad(x, loss, 1e-3f)), 1e-2);
   EXPECT_LT(rel_err(dw, test::numeric_grad(w, loss, 1e-3f)), 1e-2);
   EXPECT_LT(rel_err(db, test::numeric_grad(b, loss, 1e-3f)), 1e-2);
 
   // dinp, dweight and dbias all accumulate; dbias may be null.
   auto dx1 = dx, dw1 = dw, db1 = db;
-  layernorm_backward(dx.data(), dw.data(), db.data(), scratch.data(), lw.data(), x.data(),
-                     w.data(), mean.data(), rstd.data(), N, C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), scratch.data(), lw.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx[i], 2.0f * dx1[i]);
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw[i], 2.0f * dw1[i]);
   for (size_t i = 0; i < db.size(); ++i) EXPECT_FLOAT_EQ(db[i], 2.0f * db1[i]);
-  layernorm_backward(dx.data(), dw.data(), static_cast<float*>(nullptr), scratch.data(),
-                     lw.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  layernorm_backward(dx.data(), dw.data(), static_cast<float*>(nullptr), scratch.data(), lw.data(),
+                     x.data(), w.data(), mean.data(), rstd.data(), N, C);
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw[i], 3.0f * dw1[i]);
 }
 
@@ -141,14 +140,14 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   loss();
   std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
   std::vector<float> scratch(norm_backward_scratch_floats(N, C));
-  rmsnorm_backward(dx.data(), dw.data(), scratch.data(), lw.data(), x.data(), w.data(),
-                   rstd.data(), N, C);
+  rmsnorm_backward(dx.data(), dw.data(), scratch.data(), lw.data(), x.data(), w.data(), rstd.data(),
+                   N, C);
   EXPECT_LT(rel_err(dx, test::numeric_grad(x, loss, 1e-3f)), 1e-2);
   EXPECT_LT(rel_err(dw, test::numeric_grad(w, loss, 1e-3f)), 1e-2);
 
   auto dx1 = dx, dw1 = dw;
-  rmsnorm_backward(dx.data(), dw.data(), scratch.data(), lw.data(), x.data(), w.data(),
-                   rstd.data(), N, C);
+  rmsnorm_backward(dx.data(), dw.data(), scratch.data(), lw.data(), x.data(), w.data(), rstd.data(),
+                   N, C);
   for (size_t i = 0; i < dx.size(); ++i) EXPECT_FLOAT_EQ(dx[i], 2.0f * dx1[i]);
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw[i], 2.0f * dw1[i]);
 }
@@ -173,8 +172,8 @@ void check_half_backward(double tol) {
   std::vector<float> fout(N * C);
   layernorm_forward(fout.data(), rmean.data(), rrstd.data(), x.data(), w.data(), b.data(), N, C,
                     kEps);
-  layernorm_backward(rx.data(), rw.data(), rb.data(), scratch.data(), dy.data(), x.data(),
-                     w.data(), rmean.data(), rrstd.data(), N, C);
+  layernorm_backward(rx.data(), rw.data(), rb.data(), scratch.data(), dy.data(), x.data(), w.data(),
+                     rmean.data(), rrstd.data(), N, C);
   EXPECT_LT(rel_err(dx, rx), tol);
   EXPECT_LT(rel_err(dw, rw), tol);
   EXPECT_LT(rel_err(db, rb), tol);
@@ -195,8 +194,7 @@ TEST(Norm, BackwardDeterministicAcrossThreadCounts) {
   auto x = norm_input(N * C), w = test::randn(C, "w"), b = test::randn(C, "b");
   auto dy = test::randn(N * C, "dy");
   std::vector<float> out(N * C), mean(N), rstd(N), scratch(norm_backward_scratch_floats(N, C));
-  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
-                    kEps);
+  layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, kEps);
   auto run = [&](int threads) {
     int saved = omp_get_max_threads();
     omp_set_num_threads(threads);

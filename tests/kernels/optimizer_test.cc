@@ -114,14 +114,16 @@ void sgd_reference(double& p, double& buf, double grad, const SgdHyper& h, int s
 template <typename S, typename G>
 void check_sgd(const SgdHyper& h) {
   auto p0 = test::randn(kN, "p");
-  std::vector<float> master = p0, buf(kN, 0.0f);
+  // torch starts the buffer from the first gradient: its old contents must not matter.
+  std::vector<float> master = p0, buf(kN, std::numeric_limits<float>::quiet_NaN());
+  float* b = h.momentum != 0.0f ? buf.data() : nullptr;  // unused (may be null) without momentum
   std::vector<S> param = test::to_dtype<S>(p0);
   std::vector<double> rp(p0.begin(), p0.end()), rbuf(kN, 0.0);
   for (int step = 1; step <= kSteps; ++step) {
     auto grad = test::rounded<G>(step_grad(step));
     auto tg = test::to_dtype<G>(grad);
-    sgd_step(master.data(), param.data(), tg.data(), buf.data(), kN, h.lr, h.momentum, h.wd,
-             h.nesterov, h.grad_scale, step);
+    sgd_step(master.data(), param.data(), tg.data(), b, kN, h.lr, h.momentum, h.wd, h.nesterov,
+             h.grad_scale, step);
     for (size_t i = 0; i < kN; ++i) sgd_reference(rp[i], rbuf[i], grad[i], h, step);
   }
   EXPECT_LT(rel_err(delta(master, p0), delta(rp, p0)), 1e-5);
@@ -150,8 +152,8 @@ void check_sum_squares(size_t n) {
 }
 
 TEST(SumSquares, AgainstReference) {
-  for (size_t n : {size_t(0), size_t(1), size_t(5), size_t(63), size_t(64), size_t(1000),
-                   size_t(100003)}) {
+  for (size_t n :
+       {size_t(0), size_t(1), size_t(5), size_t(63), size_t(64), size_t(1000), size_t(100003)}) {
     check_sum_squares<float>(n);
     check_sum_squares<bf16>(n);
     check_sum_squares<f16>(n);

@@ -28,7 +28,8 @@ TEST(Vec, HalfLoadsMatchCoreForEveryValue) {
 // boundaries around every f16/bf16 value near ties, through a vectorised loop.
 TEST(Vec, StoresMatchCoreRounding) {
   std::vector<float> x;
-  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 997) x.push_back(std::bit_cast<float>(uint32_t(u)));
+  for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 997)
+    x.push_back(std::bit_cast<float>(uint32_t(u)));
   for (uint32_t h = 0; h < 65536; ++h) {
     float f = f16_to_f32(f16{uint16_t(h)});
     uint32_t b = std::bit_cast<uint32_t>(f);

@@ -64,7 +64,7 @@ void run_bench(const BenchArgs& a) {
     resolve_batch(cfg, 1);
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
     Engine engine(cfg, &tokens);
-    const double peak = measured_matmul_peak_gflops(dtype);
+    const double peak = measured_matmul_peak_gflops(dtype, 2048);
     for (int i = 0; i < a.warmup; ++i) engine.train_batch();
     std::vector<StepMetrics> runs;
     for (int i = 0; i < a.steps; ++i) runs.push_back(engine.train_batch());

@@ -58,7 +58,7 @@ void run_train(const TrainArgs& a) {
   Engine engine(cfg, dataset.get());
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
   const DType pt = cfg.param_dtype();
-  const double peak = measured_matmul_peak_gflops(pt);
+  const double peak = measured_matmul_peak_gflops(pt, 1024);
   std::printf(
       "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
       "accumulation %lld | data %s (%lld tokens) | %s peak matmul %.0f GFLOP/s\n",

@@ -9,9 +9,10 @@
 
 namespace strata {
 
-// Peak GFLOP/s of a large matmul (n³) in dtype on this machine with the current OpenMP threads,
-// measured once per dtype per process: the denominator of MFU.
-double measured_matmul_peak_gflops(DType dtype, int n = 2048);
+// Peak GFLOP/s of a large matmul (n³, best of 5) in dtype on this machine with the current
+// OpenMP threads, measured once per (dtype, n) per process: the denominator of MFU. `strata bench`
+// uses n = 2048; training uses 1024 to keep start-up quick.
+double measured_matmul_peak_gflops(DType dtype, int n);
 
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops);
 

@@ -71,10 +71,10 @@ void swiglu_backward(S* dinp, const S* dout, const S* inp, int N, int F) {
   }
 }
 
-#define INSTANTIATE_S(S)                                                \
-  template void gelu_forward<S>(S*, const S*, size_t);                  \
-  template void gelu_backward<S>(S*, const S*, const S*, size_t);       \
-  template void swiglu_forward<S>(S*, const S*, int, int);              \
+#define INSTANTIATE_S(S)                                          \
+  template void gelu_forward<S>(S*, const S*, size_t);            \
+  template void gelu_backward<S>(S*, const S*, const S*, size_t); \
+  template void swiglu_forward<S>(S*, const S*, int, int);        \
   template void swiglu_backward<S>(S*, const S*, const S*, int, int);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 

@@ -26,8 +26,11 @@ struct Shape {
   int64_t TT;       // T·T, one head's score matrix
   int64_t batch[2];
   Shape(int B, int T, int NH, int KVH, int hd)
-      : rep(KVH > 0 ? NH / KVH : 0), qkv_row(int64_t(NH + 2 * KVH) * hd),
-        out_row(int64_t(NH) * hd), TT(int64_t(T) * T), batch{B, KVH} {
+      : rep(KVH > 0 ? NH / KVH : 0),
+        qkv_row(int64_t(NH + 2 * KVH) * hd),
+        out_row(int64_t(NH) * hd),
+        TT(int64_t(T) * T),
+        batch{B, KVH} {
     STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
                  ") to be a multiple of kv heads (", KVH, ")");
   }
@@ -100,8 +103,8 @@ void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int K
   }
   causal_softmax(att, int64_t(B) * NH * T, T);
   for (int r = 0; r < sh.rep; ++r) {
-    const S* a = att + r * sh.TT;    // (B,KVH,T,T) with strides att_bs
-    S* o = out + int64_t(r) * hd;    // heads g·rep + r: (B,T,KVH,hd)
+    const S* a = att + r * sh.TT;  // (B,KVH,T,T) with strides att_bs
+    S* o = out + int64_t(r) * hd;  // heads g·rep + r: (B,T,KVH,hd)
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // o[i0:i1] = a[i0:i1, 0:i1] · v[0:i1]
@@ -127,8 +130,8 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
   const int64_t kv_bs[2] = {T * sh.qkv_row, hd};
   const int64_t att_bs[2] = {NH * sh.TT, sh.rep * sh.TT};
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
-  const S* k = qkv + int64_t(NH) * hd;
-  const S* v = k + int64_t(KVH) * hd;
+  const S* k = qkv + int64_t(NH) * hd;  // (B,T,KVH,hd) with row stride qkv_row
+  const S* v = k + int64_t(KVH) * hd;   // (B,T,KVH,hd) with row stride qkv_row
   const float scale = 1.0f / std::sqrt(float(hd));
   float* ds = scratch;  // (B,NH,T,T): dprobs, then dscores
   for (int r = 0; r < sh.rep; ++r) {
@@ -152,14 +155,14 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
   const size_t dkv_size = via_scratch ? sizeof(float) : sizeof(S);
   char* dk = via_scratch ? reinterpret_cast<char*>(scratch + B * int64_t(NH) * sh.TT)
                          : reinterpret_cast<char*>(dqkv + int64_t(NH) * hd);  // (B,T,KVH,hd)
-  char* dv = dk + dkv_size * KVH * hd;                                         // (B,T,KVH,hd)
+  char* dv = dk + dkv_size * KVH * hd;                                        // (B,T,KVH,hd)
   const int64_t dkv_bs[2] = {T * dkv_row, hd};
   for (int r = 0; r < sh.rep; ++r) {
-    const S* q = qkv + int64_t(r) * hd;
-    const S* dy = dout + int64_t(r) * hd;
-    const S* a = att + r * sh.TT;
-    const float* d = ds + r * sh.TT;
-    S* dq = dqkv + int64_t(r) * hd;
+    const S* q = qkv + int64_t(r) * hd;    // heads g·rep + r: (B,T,KVH,hd)
+    const S* dy = dout + int64_t(r) * hd;  // (B,T,KVH,hd)
+    const S* a = att + r * sh.TT;          // (B,KVH,T,T) with strides att_bs
+    const float* d = ds + r * sh.TT;       // (B,KVH,T,T) with strides att_bs
+    S* dq = dqkv + int64_t(r) * hd;        // (B,T,KVH,hd)
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // dq[i0:i1] = scale · ds[i0:i1, 0:i1] · k[0:i1]
@@ -176,13 +179,14 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
              sh.batch, scale, r > 0);
       matmul({dv + dkv_size * i0 * dkv_row, dkv_type, dkv_row, {dkv_bs[0], dkv_bs[1]}},
              {a + corner, dt, 1, T, {att_bs[0], att_bs[1]}},
-             {dy + i0 * sh.out_row, dt, sh.out_row, 1, {out_bs[0], out_bs[1]}}, i1 - i0, hd,
-             T - i0, sh.batch, 1.0f, r > 0);
+             {dy + i0 * sh.out_row, dt, sh.out_row, 1, {out_bs[0], out_bs[1]}}, i1 - i0, hd, T - i0,
+             sh.batch, 1.0f, r > 0);
     }
   }
   if (via_scratch) {
     const float* src = reinterpret_cast<const float*>(dk);  // (B,T,2·KVH·hd)
-#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * dkv_row >= kParallelMinWork)
+    const int64_t work = int64_t(B) * T * dkv_row;
+#pragma omp parallel for schedule(static) if (parallel : work >= kParallelMinWork)
     for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
       S* dst = dqkv + bt * sh.qkv_row + int64_t(NH) * hd;  // (2·KVH·hd)
       const float* s = src + bt * dkv_row;                 // (2·KVH·hd)
@@ -192,10 +196,10 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
   }
 }
 
-#define INSTANTIATE_S(S)                                                                 \
-  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);         \
-  template void attention_backward<S>(S*, float*, const S*, const S*, const S*, int, int, \
-                                      int, int, int);
+#define INSTANTIATE_S(S)                                                                       \
+  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);               \
+  template void attention_backward<S>(S*, float*, const S*, const S*, const S*, int, int, int, \
+                                      int, int);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

@@ -76,7 +76,7 @@ void cross_entropy_forward(float* losses, const S* logits, const int32_t* target
   }
 }
 
-#define INSTANTIATE_S(S)                                                                       \
+#define INSTANTIATE_S(S)                                                                        \
   template void cross_entropy_forward_backward<S>(float*, S*, const int32_t*, int, int, float); \
   template void cross_entropy_forward<S>(float*, const S*, const int32_t*, int, int);
 STRATA_FOR_EACH_S(INSTANTIATE_S)

@@ -18,7 +18,7 @@ void embedding_forward(S* out, const int32_t* tokens, const S* wte, const S* wpe
                        int C) {
 #pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
   for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-    S* o = out + bt * C;                          // (C)
+    S* o = out + bt * C;                         // (C)
     const S* e = wte + int64_t(tokens[bt]) * C;  // (C)
     if (wpe != nullptr) {
       const S* p = wpe + (bt % T) * C;  // (C)
@@ -38,8 +38,8 @@ void embedding_backward(G* dwte, G* dwpe, const S* dout, const int32_t* tokens, 
   for (int blk = 0; blk < nblocks; ++blk) {
     int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
     for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-      const S* d = dout + bt * C;                   // (C)
-      G* g = dwte + int64_t(tokens[bt]) * C;       // (C)
+      const S* d = dout + bt * C;             // (C)
+      G* g = dwte + int64_t(tokens[bt]) * C;  // (C)
 #pragma omp simd
       for (int c = c0; c < c1; ++c) g[c] = store<G>(load(g[c]) + load(d[c]));
     }
@@ -60,7 +60,7 @@ void embedding_backward(G* dwte, G* dwpe, const S* dout, const int32_t* tokens, 
   }
 }
 
-#define INSTANTIATE_S(S)                                                                   \
+#define INSTANTIATE_S(S) \
   template void embedding_forward<S>(S*, const int32_t*, const S*, const S*, int, int, int);
 #define INSTANTIATE_SG(S, G) \
   template void embedding_backward<S, G>(G*, G*, const S*, const int32_t*, int, int, int);

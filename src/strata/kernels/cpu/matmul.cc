@@ -49,7 +49,9 @@ struct Plan {
   dnnl::memory a, b, c;
 };
 
-bool batched(const int64_t batch[2]) { return batch[0] != 1 || batch[1] != 1; }
+bool batched(const int64_t batch[2]) {
+  return batch[0] != 1 || batch[1] != 1;
+}
 
 dnnl::memory::desc operand_md(DType t, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
                               const int64_t batch[2], const int64_t bstride[2]) {
@@ -63,10 +65,26 @@ Plan& get_plan(const MatOut& c, const MatOperand& a, const MatOperand& b, int64_
                int64_t K, const int64_t batch[2], float alpha, bool accumulate) {
   static std::map<Key, std::unique_ptr<Plan>> cache;
   static std::mutex mu;
-  Key key{{M, N, K, batch[0], batch[1], int64_t(a.dtype), a.row_stride, a.col_stride,
-           a.batch_stride[0], a.batch_stride[1], int64_t(b.dtype), b.row_stride, b.col_stride,
-           b.batch_stride[0], b.batch_stride[1], int64_t(c.dtype), c.row_stride,
-           c.batch_stride[0], c.batch_stride[1], int64_t(accumulate),
+  Key key{{M,
+           N,
+           K,
+           batch[0],
+           batch[1],
+           int64_t(a.dtype),
+           a.row_stride,
+           a.col_stride,
+           a.batch_stride[0],
+           a.batch_stride[1],
+           int64_t(b.dtype),
+           b.row_stride,
+           b.col_stride,
+           b.batch_stride[0],
+           b.batch_stride[1],
+           int64_t(c.dtype),
+           c.row_stride,
+           c.batch_stride[0],
+           c.batch_stride[1],
+           int64_t(accumulate),
            int64_t(std::bit_cast<uint32_t>(alpha))}};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
@@ -103,8 +121,7 @@ void run_native(const MatOut& c, const MatOperand& a, const MatOperand& b, int64
   p.a.set_data_handle(const_cast<void*>(a.ptr));
   p.b.set_data_handle(const_cast<void*>(b.ptr));
   p.c.set_data_handle(c.ptr);
-  p.prim.execute(cpu_stream(),
-                 {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
+  p.prim.execute(cpu_stream(), {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, p.c}});
   cpu_stream().wait();
 }
 
@@ -128,7 +145,8 @@ template <typename S>
 void widen_lines(float* dst, const S* src, int64_t lines, int64_t len, int64_t line_stride,
                  int64_t elem_stride, const int64_t batch[2], const int64_t bstride[2]) {
   int64_t nb = batch[0] * batch[1];
-#pragma omp parallel for collapse(2) schedule(static) if (parallel : nb * lines * len >= kParallelMinWork)
+  const int64_t work = nb * lines * len;
+#pragma omp parallel for collapse(2) schedule(static) if (parallel : work >= kParallelMinWork)
   for (int64_t bi = 0; bi < nb; ++bi) {
     for (int64_t l = 0; l < lines; ++l) {
       const S* in = src + (bi / batch[1]) * bstride[0] + (bi % batch[1]) * bstride[1] +
@@ -292,8 +310,8 @@ template void linear_backward<bf16, float>(bf16*, float*, float*, const bf16*, c
                                            const bf16*, int64_t, int64_t, int64_t);
 template void linear_backward<bf16, bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*,
                                           const bf16*, int64_t, int64_t, int64_t);
-template void linear_backward<f16, float>(f16*, float*, float*, const f16*, const f16*,
-                                          const f16*, int64_t, int64_t, int64_t);
+template void linear_backward<f16, float>(f16*, float*, float*, const f16*, const f16*, const f16*,
+                                          int64_t, int64_t, int64_t);
 template void linear_backward<f16, f16>(f16*, f16*, f16*, const f16*, const f16*, const f16*,
                                         int64_t, int64_t, int64_t);
 

@@ -1,7 +1,9 @@
 // Matrix multiply on the CPU through oneDNN. Primitives are created once per shape and cached;
-// executing one allocates nothing. bf16 operands use oneDNN's bf16 kernels where the CPU has them
-// (AVX512-BF16 / AMX); elsewhere they are widened to fp32 in a cached workspace and multiplied
-// in fp32, so results are the same up to accumulation order.
+// executing one allocates nothing. Operands and result may each be fp32, bf16 or fp16. Two
+// operands of one half type run on oneDNN's own kernels where the CPU has them (bf16: AVX512 /
+// AMX); anything else (no such kernels, mixed operand types) is widened to fp32 in a cached
+// workspace and multiplied in fp32, so results are the same up to accumulation order.
+// Not reentrant: calls from several threads at once share the cached plans and workspace.
 #pragma once
 
 #include <cstdint>

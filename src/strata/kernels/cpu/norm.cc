@@ -15,10 +15,14 @@ namespace {
 // enough that the final combine over blocks is cheap.
 constexpr int kMaxRowBlocks = 32;
 
-int row_blocks(int N) { return std::max(1, std::min(N, kMaxRowBlocks)); }
+int row_blocks(int N) {
+  return std::max(1, std::min(N, kMaxRowBlocks));
+}
 
 // [begin, end) rows of block `blk` of `nblocks` (sizes differ by at most one).
-int block_begin(int blk, int nblocks, int N) { return int(int64_t(N) * blk / nblocks); }
+int block_begin(int blk, int nblocks, int N) {
+  return int(int64_t(N) * blk / nblocks);
+}
 
 // g (C) += Σ over blocks of partial[blk*stride + c], blocks added in order.
 template <typename G>
@@ -33,7 +37,9 @@ void combine_blocks(G* g, const float* partial, int nblocks, int64_t stride, int
 
 }  // namespace
 
-size_t norm_backward_scratch_floats(int N, int C) { return size_t(row_blocks(N)) * 2 * C; }
+size_t norm_backward_scratch_floats(int N, int C) {
+  return size_t(row_blocks(N)) * 2 * C;
+}
 
 template <typename S>
 void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
@@ -67,9 +73,8 @@ void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* 
 }
 
 template <typename S, typename G>
-void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* dout,
-                        const S* inp, const S* weight, const float* mean, const float* rstd,
-                        int N, int C) {
+void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* dout, const S* inp,
+                        const S* weight, const float* mean, const float* rstd, int N, int C) {
   int nblocks = row_blocks(N);
 #pragma omp parallel for schedule(static) if (parallel : int64_t(N) * C >= kParallelMinWork)
   for (int blk = 0; blk < nblocks; ++blk) {
@@ -78,7 +83,7 @@ void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* 
 #pragma omp simd
     for (int c = 0; c < 2 * C; ++c) dw[c] = 0.0f;
     for (int n = block_begin(blk, nblocks, N); n < block_begin(blk + 1, nblocks, N); ++n) {
-      const S* x = inp + int64_t(n) * C;   // (C)
+      const S* x = inp + int64_t(n) * C;    // (C)
       const S* dy = dout + int64_t(n) * C;  // (C)
       S* dx = dinp + int64_t(n) * C;        // (C)
       float m = mean[n], r = rstd[n];
@@ -107,8 +112,7 @@ void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* 
 }
 
 template <typename S>
-void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, int C,
-                     float eps) {
+void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (parallel : int64_t(N) * C >= kParallelMinWork)
   for (int n = 0; n < N; ++n) {
     const S* x = inp + int64_t(n) * C;  // (C)
@@ -133,7 +137,7 @@ void rmsnorm_backward(S* dinp, G* dweight, float* scratch, const S* dout, const 
 #pragma omp simd
     for (int c = 0; c < C; ++c) dw[c] = 0.0f;
     for (int n = block_begin(blk, nblocks, N); n < block_begin(blk + 1, nblocks, N); ++n) {
-      const S* x = inp + int64_t(n) * C;   // (C)
+      const S* x = inp + int64_t(n) * C;    // (C)
       const S* dy = dout + int64_t(n) * C;  // (C)
       S* dx = dinp + int64_t(n) * C;        // (C)
       float r = rstd[n];
@@ -154,13 +158,13 @@ void rmsnorm_backward(S* dinp, G* dweight, float* scratch, const S* dout, const 
   combine_blocks(dweight, scratch, nblocks, C, C);
 }
 
-#define INSTANTIATE_S(S)                                                                        \
+#define INSTANTIATE_S(S)                                                                         \
   template void layernorm_forward<S>(S*, float*, float*, const S*, const S*, const S*, int, int, \
                                      float);                                                     \
   template void rmsnorm_forward<S>(S*, float*, const S*, const S*, int, int, float);
-#define INSTANTIATE_SG(S, G)                                                                      \
-  template void layernorm_backward<S, G>(S*, G*, G*, float*, const S*, const S*, const S*,      \
-                                         const float*, const float*, int, int);                  \
+#define INSTANTIATE_SG(S, G)                                                                       \
+  template void layernorm_backward<S, G>(S*, G*, G*, float*, const S*, const S*, const S*,         \
+                                         const float*, const float*, int, int);                    \
   template void rmsnorm_backward<S, G>(S*, G*, float*, const S*, const S*, const S*, const float*, \
                                        int, int);
 STRATA_FOR_EACH_S(INSTANTIATE_S)

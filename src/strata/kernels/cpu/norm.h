@@ -25,9 +25,8 @@ void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* 
 // dinp (N,C) +=; dweight (C) +=; dbias (C) += or null; scratch (norm_backward_scratch_floats);
 // dout, inp (N,C); weight (C); mean/rstd (N) from the forward.
 template <typename S, typename G>
-void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* dout,
-                        const S* inp, const S* weight, const float* mean, const float* rstd,
-                        int N, int C);
+void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* dout, const S* inp,
+                        const S* weight, const float* mean, const float* rstd, int N, int C);
 
 // out (N,C) = inp · rstd · weight with rstd = 1/sqrt(mean(inp²) + eps); rstd (N) or null.
 template <typename S>

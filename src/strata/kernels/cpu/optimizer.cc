@@ -38,23 +38,45 @@ void adam_step(float* master, S* param, const G* grad, float* m, float* v, size_
   }
 }
 
-template <typename S, typename G>
-void sgd_step(float* master, S* param, const G* grad, float* buf, size_t n, float lr,
-              float momentum, float weight_decay, bool nesterov, float grad_scale, int64_t step) {
-  const bool use_momentum = momentum != 0.0f;
-  const float keep = step <= 1 ? 0.0f : momentum;  // torch starts the buffer at the first g
+namespace {
+
+// Which momentum update an SGD step does: none, torch's first step (the buffer starts as g; the
+// old contents are never read), or the running one.
+enum class Momentum { None, First, Running };
+
+template <Momentum mode, typename S, typename G>
+void sgd_loop(float* master, S* param, const G* grad, float* buf, size_t n, float lr,
+              float momentum, float weight_decay, bool nesterov, float grad_scale) {
 #pragma omp parallel for simd schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
   for (size_t i = 0; i < n; ++i) {
     float p = master[i];
     float g = load(grad[i]) * grad_scale + weight_decay * p;
-    if (use_momentum) {
-      float b = keep * buf[i] + g;
+    if constexpr (mode != Momentum::None) {
+      float b = g;
+      if constexpr (mode == Momentum::Running) b += momentum * buf[i];
       buf[i] = b;
       g = nesterov ? g + momentum * b : b;
     }
     p -= lr * g;
     master[i] = p;
     param[i] = store<S>(p);
+  }
+}
+
+}  // namespace
+
+template <typename S, typename G>
+void sgd_step(float* master, S* param, const G* grad, float* buf, size_t n, float lr,
+              float momentum, float weight_decay, bool nesterov, float grad_scale, int64_t step) {
+  if (momentum == 0.0f) {
+    sgd_loop<Momentum::None>(master, param, grad, buf, n, lr, momentum, weight_decay, nesterov,
+                             grad_scale);
+  } else if (step <= 1) {
+    sgd_loop<Momentum::First>(master, param, grad, buf, n, lr, momentum, weight_decay, nesterov,
+                              grad_scale);
+  } else {
+    sgd_loop<Momentum::Running>(master, param, grad, buf, n, lr, momentum, weight_decay, nesterov,
+                                grad_scale);
   }
 }
 
@@ -84,13 +106,13 @@ void scale_inplace(G* g, size_t n, float s) {
   for (size_t i = 0; i < n; ++i) g[i] = store<G>(load(g[i]) * s);
 }
 
-#define INSTANTIATE_SG(S, G)                                                                  \
-  template void adam_step<S, G>(float*, S*, const G*, float*, float*, size_t, float, float,   \
-                                float, float, float, float, int64_t, bool);                   \
-  template void sgd_step<S, G>(float*, S*, const G*, float*, size_t, float, float, float, bool, \
+#define INSTANTIATE_SG(S, G)                                                                       \
+  template void adam_step<S, G>(float*, S*, const G*, float*, float*, size_t, float, float, float, \
+                                float, float, float, int64_t, bool);                               \
+  template void sgd_step<S, G>(float*, S*, const G*, float*, size_t, float, float, float, bool,    \
                                float, int64_t);
-#define INSTANTIATE_G(G)                                   \
-  template double sum_squares<G>(const G*, size_t);        \
+#define INSTANTIATE_G(G)                            \
+  template double sum_squares<G>(const G*, size_t); \
   template void scale_inplace<G>(G*, size_t, float);
 STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 STRATA_FOR_EACH_S(INSTANTIATE_G)

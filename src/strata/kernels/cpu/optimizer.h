@@ -21,8 +21,8 @@ void adam_step(float* master, S* param, const G* grad, float* m, float* v, size_
                int64_t step, bool adamw_mode);
 
 // One SGD step (torch.optim.SGD, dampening 0): g = grad·grad_scale + wd·p; with momentum,
-// buf = g on step 1, else momentum·buf + g; the step uses g + momentum·buf (nesterov) or buf.
-// buf (n) fp32, unused when momentum == 0.
+// buf = g on step 1 (buf's old contents are not read), else momentum·buf + g; the step uses
+// g + momentum·buf (nesterov) or buf. buf (n) fp32; unused, and may be null, when momentum == 0.
 template <typename S, typename G>
 void sgd_step(float* master, S* param, const G* grad, float* buf, size_t n, float lr,
               float momentum, float weight_decay, bool nesterov, float grad_scale, int64_t step);

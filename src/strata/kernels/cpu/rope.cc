@@ -10,16 +10,17 @@ namespace strata::kernels {
 
 namespace {
 
-constexpr int kMaxHalf = 512;
+constexpr int kMaxHalf = 512;  // cos/sin of one position live on the stack
 
 // Rotates every head of rows at position t (one per batch element) by +angle (sign 1) or
 // -angle (sign -1). cos/sin are computed once per position and shared by all B·nheads heads.
 template <typename S>
 void rotate(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float theta, float sign) {
-  STRATA_CHECK(hd % 2 == 0 && hd / 2 <= kMaxHalf, "rope needs an even head dim <= ",
-               2 * kMaxHalf, ", got ", hd);
+  STRATA_CHECK(hd % 2 == 0 && hd / 2 <= kMaxHalf, "rope needs an even head dim <= ", 2 * kMaxHalf,
+               ", got ", hd);
   int half = hd / 2;
-#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * nheads * hd >= kParallelMinWork)
+  const int64_t work = int64_t(B) * T * nheads * hd;
+#pragma omp parallel for schedule(static) if (parallel : work >= kParallelMinWork)
   for (int t = 0; t < T; ++t) {
     float cs[kMaxHalf], sn[kMaxHalf];
     for (int i = 0; i < half; ++i) {
@@ -56,8 +57,8 @@ void rope_backward(S* dx, int B, int T, int nheads, int hd, int64_t row_stride, 
   rotate(dx, B, T, nheads, hd, row_stride, theta, -1.0f);
 }
 
-#define INSTANTIATE_S(S)                                                         \
-  template void rope_forward<S>(S*, int, int, int, int, int64_t, float);         \
+#define INSTANTIATE_S(S)                                                 \
+  template void rope_forward<S>(S*, int, int, int, int, int64_t, float); \
   template void rope_backward<S>(S*, int, int, int, int, int64_t, float);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 

@@ -23,8 +23,12 @@ inline float select_f32(bool c, float a, float b) {
       select_u32(c, std::bit_cast<uint32_t>(a), std::bit_cast<uint32_t>(b)));
 }
 
-inline float load(float v) { return v; }
-inline float load(bf16 v) { return std::bit_cast<float>(uint32_t(v.bits) << 16); }
+inline float load(float v) {
+  return v;
+}
+inline float load(bf16 v) {
+  return std::bit_cast<float>(uint32_t(v.bits) << 16);
+}
 // Exact for every half, subnormals included: the 15 magnitude bits placed as a float's
 // exponent/mantissa and rebiased by 2^112; Inf/NaN then get an all-ones exponent.
 inline float load(f16 v) {
@@ -33,8 +37,8 @@ inline float load(f16 v) {
   return std::bit_cast<float>(u | (uint32_t(v.bits & 0x8000u) << 16));
 }
 
-template <typename T>
-inline T store(float x);
+template <typename S>
+inline S store(float x);
 template <>
 inline float store<float>(float x) {
   return x;
@@ -83,6 +87,8 @@ inline float exp_approx(float x) {
   return select_f32(x < -87.3f, 0.0f, y);
 }
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + exp_approx(-x)); }
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + exp_approx(-x));
+}
 
 }  // namespace strata::kernels

@@ -1,0 +1,167 @@
+// `strata` end to end through the CLI: bad data files and command lines exit 2 naming the file or
+// option; a good run writes metrics.jsonl, and the same config twice gives bit-identical losses.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strata/data/llmc_shard.h"
+
+namespace strata {
+namespace {
+
+class CliRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/strata_cli_run_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    write(dir_ + "/tiny.json",
+          R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
+              "model": {"preset": "gpt2-tiny"}, "train": {"seed": 7}})");
+    std::vector<int32_t> tokens(4000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + i / 13) % 64);
+    data::write_llmc_shard(dir_ + "/good.bin", tokens, false);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  static void write(const std::string& path, const std::string& text) {
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  // Runs strata with args; returns the exit status and fills stderr.
+  int run(const std::string& args, std::string* err = nullptr) {
+    const std::string errf = dir_ + "/stderr.txt";
+    const std::string cmd = std::string("'") + STRATA_BINARY + "' " + args + " >'" + dir_ +
+                            "/stdout.txt' 2>'" + errf + "'";
+    const int status = std::system(cmd.c_str());
+    EXPECT_TRUE(WIFEXITED(status)) << cmd;
+    std::ifstream in(errf);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (err) *err = text.str();
+    return WEXITSTATUS(status);
+  }
+  std::vector<double> losses(const std::string& run_dir) {
+    std::ifstream in(run_dir + "/metrics.jsonl");
+    std::vector<double> out;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "peak_bytes"}) {
+        EXPECT_TRUE(j.contains(key)) << key << " missing from " << line;
+      }
+      out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  }
+  std::string dir_;
+};
+
+TEST_F(CliRunTest, SameConfigTwiceGivesBitIdenticalLosses) {
+  const std::string base = "train --config " + dir_ + "/tiny.json --data " + dir_ + "/good.bin";
+  ASSERT_EQ(run(base + " --steps 8 --run-dir " + dir_ + "/a"), 0);
+  ASSERT_EQ(run(base + " --steps 8 --run-dir " + dir_ + "/b"), 0);
+  auto a = losses(dir_ + "/a"), b = losses(dir_ + "/b");
+  ASSERT_EQ(a.size(), 8u);
+  EXPECT_EQ(a, b);
+  EXPECT_LT(a.back(), a.front());
+}
+
+TEST_F(CliRunTest, SetOverridesAKey) {
+  const std::string base = "train --config " + dir_ + "/tiny.json --data " + dir_ + "/good.bin";
+  ASSERT_EQ(run(base + " --steps 3 --run-dir " + dir_ + "/a"), 0);
+  ASSERT_EQ(run(base + " --steps 3 --set train.seed=8 --run-dir " + dir_ + "/b"), 0);
+  EXPECT_NE(losses(dir_ + "/a"), losses(dir_ + "/b"));
+}
+
+struct BadData {
+  const char* name;
+  std::string bytes;   // file content
+  const char* expect;  // substring of the error besides the file name
+};
+
+TEST_F(CliRunTest, MalformedDataFilesExitTwoNamingTheFile) {
+  std::string header(1024, '\0');
+  auto with_header = [&](int32_t magic, int32_t version, int32_t ntok, size_t payload) {
+    std::string h = header;
+    std::memcpy(h.data(), &magic, 4);
+    std::memcpy(h.data() + 4, &version, 4);
+    std::memcpy(h.data() + 8, &ntok, 4);
+    return h + std::string(payload, '\1');
+  };
+  const std::vector<BadData> cases = {
+      {"empty.bin", "", "empty"},
+      {"magic.bin", with_header(12345, 1, 10, 20), "magic"},
+      {"version.bin", with_header(20240520, 9, 10, 20), "version"},
+      {"truncated.bin", with_header(20240520, 1, 100, 20), "size"},
+      {"text.bin", "this is not a token shard at all, just some text\n", "magic"},
+  };
+  for (const BadData& c : cases) {
+    const std::string path = dir_ + "/" + c.name;
+    write(path, c.bytes);
+    std::string err;
+    EXPECT_EQ(run("train --config " + dir_ + "/tiny.json --steps 1 --run-dir " + dir_ +
+                      "/r --data " + path,
+                  &err),
+              2)
+        << c.name << ": " << err;
+    EXPECT_NE(err.find(c.name), std::string::npos) << c.name << ": " << err;
+    EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
+  }
+  std::string err;
+  EXPECT_EQ(run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/nope.bin",
+                &err),
+            2);
+  EXPECT_NE(err.find("nope.bin"), std::string::npos) << err;
+}
+
+TEST_F(CliRunTest, DataWithTokensOutsideTheVocabExitsTwo) {
+  std::string err;
+  // The demo corpus is byte-level (vocab 257); gpt2-tiny has 64 tokens.
+  std::vector<int32_t> tokens(100, 200);
+  data::write_llmc_shard(dir_ + "/wide.bin", tokens, false);
+  EXPECT_EQ(run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/wide.bin",
+                &err),
+            2);
+  EXPECT_NE(err.find("model.vocab"), std::string::npos) << err;
+}
+
+TEST_F(CliRunTest, UsageErrorsExitTwo) {
+  std::string err;
+  EXPECT_EQ(run("", &err), 2);
+  EXPECT_EQ(run("train", &err), 2);  // --config is required
+  EXPECT_NE(err.find("--config"), std::string::npos) << err;
+  EXPECT_EQ(run("train --config " + dir_ + "/missing.json", &err), 2);
+  EXPECT_NE(err.find("missing.json"), std::string::npos) << err;
+  EXPECT_EQ(run("frobnicate", &err), 2);
+  EXPECT_EQ(run("train --config " + dir_ + "/tiny.json --set nodots", &err), 2);
+  EXPECT_NE(err.find("nodots"), std::string::npos) << err;
+}
+
+TEST_F(CliRunTest, DataPrepareThenTrain) {
+  std::filesystem::create_directories(dir_ + "/texts");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog. ";
+  write(dir_ + "/texts/a.txt", text);
+  write(dir_ + "/texts/b.txt", text + "again");
+  ASSERT_EQ(run("data prepare --input " + dir_ + "/texts --output " + dir_ + "/corpus"), 0);
+  ASSERT_EQ(run("data inspect " + dir_ + "/corpus_train.bin"), 0);
+  write(dir_ + "/demo.json",
+        R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 0,
+            "model": {"preset": "demo", "layers": 1, "seq_len": 32}})");
+  ASSERT_EQ(run("train --config " + dir_ + "/demo.json --steps 2 --run-dir " + dir_ +
+                "/r --data " + dir_ + "/corpus_train.bin"),
+            0);
+  EXPECT_EQ(losses(dir_ + "/r").size(), 2u);
+}
+
+}  // namespace
+}  // namespace strata
