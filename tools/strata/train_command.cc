@@ -74,7 +74,7 @@ void run_train(const TrainArgs& a) {
     log.write(s, peak);
     const bool print = cfg.steps_per_print > 0 &&
                        (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
-    if (print) std::printf("%s\n", progress_line(s, steps, peak).c_str());
+    if (print) std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
     std::fflush(stdout);
   }
   std::printf("done: %lld steps, metrics in %s\n", static_cast<long long>(steps),

@@ -41,16 +41,34 @@ uint64_t rng_key(uint64_t seed, std::string_view name) {
 
 float rng_uniform(uint64_t key, uint64_t index) { return to_unit(philox4x32(index, 0, key)[0]); }
 
+// Elements 2k and 2k+1 are the two Box-Muller outputs (r·cos θ, r·sin θ) of counter k, so a
+// pair costs one Philox call, one log and one sincos.
 float rng_normal(uint64_t key, uint64_t index) {
-  auto r = philox4x32(index, 1, key);  // counter_hi=1: a stream separate from rng_uniform
-  float u1 = to_unit(r[0]), u2 = to_unit(r[1]);
-  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853071795864f * u2);
+  auto r = philox4x32(index / 2, 1, key);  // counter_hi=1: a stream separate from rng_uniform
+  float radius = std::sqrt(-2.0f * std::log(to_unit(r[0])));
+  float theta = 6.2831853071795864f * to_unit(r[1]);
+  return radius * (index % 2 == 0 ? std::cos(theta) : std::sin(theta));
 }
 
 void rng_fill_normal(float* out, uint64_t key, uint64_t offset, uint64_t n, float mean,
                      float std) {
-#pragma omp parallel for schedule(static) if (n > 16384)
-  for (uint64_t i = 0; i < n; ++i) out[i] = mean + std * rng_normal(key, offset + i);
+  if (n == 0) return;
+  // A ragged first element (odd offset) and last element; full pairs in between.
+  uint64_t i = 0;
+  if (offset % 2 == 1) out[i++] = mean + std * rng_normal(key, offset);
+  const uint64_t pairs = (n - i) / 2;
+#pragma omp parallel for schedule(static) if (pairs > 8192)
+  for (uint64_t k = 0; k < pairs; ++k) {
+    const uint64_t idx = offset + i + 2 * k;  // even
+    auto r = philox4x32(idx / 2, 1, key);
+    float radius = std::sqrt(-2.0f * std::log(to_unit(r[0])));
+    float theta = 6.2831853071795864f * to_unit(r[1]);
+    const float z0 = radius * std::cos(theta), z1 = radius * std::sin(theta);
+    out[i + 2 * k] = mean + std * z0;
+    out[i + 2 * k + 1] = mean + std * z1;
+  }
+  i += 2 * pairs;
+  if (i < n) out[i] = mean + std * rng_normal(key, offset + i);
 }
 
 }  // namespace strata

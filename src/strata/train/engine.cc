@@ -90,12 +90,17 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   // Every target of a sampled window counts, so the global batch holds gbs·T loss terms; each
   // micro-batch's dlogits carry 1/(gbs·T), making the accumulated gradient the global mean's.
   const float dloss = scaler_.scale() / float(gbs * T);
-  double loss_sum = 0.0;
+  double loss_sum = 0.0, forward_s = 0.0, backward_s = 0.0;
   for (int64_t k = 0; k < gas; ++k) {
     const int64_t at = k * mb * T;
+    auto f0 = clock::now();
     loss_sum += model_->forward(inputs + at, targets + at, dloss, true);
+    auto f1 = clock::now();
     model_->backward();
+    forward_s += std::chrono::duration<double>(f1 - f0).count();
+    backward_s += std::chrono::duration<double>(clock::now() - f1).count();
   }
+  auto o0 = clock::now();
   consumed_samples_ += gbs;
   ++step_;
 
@@ -121,7 +126,11 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   zero_grads();
 
   s.tokens = gbs * T;
-  s.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  const auto t1 = clock::now();
+  s.seconds = std::chrono::duration<double>(t1 - t0).count();
+  s.forward_s = forward_s;
+  s.backward_s = backward_s;
+  s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
   s.tokens_per_s = double(s.tokens) / s.seconds;
   s.flops = flops_per_token_ * double(s.tokens);
   for (int c = 0; c < kNumMemCategories; ++c) {

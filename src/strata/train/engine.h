@@ -31,6 +31,9 @@ struct StepMetrics {
   bool skipped = false;        // the step was skipped: gradients overflowed
   int64_t tokens = 0;          // tokens in the global batch
   double seconds = 0.0;        // wall time of the step
+  // Where the time went (DeepSpeed's wall_clock_breakdown): forward incl. loss, backward, and
+  // the rest of the step (norm, clipping, optimizer, zeroing).
+  double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
   double tokens_per_s = 0.0;
   double flops = 0.0;          // matmul FLOPs of the step (peers' convention)
   std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step

@@ -38,7 +38,8 @@ double measured_matmul_peak_gflops(DType dtype, int n) {
   return gflops;
 }
 
-std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops) {
+std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
+                          bool breakdown) {
   size_t mem = 0;
   for (size_t v : s.peak_bytes) mem += v;
   char buf[256];
@@ -49,7 +50,13 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
                 double(s.lr), s.grad_norm, s.tokens_per_s,
                 100.0 * s.flops / s.seconds / 1e9 / peak_gflops, format_bytes(mem).c_str(),
                 s.skipped ? " | skipped (overflow)" : "");
-  return buf;
+  std::string line = buf;
+  if (breakdown) {
+    std::snprintf(buf, sizeof buf, " | fwd %.3fs bwd %.3fs step %.3fs", s.forward_s, s.backward_s,
+                  s.optimizer_s);
+    line += buf;
+  }
+  return line;
 }
 
 MetricsLog::MetricsLog(const std::string& run_dir) {
@@ -73,6 +80,9 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
   j["skipped"] = s.skipped;
   j["tokens"] = s.tokens;
   j["step_time_s"] = s.seconds;
+  j["forward_s"] = s.forward_s;
+  j["backward_s"] = s.backward_s;
+  j["optimizer_s"] = s.optimizer_s;
   j["tokens_per_s"] = s.tokens_per_s;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;
