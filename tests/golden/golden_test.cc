@@ -71,7 +71,7 @@ TEST_P(Golden, MatchesPyTorch) {
   double loss = engine.forward_backward(inputs.data(), targets.data());
   double ref_loss = *static_cast<const float*>(ref.get("loss", "F32").data);
   EXPECT_NEAR(loss, ref_loss, tol.loss_rel * ref_loss);
-  const DType gt = bf16 ? cfg.grad_accum_dtype : DType::F32;
+  const DType gt = engine.grad_dtype();
   for (const ParamSpec& p : engine.spec().params) {
     SafetensorView rg = ref.get("grad." + p.name, "F32");
     ASSERT_EQ(rg.numel(), p.numel()) << p.name;

@@ -33,7 +33,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset)
                "the batch triangle must be resolved before building the engine");
   const ModelConfig& m = cfg_.model;
   const DType pt = cfg_.param_dtype();
-  const DType gt = cfg_.fp16.enabled || cfg_.bf16.enabled ? cfg_.grad_accum_dtype : DType::F32;
+  const DType gt = grad_dtype_ =
+      cfg_.fp16.enabled || cfg_.bf16.enabled ? cfg_.grad_accum_dtype : DType::F32;
   if (dataset != nullptr) {
     sampler_ = std::make_unique<data::Sampler>(*dataset, m.seq_len, cfg_.train.seed);
     sampler_->check_vocab(m.vocab);
@@ -108,8 +109,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.step = step_;
   s.loss = loss_sum / double(gbs * T);
   s.loss_scale = scaler_.scale();
-  const DType gt = cfg_.fp16.enabled || cfg_.bf16.enabled ? cfg_.grad_accum_dtype : DType::F32;
-  double sumsq = grad_sum_squares(grads_.data(), gt, size_t(spec_.numel));
+  double sumsq = grad_sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
   s.grad_norm = std::sqrt(sumsq) / scaler_.scale();
   const bool overflow = !std::isfinite(sumsq);
   const bool check = !cfg_.bf16.enabled || cfg_.bf16.check_grad_overflow;

@@ -62,12 +62,14 @@ class Engine {
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only).
   double forward_backward(const int32_t* inputs, const int32_t* targets);
   const void* grads() const { return grads_.data(); }
+  DType grad_dtype() const { return grad_dtype_; }
   void zero_grads();
 
  private:
   Config cfg_;
   ModelSpec spec_;
   std::unique_ptr<data::Sampler> sampler_;
+  DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
   Buffer params_, grads_;
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<Optimizer> optimizer_;
