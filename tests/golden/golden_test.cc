@@ -82,8 +82,8 @@ TEST_P(Golden, MatchesPyTorch) {
     for (int64_t i = 0; i < p.numel(); ++i) {
       worst = std::max(worst, double(std::fabs(g[size_t(i)] - r[i])));
     }
-    EXPECT_LE(worst, tol.grad * gmax + 1e-9) << p.name << ": max |Δgrad| " << worst
-                                              << " vs max |grad| " << gmax;
+    EXPECT_LE(worst, tol.grad * gmax + 1e-9)
+        << p.name << ": max |Δgrad| " << worst << " vs max |grad| " << gmax;
   }
   engine.zero_grads();
 
@@ -97,14 +97,15 @@ TEST_P(Golden, MatchesPyTorch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, Golden,
-    ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"), ::testing::Bool()),
-    [](const auto& info) {
-      std::string name = std::get<0>(info.param) + (std::get<1>(info.param) ? "_bf16" : "_fp32");
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, Golden,
+                         ::testing::Combine(::testing::Values("gpt2-tiny", "llama-tiny"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           std::string name = std::get<0>(info.param) +
+                                              (std::get<1>(info.param) ? "_bf16" : "_fp32");
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace strata

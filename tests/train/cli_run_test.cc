@@ -117,9 +117,8 @@ TEST_F(CliRunTest, MalformedDataFilesExitTwoNamingTheFile) {
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
   }
   std::string err;
-  EXPECT_EQ(run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/nope.bin",
-                &err),
-            2);
+  EXPECT_EQ(
+      run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/nope.bin", &err), 2);
   EXPECT_NE(err.find("nope.bin"), std::string::npos) << err;
 }
 
@@ -128,9 +127,8 @@ TEST_F(CliRunTest, DataWithTokensOutsideTheVocabExitsTwo) {
   // The demo corpus is byte-level (vocab 257); gpt2-tiny has 64 tokens.
   std::vector<int32_t> tokens(100, 200);
   data::write_llmc_shard(dir_ + "/wide.bin", tokens, false);
-  EXPECT_EQ(run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/wide.bin",
-                &err),
-            2);
+  EXPECT_EQ(
+      run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/wide.bin", &err), 2);
   EXPECT_NE(err.find("model.vocab"), std::string::npos) << err;
 }
 
@@ -146,6 +144,16 @@ TEST_F(CliRunTest, UsageErrorsExitTwo) {
   EXPECT_NE(err.find("nodots"), std::string::npos) << err;
 }
 
+TEST_F(CliRunTest, SeveralProcessesAreRefusedUntilParallelismExists) {
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  std::string err;
+  const int rc =
+      run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/good.bin", &err);
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(err.find("2 processes"), std::string::npos) << err;
+}
+
 TEST_F(CliRunTest, DataPrepareThenTrain) {
   std::filesystem::create_directories(dir_ + "/texts");
   std::string text;
@@ -157,8 +165,8 @@ TEST_F(CliRunTest, DataPrepareThenTrain) {
   write(dir_ + "/demo.json",
         R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 0,
             "model": {"preset": "demo", "layers": 1, "seq_len": 32}})");
-  ASSERT_EQ(run("train --config " + dir_ + "/demo.json --steps 2 --run-dir " + dir_ +
-                "/r --data " + dir_ + "/corpus_train.bin"),
+  ASSERT_EQ(run("train --config " + dir_ + "/demo.json --steps 2 --run-dir " + dir_ + "/r --data " +
+                dir_ + "/corpus_train.bin"),
             0);
   EXPECT_EQ(losses(dir_ + "/r").size(), 2u);
 }

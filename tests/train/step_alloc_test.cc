@@ -2,12 +2,11 @@
 // in a training step: no C++ heap allocation and no tracked buffer. This binary counts operator
 // new. oneDNN 2.6 itself builds a small argument map inside every primitive execution
 // (dnnl_primitive_execute); allocations made from inside libdnnl are therefore not counted.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdlib>
-#include <dlfcn.h>
-
 #include <cstring>
 #include <new>
 
@@ -34,11 +33,21 @@ void* operator new(size_t n) {
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
-void* operator new[](size_t n) { return operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void* operator new[](size_t n) {
+  return operator new(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, size_t) noexcept {
+  std::free(p);
+}
 
 namespace strata {
 namespace {

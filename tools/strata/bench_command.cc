@@ -78,8 +78,8 @@ void run_bench(const BenchArgs& a) {
         "tokens_per_s=%.0f achieved_gflops=%.1f peak_gflops=%.1f mfu=%.1f%% peak_mem=%s "
         "loss=%.3f\n",
         a.model.c_str(), dtype_name(dtype), static_cast<long long>(engine.spec().numel),
-        static_cast<long long>(a.micro_batch), cfg.model.seq_len, omp_get_max_threads(), med.seconds,
-        med.tokens_per_s, med.flops / med.seconds / 1e9, peak,
+        static_cast<long long>(a.micro_batch), cfg.model.seq_len, omp_get_max_threads(),
+        med.seconds, med.tokens_per_s, med.flops / med.seconds / 1e9, peak,
         100.0 * med.flops / med.seconds / 1e9 / peak, format_bytes(mem).c_str(), med.loss);
     std::fflush(stdout);
   }
@@ -93,8 +93,7 @@ void add_bench_command(CLI::App& app) {
       "bench", "Time training steps of a model preset on random tokens (median of --steps)");
   cmd->add_option("--model", args->model, "model preset")->capture_default_str();
   cmd->add_option("--dtype", args->dtypes, "fp32, bf16 and/or fp16")->capture_default_str();
-  cmd->add_option("--micro-batch,-b", args->micro_batch, "micro-batch size")
-      ->capture_default_str();
+  cmd->add_option("--micro-batch,-b", args->micro_batch, "micro-batch size")->capture_default_str();
   cmd->add_option("--seq-len,-t", args->seq_len, "sequence length (default: the preset's)");
   cmd->add_option("--steps", args->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();

@@ -38,7 +38,8 @@ void add_data_command(CLI::App& app) {
       ->required();
   p->add_option("--format", prep->format, "llmc | megatron")
       ->check(CLI::IsMember({"llmc", "megatron"}));
-  p->add_option("--val-fraction", prep->val_fraction, "fraction of the tokens (the end of the stream) held out for validation")
+  p->add_option("--val-fraction", prep->val_fraction,
+                "fraction of the tokens (the end of the stream) held out for validation")
       ->check(CLI::Range(0.0, 0.5));
   p->callback([prep] {
     data::PrepareResult r =

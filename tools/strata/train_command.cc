@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -42,7 +44,19 @@ std::string demo_dataset(const std::string& run_dir) {
   return shard;
 }
 
+// The number of processes a launcher (mpirun, srun) started this one among.
+int launched_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
 void run_train(const TrainArgs& a) {
+  const int world = launched_world_size();
+  STRATA_INPUT_CHECK(world == 1, "strata was launched as ", world,
+                     " processes, but this version trains in one process (data, tensor and "
+                     "pipeline parallelism are not yet in effect); run it without mpirun/srun");
   std::vector<std::string> overrides = a.overrides;
   if (a.steps >= 0) overrides.push_back("train.steps=" + std::to_string(a.steps));
   if (!a.run_dir.empty()) overrides.push_back("train.run_dir=\"" + a.run_dir + "\"");
@@ -52,8 +66,8 @@ void run_train(const TrainArgs& a) {
   resolve_batch(cfg, 1);
   for (const std::string& line : config_notices(cfg, 1)) std::printf("note: %s\n", line.c_str());
 
-  const std::string data_path = cfg.data.path.empty() ? demo_dataset(cfg.train.run_dir)
-                                                      : cfg.data.path;
+  const std::string data_path =
+      cfg.data.path.empty() ? demo_dataset(cfg.train.run_dir) : cfg.data.path;
   auto dataset = data::open_dataset(data_path, cfg.data.format);
   Engine engine(cfg, dataset.get());
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;

@@ -6,6 +6,8 @@ void throw_error(const char* file, int line, const std::string& msg) {
   throw Error(concat(file, ":", line, ": ", msg));
 }
 
-void throw_input_error(const std::string& msg) { throw InputError(msg); }
+void throw_input_error(const std::string& msg) {
+  throw InputError(msg);
+}
 
 }  // namespace strata::detail

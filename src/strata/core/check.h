@@ -34,21 +34,20 @@ std::string concat(const Args&... args) {
 }  // namespace strata
 
 // Internal invariant or runtime failure: throws strata::Error with file:line.
-#define STRATA_CHECK(cond, ...)                                                   \
-  do {                                                                            \
-    if (!(cond)) [[unlikely]] {                                                   \
-      ::strata::detail::throw_error(__FILE__, __LINE__,                           \
-                                    ::strata::detail::concat("check failed: " #cond \
-                                                             ": ", __VA_ARGS__)); \
-    }                                                                             \
+#define STRATA_CHECK(cond, ...)                                                                    \
+  do {                                                                                             \
+    if (!(cond)) [[unlikely]] {                                                                    \
+      ::strata::detail::throw_error(                                                               \
+          __FILE__, __LINE__, ::strata::detail::concat("check failed: " #cond ": ", __VA_ARGS__)); \
+    }                                                                                              \
   } while (0)
 
 // Bad user input: throws strata::InputError whose message is exactly the sentence given.
-#define STRATA_INPUT_CHECK(cond, ...)                                               \
-  do {                                                                              \
-    if (!(cond)) [[unlikely]] {                                                     \
-      ::strata::detail::throw_input_error(::strata::detail::concat(__VA_ARGS__));   \
-    }                                                                               \
+#define STRATA_INPUT_CHECK(cond, ...)                                             \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]] {                                                   \
+      ::strata::detail::throw_input_error(::strata::detail::concat(__VA_ARGS__)); \
+    }                                                                             \
   } while (0)
 
 #define STRATA_FAIL(...) \

@@ -55,10 +55,10 @@ f16 f32_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};  // NaN
+  if (a > 0x7f800000u) return f16{uint16_t(sign | 0x7e00u)};   // NaN
   if (a >= 0x477ff000u) return f16{uint16_t(sign | 0x7c00u)};  // rounds to inf (>= 65520)
-  if (a < 0x38800000u) {                                         // below smallest normal 2^-14
-    if (a < 0x33000000u) return f16{sign};                       // below half the smallest subnormal
+  if (a < 0x38800000u) {                                       // below smallest normal 2^-14
+    if (a < 0x33000000u) return f16{sign};                     // below half the smallest subnormal
     uint32_t man = (a & 0x7fffffu) | 0x800000u;
     int shift = 126 - int(a >> 23);  // 14 + (113 - exp) ... value = man * 2^(exp-150)
     // result units of 2^-24: man * 2^(exp-150+24) = man >> (126 - exp)

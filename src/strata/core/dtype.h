@@ -17,7 +17,9 @@ struct f16 {
   uint16_t bits;
 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+constexpr size_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : 2;
+}
 const char* dtype_name(DType t);  // "fp32" | "bf16" | "fp16"
 // Accepts DeepSpeed's spellings: fp32/float32/float, bf16/bfloat16, fp16/float16/half.
 // Throws InputError naming `what` (the key being parsed) otherwise.

@@ -11,8 +11,9 @@ namespace strata {
 
 const char* mem_category_name(MemCategory c) {
   static constexpr const char* kNames[kNumMemCategories] = {
-      "params", "master_params", "grads",     "optimizer_state", "activations",
-      "checkpointed_activations", "comm_buffers", "workspace"};
+      "params",          "master_params", "grads",
+      "optimizer_state", "activations",   "checkpointed_activations",
+      "comm_buffers",    "workspace"};
   return kNames[int(c)];
 }
 
@@ -40,7 +41,9 @@ void MemoryTracker::on_free(MemCategory c, size_t bytes) {
   total_.fetch_sub(bytes);
 }
 
-size_t MemoryTracker::current_total() const { return total_.load(); }
+size_t MemoryTracker::current_total() const {
+  return total_.load();
+}
 
 void MemoryTracker::reset_peaks() {
   for (int i = 0; i < kNumMemCategories; ++i) peak_[i].store(current_[i].load());
@@ -59,7 +62,9 @@ Buffer::Buffer(MemCategory category, size_t bytes) : bytes_(bytes), category_(ca
   MemoryTracker::instance().on_alloc(category, bytes);
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), category_(o.category_) {
   o.data_ = nullptr;

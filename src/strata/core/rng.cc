@@ -30,7 +30,9 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 // Uniform in (0, 1): 24 random bits, offset by half a step so 0 never occurs.
-float to_unit(uint32_t u) { return (float(u >> 8) + 0.5f) * (1.0f / 16777216.0f); }
+float to_unit(uint32_t u) {
+  return (float(u >> 8) + 0.5f) * (1.0f / 16777216.0f);
+}
 }  // namespace
 
 uint64_t rng_key(uint64_t seed, std::string_view name) {
@@ -39,7 +41,9 @@ uint64_t rng_key(uint64_t seed, std::string_view name) {
   return splitmix64(h ^ splitmix64(seed));
 }
 
-float rng_uniform(uint64_t key, uint64_t index) { return to_unit(philox4x32(index, 0, key)[0]); }
+float rng_uniform(uint64_t key, uint64_t index) {
+  return to_unit(philox4x32(index, 0, key)[0]);
+}
 
 // Elements 2k and 2k+1 are the two Box-Muller outputs (r·cos θ, r·sin θ) of counter k, so a
 // pair costs one Philox call, one log and one sincos.
@@ -50,8 +54,7 @@ float rng_normal(uint64_t key, uint64_t index) {
   return radius * (index % 2 == 0 ? std::cos(theta) : std::sin(theta));
 }
 
-void rng_fill_normal(float* out, uint64_t key, uint64_t offset, uint64_t n, float mean,
-                     float std) {
+void rng_fill_normal(float* out, uint64_t key, uint64_t offset, uint64_t n, float mean, float std) {
   if (n == 0) return;
   // A ragged first element (odd offset) and last element; full pairs in between.
   uint64_t i = 0;

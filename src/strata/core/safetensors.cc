@@ -77,8 +77,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 SafetensorView SafetensorsFile::get(const std::string& name, const std::string& dtype) const {
   auto it = index_.find(name);
   STRATA_INPUT_CHECK(it != index_.end(), path_, " has no tensor named '", name, "'");
-  STRATA_INPUT_CHECK(dtype.empty() || it->second.dtype == dtype, path_, ": tensor '", name,
-                     "' is ", it->second.dtype, ", expected ", dtype);
+  STRATA_INPUT_CHECK(dtype.empty() || it->second.dtype == dtype, path_, ": tensor '", name, "' is ",
+                     it->second.dtype, ", expected ", dtype);
   return it->second;
 }
 
@@ -99,9 +99,8 @@ void SafetensorsWriter::write(const std::string& path) const {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const Entry& e : entries_) {
-    header[e.name] = {{"dtype", e.dtype},
-                      {"shape", e.shape},
-                      {"data_offsets", {offset, offset + e.data.size()}}};
+    header[e.name] = {
+        {"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {offset, offset + e.data.size()}}};
     offset += e.data.size();
   }
   if (!metadata_.empty()) header["__metadata__"] = metadata_;

@@ -24,12 +24,9 @@ namespace {
 
 struct Builder {
   ModelSpec spec;
-  void begin_unit(std::string name) {
-    spec.units.push_back({std::move(name), spec.numel, 0, {}});
-  }
+  void begin_unit(std::string name) { spec.units.push_back({std::move(name), spec.numel, 0, {}}); }
   void add(std::string name, std::vector<int64_t> shape, InitKind init, float std = 0.0f) {
-    ParamSpec p{std::move(name), std::move(shape), init, std, init == InitKind::Normal,
-                spec.numel};
+    ParamSpec p{std::move(name), std::move(shape), init, std, init == InitKind::Normal, spec.numel};
     if (p.shape.size() < 2) p.decay = false;
     spec.numel += p.numel();
     spec.units.back().numel += p.numel();
@@ -93,8 +90,7 @@ ModelSpec build_model_spec(const ModelConfig& m) {
   return std::move(b.spec);
 }
 
-void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin,
-                      int64_t count) {
+void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin, int64_t count) {
   switch (p.init) {
     case InitKind::Zeros:
       for (int64_t i = 0; i < count; ++i) out[i] = 0.0f;

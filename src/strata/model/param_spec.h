@@ -18,23 +18,23 @@ struct ParamSpec {
   std::string name;            // global name, e.g. "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;  // global shape, weights [out_features, in_features]
   InitKind init = InitKind::Normal;
-  float std = 0.02f;           // for Normal
-  bool decay = true;           // weight decay applies (matrices yes; biases and norm gains no)
-  int64_t offset = 0;          // element offset in the model's flat buffer
+  float std = 0.02f;   // for Normal
+  bool decay = true;   // weight decay applies (matrices yes; biases and norm gains no)
+  int64_t offset = 0;  // element offset in the model's flat buffer
   int64_t numel() const;
 };
 
 struct UnitSpec {
-  std::string name;            // "embedding", "block.3", "head"
+  std::string name;               // "embedding", "block.3", "head"
   int64_t offset = 0, numel = 0;  // the unit's range in the flat buffer
-  std::vector<int> params;     // indices into ModelSpec::params
+  std::vector<int> params;        // indices into ModelSpec::params
 };
 
 struct ModelSpec {
   ModelConfig config;
   std::vector<ParamSpec> params;
   std::vector<UnitSpec> units;
-  int64_t numel = 0;           // total parameter count
+  int64_t numel = 0;                                      // total parameter count
   const ParamSpec& param(const std::string& name) const;  // throws if absent
 };
 

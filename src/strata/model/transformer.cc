@@ -56,19 +56,19 @@ struct BlockParams {
 // Saved activations of one block for the micro-batch; N = B*T rows.
 template <typename T>
 struct BlockActs {
-  T* ln1;        // (N, C)
+  T* ln1;           // (N, C)
   float* ln1_mean;  // (N)
   float* ln1_rstd;  // (N)
-  T* qkv;        // (N, QKV)  after RoPE for llama
-  T* att;        // (B, NH, T, T)
-  T* atty;       // (N, C)
-  T* res2;       // (N, C)  residual after attention
-  T* ln2;        // (N, C)
+  T* qkv;           // (N, QKV)  after RoPE for llama
+  T* att;           // (B, NH, T, T)
+  T* atty;          // (N, C)
+  T* res2;          // (N, C)  residual after attention
+  T* ln2;           // (N, C)
   float* ln2_mean;
   float* ln2_rstd;
-  T* fch;        // (N, F) gpt2 pre-GELU; (N, 2F) llama gate|up
-  T* fch_act;    // (N, F)
-  T* res3;       // (N, C)  block output
+  T* fch;      // (N, F) gpt2 pre-GELU; (N, 2F) llama gate|up
+  T* fch_act;  // (N, F)
+  T* res3;     // (N, C)  block output
 };
 
 template <typename T, typename G>
@@ -77,8 +77,8 @@ class TransformerImpl final : public Transformer {
   TransformerImpl(const ModelSpec& spec, void* params, void* grads, int B, int seq)
       : spec_(spec), cfg_(spec.config), B_(B), T_(seq), N_(int64_t(B) * seq) {
     const ModelConfig& m = cfg_;
-    STRATA_CHECK(seq <= m.seq_len, "micro-batch sequence length ", seq,
-                 " exceeds model.seq_len ", m.seq_len);
+    STRATA_CHECK(seq <= m.seq_len, "micro-batch sequence length ", seq, " exceeds model.seq_len ",
+                 m.seq_len);
     gpt2_ = m.family == "gpt2";
     C_ = m.hidden, V_ = m.vocab, F_ = m.ffn_hidden, L_ = m.layers;
     NH_ = m.heads, KVH_ = m.kv_heads, HD_ = C_ / NH_;
@@ -126,8 +126,7 @@ class TransformerImpl final : public Transformer {
   G* D_;
   // Parameters and gradients, carved from the flat buffers.
   T *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_w_ = nullptr;
-  G *dwte_ = nullptr, *dwpe_ = nullptr, *dlnf_w_ = nullptr, *dlnf_b_ = nullptr,
-    *dhead_w_ = nullptr;
+  G *dwte_ = nullptr, *dwpe_ = nullptr, *dlnf_w_ = nullptr, *dlnf_b_ = nullptr, *dhead_w_ = nullptr;
   std::vector<BlockParams<T>> bp_;
   std::vector<BlockParams<G>> bg_;
 
@@ -135,9 +134,9 @@ class TransformerImpl final : public Transformer {
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
   T* encoded_ = nullptr;  // (N, C) embedding output = input of block 0
   std::vector<BlockActs<T>> ba_;
-  T* lnf_ = nullptr;      // (N, C)
+  T* lnf_ = nullptr;  // (N, C)
   float *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;
-  T* logits_ = nullptr;   // (N, V); overwritten by dlogits in a training forward
+  T* logits_ = nullptr;      // (N, V); overwritten by dlogits in a training forward
   float* losses_ = nullptr;  // (N)
   // Backward workspace.
   T *dres_ = nullptr, *dc_ = nullptr, *dbig_ = nullptr, *dbig2_ = nullptr;

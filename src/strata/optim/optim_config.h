@@ -7,17 +7,17 @@
 namespace strata {
 
 struct OptimizerConfig {
-  std::string type = "adamw";    // "adam" | "adamw" | "sgd" (lower-cased)
+  std::string type = "adamw";  // "adam" | "adamw" | "sgd" (lower-cased)
   float lr = 1e-3f;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
-  float weight_decay = 0.01f;    // adamw: decoupled; adam: L2 added to the gradient
-  bool adam_w_mode = true;       // DeepSpeed's "adam" with adam_w_mode true behaves as AdamW
-  float momentum = 0.0f;         // sgd
-  bool nesterov = false;         // sgd
+  float weight_decay = 0.01f;  // adamw: decoupled; adam: L2 added to the gradient
+  bool adam_w_mode = true;     // DeepSpeed's "adam" with adam_w_mode true behaves as AdamW
+  float momentum = 0.0f;       // sgd
+  bool nesterov = false;       // sgd
 };
 
 struct SchedulerConfig {
-  std::string type;              // "" (constant lr) | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
+  std::string type;  // "" (constant lr) | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
   float warmup_min_lr = 0.0f, warmup_max_lr = 1e-3f;  // WarmupLR / WarmupDecayLR
   int64_t warmup_num_steps = 1000;
   std::string warmup_type = "log";  // "log" | "linear"
@@ -27,7 +27,7 @@ struct SchedulerConfig {
 
 struct Fp16Config {
   bool enabled = false;
-  float loss_scale = 0.0f;       // 0 = dynamic
+  float loss_scale = 0.0f;  // 0 = dynamic
   int initial_scale_power = 16;
   int loss_scale_window = 1000;
   int hysteresis = 2;

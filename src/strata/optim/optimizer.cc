@@ -26,7 +26,8 @@ Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dty
 }
 
 void Optimizer::publish() {
-  if (param_dtype_ != DType::F32) convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
+  if (param_dtype_ != DType::F32)
+    convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
 }
 
 namespace {
@@ -38,12 +39,12 @@ void step_range(const OptimizerConfig& c, float* master, T* param, const G* grad
   const float wd = r.decay ? c.weight_decay : 0.0f;
   T* p = param + o;
   if (c.type == "sgd") {
-    kernels::sgd_step(master + o, p, grad + o, m ? m + o : nullptr, size_t(r.numel), lr,
-                      c.momentum, wd, c.nesterov, grad_scale, step);
+    kernels::sgd_step(master + o, p, grad + o, m ? m + o : nullptr, size_t(r.numel), lr, c.momentum,
+                      wd, c.nesterov, grad_scale, step);
   } else {
     const bool adamw = c.type == "adamw" || c.adam_w_mode;
-    kernels::adam_step(master + o, p, grad + o, m + o, v + o, size_t(r.numel), lr, c.beta1,
-                       c.beta2, c.eps, wd, grad_scale, step, adamw);
+    kernels::adam_step(master + o, p, grad + o, m + o, v + o, size_t(r.numel), lr, c.beta1, c.beta2,
+                       c.eps, wd, grad_scale, step, adamw);
   }
 }
 

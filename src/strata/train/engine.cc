@@ -62,7 +62,9 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset)
 
 Engine::~Engine() = default;
 
-void Engine::zero_grads() { std::memset(grads_.data(), 0, grads_.bytes()); }
+void Engine::zero_grads() {
+  std::memset(grads_.data(), 0, grads_.bytes());
+}
 
 double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
   const int64_t tokens = cfg_.train_micro_batch_size_per_gpu * cfg_.model.seq_len;

@@ -23,19 +23,19 @@ class Sampler;
 }  // namespace data
 
 struct StepMetrics {
-  int64_t step = 0;            // optimizer steps attempted so far (1-based)
-  double loss = 0.0;           // mean loss over the global batch
+  int64_t step = 0;   // optimizer steps attempted so far (1-based)
+  double loss = 0.0;  // mean loss over the global batch
   float lr = 0.0f;
-  double grad_norm = 0.0;      // global norm of the unscaled gradients, before clipping
+  double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
   float loss_scale = 1.0f;
-  bool skipped = false;        // the step was skipped: gradients overflowed
-  int64_t tokens = 0;          // tokens in the global batch
-  double seconds = 0.0;        // wall time of the step
+  bool skipped = false;  // the step was skipped: gradients overflowed
+  int64_t tokens = 0;    // tokens in the global batch
+  double seconds = 0.0;  // wall time of the step
   // Where the time went (DeepSpeed's wall_clock_breakdown): forward incl. loss, backward, and
   // the rest of the step (norm, clipping, optimizer, zeroing).
   double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
   double tokens_per_s = 0.0;
-  double flops = 0.0;          // matmul FLOPs of the step (peers' convention)
+  double flops = 0.0;  // matmul FLOPs of the step (peers' convention)
   std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
 };
 

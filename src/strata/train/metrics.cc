@@ -31,7 +31,8 @@ double measured_matmul_peak_gflops(DType dtype, int n) {
   for (int i = 0; i < 5; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     run();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   double gflops = 2.0 * double(n) * n * n / best / 1e9;
   cache[key] = gflops;
@@ -43,13 +44,13 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
   size_t mem = 0;
   for (size_t v : s.peak_bytes) mem += v;
   char buf[256];
-  std::snprintf(buf, sizeof buf,
-                "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | MFU %5.1f%% "
-                "| mem %s%s",
-                static_cast<long long>(s.step), static_cast<long long>(total_steps), s.loss,
-                double(s.lr), s.grad_norm, s.tokens_per_s,
-                100.0 * s.flops / s.seconds / 1e9 / peak_gflops, format_bytes(mem).c_str(),
-                s.skipped ? " | skipped (overflow)" : "");
+  std::snprintf(
+      buf, sizeof buf,
+      "step %5lld/%lld | loss %.4f | lr %.3e | grad norm %.4f | %8.0f tok/s | MFU %5.1f%% "
+      "| mem %s%s",
+      static_cast<long long>(s.step), static_cast<long long>(total_steps), s.loss, double(s.lr),
+      s.grad_norm, s.tokens_per_s, 100.0 * s.flops / s.seconds / 1e9 / peak_gflops,
+      format_bytes(mem).c_str(), s.skipped ? " | skipped (overflow)" : "");
   std::string line = buf;
   if (breakdown) {
     std::snprintf(buf, sizeof buf, " | fwd %.3fs bwd %.3fs step %.3fs", s.forward_s, s.backward_s,

@@ -128,8 +128,8 @@ void run_native(const MatOut& c, const MatOperand& a, const MatOperand& b, int64
   p.a.set_data_handle(const_cast<void*>(a.ptr));
   p.b.set_data_handle(const_cast<void*>(b.ptr));
   p.c.set_data_handle(c.ptr);
-  const dnnl_status_t st = dnnl_primitive_execute(p.prim.get(), cpu_stream().get(),
-                                                  int(p.args.size()), p.args.data());
+  const dnnl_status_t st =
+      dnnl_primitive_execute(p.prim.get(), cpu_stream().get(), int(p.args.size()), p.args.data());
   STRATA_CHECK(st == dnnl_success, "oneDNN matmul failed with status ", int(st));
   cpu_stream().wait();
 }
