@@ -144,14 +144,38 @@ TEST_F(CliRunTest, UsageErrorsExitTwo) {
   EXPECT_NE(err.find("nodots"), std::string::npos) << err;
 }
 
-TEST_F(CliRunTest, SeveralProcessesAreRefusedUntilParallelismExists) {
-  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+TEST_F(CliRunTest, LaunchOnTwoRanksMatchesOneProcess) {
+  // train_batch_size 4 on 2 ranks: micro-batch 2 each, the same global batches as one process.
+  const std::string args = "train --config " + dir_ + "/tiny.json --data " + dir_ +
+                           "/good.bin --steps 5 --set train_micro_batch_size_per_gpu=2 "
+                           "--set gradient_accumulation_steps=1 --run-dir ";
+  ASSERT_EQ(run(args + dir_ + "/one --set train_micro_batch_size_per_gpu=4"), 0);
   std::string err;
-  const int rc =
-      run("train --config " + dir_ + "/tiny.json --steps 1 --data " + dir_ + "/good.bin", &err);
-  ::unsetenv("OMPI_COMM_WORLD_SIZE");
-  EXPECT_EQ(rc, 2);
-  EXPECT_NE(err.find("2 processes"), std::string::npos) << err;
+  ASSERT_EQ(run("launch -n 2 -- " + args + dir_ + "/two", &err), 0) << err;
+  auto one = losses(dir_ + "/one"), two = losses(dir_ + "/two");
+  ASSERT_EQ(two.size(), 5u);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << i;
+}
+
+TEST_F(CliRunTest, LaunchReturnsTheJobsExitCode) {
+  std::string err;
+  EXPECT_EQ(run("launch -n 2 -- train --config " + dir_ + "/missing.json", &err), 2) << err;
+  EXPECT_NE(err.find("missing.json"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank"), std::string::npos) << err;
+  EXPECT_EQ(run("launch -n 2", &err), 2);  // nothing to launch
+}
+
+TEST_F(CliRunTest, TopologyPrintsTheGrid) {
+  write(dir_ + "/grid.json",
+        R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "gpt2-tiny"},
+            "parallelism": {"tensor": 2, "pipeline": 2}})");
+  ASSERT_EQ(run("topology --config " + dir_ + "/grid.json -n 8"), 0);
+  std::ifstream in(dir_ + "/stdout.txt");
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("dp"), std::string::npos) << text.str();
+  std::string err;
+  EXPECT_EQ(run("topology --config " + dir_ + "/grid.json -n 6", &err), 2);  // 6 % (2·2) != 0
 }
 
 TEST_F(CliRunTest, DataPrepareThenTrain) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm/communicator.h"
+#include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/token_dataset.h"
@@ -46,9 +48,16 @@ struct BenchArgs {
   int seq_len = 0;  // 0: the preset's
   int steps = 5;
   int warmup = 1;
+  // Data parallelism, when launched on several ranks (strata launch -n N -- bench ...).
+  std::string overlap = "on";
+  int64_t bucket = 500000000;  // reduce_bucket_size, elements
 };
 
 void run_bench(const BenchArgs& a) {
+  const int world = comm::initialized() ? comm::world_size() : 1;
+  const bool rank0 = world == 1 || comm::world_rank() == 0;
+  std::unique_ptr<comm::Communicator> dp;
+  if (world > 1) dp = std::make_unique<comm::Communicator>(MPI_COMM_WORLD, "dp");
   for (const std::string& dt : a.dtypes) {
     DType dtype = parse_dtype(dt, "--dtype");
     nlohmann::json j = {{"train_micro_batch_size_per_gpu", a.micro_batch},
@@ -56,18 +65,23 @@ void run_bench(const BenchArgs& a) {
                         {"gradient_clipping", 1.0},
                         {"steps_per_print", 0},
                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
-                        {"model", {{"preset", a.model}}}};
+                        {"model", {{"preset", a.model}}},
+                        {"zero_optimization",
+                         {{"overlap_comm", a.overlap == "on"}, {"reduce_bucket_size", a.bucket}}}};
     if (a.seq_len > 0) j["model"]["seq_len"] = a.seq_len;
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
     Config cfg = parse_config(j);
-    resolve_batch(cfg, 1);
+    resolve_batch(cfg, world);
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
-    Engine engine(cfg, &tokens);
+    Engine engine(cfg, &tokens, dp.get());
+    // Measured on rank 0 alone would misstate the peak when ranks share the cores: MFU is
+    // against the peak of the threads this rank has.
     const double peak = measured_matmul_peak_gflops(dtype, 2048);
     for (int i = 0; i < a.warmup; ++i) engine.train_batch();
     std::vector<StepMetrics> runs;
     for (int i = 0; i < a.steps; ++i) runs.push_back(engine.train_batch());
+    if (!rank0) continue;
     std::sort(runs.begin(), runs.end(),
               [](const StepMetrics& x, const StepMetrics& y) { return x.seconds < y.seconds; });
     const StepMetrics& med = runs[runs.size() / 2];
@@ -76,11 +90,12 @@ void run_bench(const BenchArgs& a) {
     std::printf(
         "bench model=%s dtype=%s params=%lld B=%lld T=%d threads=%d | step_s=%.3f "
         "tokens_per_s=%.0f achieved_gflops=%.1f peak_gflops=%.1f mfu=%.1f%% peak_mem=%s "
-        "loss=%.3f\n",
+        "loss=%.3f ranks=%d comm_exposed_s=%.3f\n",
         a.model.c_str(), dtype_name(dtype), static_cast<long long>(engine.spec().numel),
         static_cast<long long>(a.micro_batch), cfg.model.seq_len, omp_get_max_threads(),
         med.seconds, med.tokens_per_s, med.flops / med.seconds / 1e9, peak,
-        100.0 * med.flops / med.seconds / 1e9 / peak, format_bytes(mem).c_str(), med.loss);
+        100.0 * med.flops / med.seconds / 1e9 / peak / world, format_bytes(mem).c_str(), med.loss,
+        world, med.comm_exposed_s);
     std::fflush(stdout);
   }
 }
@@ -97,6 +112,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--seq-len,-t", args->seq_len, "sequence length (default: the preset's)");
   cmd->add_option("--steps", args->steps, "timed steps")->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
+  cmd->add_option("--overlap", args->overlap, "data parallel: overlap_comm on|off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--bucket", args->bucket, "data parallel: reduce_bucket_size (elements)")
+      ->capture_default_str();
   cmd->callback([args] { run_bench(*args); });
 }
 

@@ -1,34 +1,62 @@
 // strata: the command line. Exit codes: 0 success, 2 usage or configuration error (bad config,
-// data file or command line), 1 runtime failure.
+// data file or command line), 1 runtime failure. Under mpirun (or srun) every process runs the
+// same command; a failure on any rank aborts the whole job with a message naming the rank.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
-#include <iostream>
+#include <string>
 
+#include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
 #include "tools/strata/commands.h"
+
+namespace {
+
+// Whether a launcher started this process as one rank of a job.
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"}) {
+    if (std::getenv(var) != nullptr) return true;
+  }
+  return false;
+}
+
+int fail(int code, const char* kind, const char* what) {
+  if (strata::comm::initialized() && strata::comm::world_size() > 1) {
+    strata::comm::abort_job(code, std::string(kind) + what);  // never returns
+  }
+  std::fprintf(stderr, "strata: %s%s\n", kind, what);
+  if (strata::comm::initialized()) strata::comm::finalize();
+  return code;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"strata: distributed training of Transformer models", "strata"};
   app.require_subcommand(1);
+  int exit_code = 0;
   strata::cli::add_train_command(app);
+  strata::cli::add_launch_command(app, &exit_code);
+  strata::cli::add_topology_command(app);
   strata::cli::add_data_command(app);
   strata::cli::add_bench_command(app);
   try {
+    if (launched_by_mpi()) strata::comm::init(&argc, &argv);
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    app.exit(e);  // prints the problem and the usage
+    if (strata::comm::initialized()) strata::comm::finalize();
     return 2;
   } catch (const strata::InputError& e) {
-    std::fprintf(stderr, "strata: error: %s\n", e.what());
-    return 2;
+    return fail(2, "error: ", e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "strata: failed: %s\n", e.what());
-    return 1;
+    return fail(1, "failed: ", e.what());
   }
-  return 0;
+  if (strata::comm::initialized()) strata::comm::finalize();
+  return exit_code;
 }

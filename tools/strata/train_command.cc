@@ -1,4 +1,7 @@
+#include <omp.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -6,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "strata/comm/communicator.h"
+#include "strata/comm/mpi_runtime.h"
+#include "strata/comm/topology.h"
 #include "strata/core/check.h"
 #include "strata/data/prepare.h"
 #include "strata/data/token_dataset.h"
@@ -44,55 +50,87 @@ std::string demo_dataset(const std::string& run_dir) {
   return shard;
 }
 
-// The number of processes a launcher (mpirun, srun) started this one among.
-int launched_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"}) {
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  }
-  return 1;
+// OpenMP threads per rank: the cores of this host shared by its ranks, unless OMP_NUM_THREADS
+// says otherwise (ranks that each use every core slow each other down many-fold).
+void split_cores_between_local_ranks() {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks = local ? std::max(1, std::atoi(local)) : 1;
+  omp_set_num_threads(std::max(1, omp_get_num_procs() / ranks));
 }
 
 void run_train(const TrainArgs& a) {
-  const int world = launched_world_size();
-  STRATA_INPUT_CHECK(world == 1, "strata was launched as ", world,
-                     " processes, but this version trains in one process (data, tensor and "
-                     "pipeline parallelism are not yet in effect); run it without mpirun/srun");
+  const int world = comm::initialized() ? comm::world_size() : 1;
+  const bool rank0 = !comm::initialized() || comm::world_rank() == 0;
+  split_cores_between_local_ranks();
   std::vector<std::string> overrides = a.overrides;
   if (a.steps >= 0) overrides.push_back("train.steps=" + std::to_string(a.steps));
   if (!a.run_dir.empty()) overrides.push_back("train.run_dir=\"" + a.run_dir + "\"");
   if (!a.data.empty()) overrides.push_back("data.path=\"" + a.data + "\"");
   Config cfg = load_config(a.config, overrides);
   if (cfg.model.layers == 0) cfg.model = model_preset("demo");  // no model block: the demo model
-  resolve_batch(cfg, 1);
-  for (const std::string& line : config_notices(cfg, 1)) std::printf("note: %s\n", line.c_str());
+  const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
+                            cfg.parallelism.order);
+  STRATA_INPUT_CHECK(world == 1 || (grid.tp() == 1 && grid.pp() == 1),
+                     "parallelism.tensor=", grid.tp(), " and parallelism.pipeline=", grid.pp(),
+                     " are not yet in effect on ", world,
+                     " processes; set both to 1 (data parallelism over all ranks)");
+  resolve_batch(cfg, grid.dp());
+  if (rank0) {
+    for (const std::string& line : config_notices(cfg, world)) {
+      std::printf("note: %s\n", line.c_str());
+    }
+  }
+  std::unique_ptr<comm::ProcessGroups> groups;
+  if (world > 1) {
+    groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
+    for (comm::Communicator* c : {&groups->world(), &groups->dp(), &groups->tp(), &groups->pp()}) {
+      c->set_timeout(std::chrono::seconds(cfg.parallelism.timeout_s));
+    }
+  }
 
-  const std::string data_path =
-      cfg.data.path.empty() ? demo_dataset(cfg.train.run_dir) : cfg.data.path;
+  // The demo corpus is prepared by rank 0 while the others wait, then found by all.
+  std::string data_path = cfg.data.path;
+  if (data_path.empty()) {
+    if (rank0) data_path = demo_dataset(cfg.train.run_dir);
+    if (groups) groups->world().barrier();
+    if (!rank0) data_path = demo_dataset(cfg.train.run_dir);
+  }
   auto dataset = data::open_dataset(data_path, cfg.data.format);
-  Engine engine(cfg, dataset.get());
+  Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr);
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
   const DType pt = cfg.param_dtype();
-  const double peak = measured_matmul_peak_gflops(pt, 1024);
-  std::printf(
-      "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
-      "accumulation %lld | data %s (%lld tokens) | %s peak matmul %.0f GFLOP/s\n",
-      cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
-      static_cast<long long>(engine.spec().numel), dtype_name(pt), cfg.model.layers,
-      cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
-      static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-      static_cast<long long>(cfg.gradient_accumulation_steps), data_path.c_str(),
-      static_cast<long long>(dataset->num_tokens()), dtype_name(pt), peak);
-  MetricsLog log(cfg.train.run_dir);
+  // Every rank measures its own peak at once (ranks sharing a host share its cores); the job's
+  // peak, MFU's denominator, is their sum.
+  float peak = float(measured_matmul_peak_gflops(pt, 1024));
+  if (groups) groups->world().all_reduce(&peak, 1, DType::F32, DType::F32);
+  if (rank0) {
+    std::printf(
+        "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
+        "accumulation %lld x dp %d | data %s (%lld tokens) | %s peak matmul %.0f GFLOP/s\n",
+        cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
+        static_cast<long long>(engine.spec().numel), dtype_name(pt), cfg.model.layers,
+        cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
+        static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
+        static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), data_path.c_str(),
+        static_cast<long long>(dataset->num_tokens()), dtype_name(pt), peak);
+  }
+  // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
+  std::unique_ptr<MetricsLog> log;
+  if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir);
   for (int64_t i = 0; i < steps; ++i) {
     StepMetrics s = engine.train_batch();
-    log.write(s, peak);
+    if (!rank0) continue;
+    log->write(s, peak);
     const bool print = cfg.steps_per_print > 0 &&
                        (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
     if (print) std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
     std::fflush(stdout);
   }
-  std::printf("done: %lld steps, metrics in %s\n", static_cast<long long>(steps),
-              log.path().c_str());
+  if (rank0) {
+    std::printf("done: %lld steps, metrics in %s\n", static_cast<long long>(steps),
+                log->path().c_str());
+  }
 }
 
 }  // namespace

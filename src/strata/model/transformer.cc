@@ -100,7 +100,7 @@ class TransformerImpl final : public Transformer {
   }
 
   double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train) override;
-  void backward() override;
+  void backward(UnitHook* hook) override;
   const void* logits() const override { return logits_; }
   int64_t counted_tokens() const override { return counted_; }
 
@@ -320,7 +320,7 @@ double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targ
 }
 
 template <typename T, typename G>
-void TransformerImpl<T, G>::backward() {
+void TransformerImpl<T, G>::backward(UnitHook* hook) {
   const int N = int(N_), C = C_;
   // logits_ holds dlogits (N, V) after a training forward.
   linear_backward(dc_, dhead_w_, static_cast<G*>(nullptr), logits_, lnf_, head_w_, N, C, V_);
@@ -332,11 +332,14 @@ void TransformerImpl<T, G>::backward() {
   } else {
     rmsnorm_backward(dres_, dlnf_w_, norm_scratch_, dc_, x_last, lnf_w_, lnf_rstd_, N, C);
   }
+  if (hook) hook->unit_done(L_ + 1);
   for (int l = L_ - 1; l >= 0; --l) {
     const T* x = l > 0 ? ba_[size_t(l - 1)].res3 : encoded_;
     block_backward(l, x, dres_);
+    if (hook) hook->unit_done(l + 1);
   }
   embedding_backward(dwte_, dwpe_, dres_, inputs_, B_, T_, C);
+  if (hook) hook->unit_done(0);
 }
 
 }  // namespace

@@ -11,6 +11,16 @@
 
 namespace strata {
 
+// Told during backward when a unit's parameter gradients are final for this micro-batch: units
+// are 0 = embedding, 1..L = blocks, L+1 = head (ModelSpec::units order). Backward finishes them
+// from the last to the first; with tied embeddings the embedding unit (holding the tied weight)
+// is finished last.
+class UnitHook {
+ public:
+  virtual ~UnitHook() = default;
+  virtual void unit_done(int unit) = 0;
+};
+
 class Transformer {
  public:
   virtual ~Transformer() = default;
@@ -22,7 +32,8 @@ class Transformer {
   virtual double forward(const int32_t* inputs, const int32_t* targets, float dloss,
                          bool train) = 0;
   // Backward of the last training forward: parameter gradients accumulate (+=) into grads.
-  virtual void backward() = 0;
+  // `hook`, when given, hears of each unit as its gradients are complete.
+  virtual void backward(UnitHook* hook = nullptr) = 0;
   // The logits of the last forward (B, T, V) in the parameter dtype, valid until backward().
   virtual const void* logits() const = 0;
   // Number of targets >= 0 in the last forward.

@@ -115,8 +115,8 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
           " is honoured trivially at 1 process: partitioning over one rank changes nothing");
     } else {
       add("zero_optimization.stage=", z.stage,
-          " is not yet in effect: this release runs one process and does not partition model "
-          "states");
+          " is not yet in effect: every data-parallel rank holds all model states (stage 0); "
+          "gradients are all-reduced");
     }
   }
   if (one && (z.stage > 0 || z.overlap_comm)) {
@@ -139,9 +139,12 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
     add("communication_data_type=", dtype_name(*c.communication_data_type),
         ": nothing is communicated at 1 process");
   }
-  if (one && (c.prescale_gradients || c.gradient_predivide_factor != 1.0f)) {
-    add("prescale_gradients/gradient_predivide_factor: no gradients are averaged over ranks at 1 "
-        "process");
+  if (c.prescale_gradients || c.gradient_predivide_factor != 1.0f) {
+    add(one ? "prescale_gradients/gradient_predivide_factor: no gradients are averaged over ranks "
+              "at 1 process"
+            : "prescale_gradients/gradient_predivide_factor are not needed: each rank's loss "
+              "gradient is already scaled by 1/(tokens of the global batch), so the sum over "
+              "ranks is the mean");
   }
 
   const ParallelismConfig& p = c.parallelism;

@@ -23,6 +23,8 @@ struct ParallelismConfig {
   std::string schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved" | "zero_bubble"
   bool sequence_parallel = false;
   std::string order = "tp-dp-pp";  // a permutation of tp, dp, pp
+  // Watchdog: a collective waiting longer than this aborts the job naming the rank (0 = never).
+  int timeout_s = 600;
 };
 
 struct DataConfig {

@@ -187,6 +187,7 @@ void parse_layout_blocks(const Block& top, Config& c) {
   pb.get_int("virtual_stages", p.virtual_stages, 1);
   pb.get_choice("schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zero_bubble"});
   pb.get_bool("sequence_parallel", p.sequence_parallel);
+  pb.get_int("timeout_s", p.timeout_s, 0);
   if (pb.get_string("order", p.order)) {
     std::vector<std::string> parts;
     for (size_t start = 0;;) {

@@ -3,11 +3,13 @@
 #include <chrono>
 #include <cmath>
 
+#include "strata/comm/communicator.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/optimizer.h"
 #include "strata/optim/lr_schedule.h"
+#include "strata/zero/grad_sync.h"
 
 namespace strata {
 
@@ -27,10 +29,14 @@ double grad_sum_squares(const void* g, DType t, size_t n) {
 
 }  // namespace
 
-Engine::Engine(const Config& cfg, const data::TokenDataset* dataset)
-    : cfg_(cfg), spec_(build_model_spec(cfg.model)) {
-  STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0,
-               "the batch triangle must be resolved before building the engine");
+Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp)
+    : cfg_(cfg), spec_(build_model_spec(cfg.model)), dp_(dp) {
+  if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
+  STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0 &&
+                   cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu *
+                                                cfg_.gradient_accumulation_steps * dp_size_,
+               "the batch triangle must be resolved for data-parallel size ", dp_size_,
+               " before building the engine");
   const ModelConfig& m = cfg_.model;
   const DType pt = cfg_.param_dtype();
   const DType gt = grad_dtype_ =
@@ -54,10 +60,16 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset)
 
   const int B = int(cfg_.train_micro_batch_size_per_gpu);
   model_ = make_transformer(spec_, pt, gt, params_.data(), grads_.data(), B, m.seq_len);
-  const size_t batch_bytes = size_t(cfg_.train_batch_size) * size_t(m.seq_len) * sizeof(int32_t);
+  const size_t local_samples =
+      size_t(cfg_.train_micro_batch_size_per_gpu * cfg_.gradient_accumulation_steps);
+  const size_t batch_bytes = local_samples * size_t(m.seq_len) * sizeof(int32_t);
   inputs_ = Buffer(MemCategory::Activations, batch_bytes);
   targets_ = Buffer(MemCategory::Activations, batch_bytes);
   flops_per_token_ = train_flops_per_token(spec_);
+  if (dp_size_ > 1) {
+    grad_sync_ = std::make_unique<GradSync>(*dp_, spec_, grads_.data(), gt, cfg_.comm_dtype(),
+                                            cfg_.zero.reduce_bucket_size, cfg_.zero.overlap_comm);
+  }
 }
 
 Engine::~Engine() = default;
@@ -78,7 +90,8 @@ StepMetrics Engine::train_batch() {
   const int64_t gbs = cfg_.train_batch_size;
   int32_t* in = inputs_.as<int32_t>();
   int32_t* tg = targets_.as<int32_t>();
-  sampler_->get_batch(data::Sampler::first_sample_of(consumed_samples_, 0, 1, gbs), gbs, in, tg);
+  const int64_t first = data::Sampler::first_sample_of(consumed_samples_, dp_rank_, dp_size_, gbs);
+  sampler_->get_batch(first, gbs / dp_size_, in, tg);
   return train_batch_on(in, tg);
 }
 
@@ -99,9 +112,19 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     auto f0 = clock::now();
     loss_sum += model_->forward(inputs + at, targets + at, dloss, true);
     auto f1 = clock::now();
-    model_->backward();
+    const bool boundary = k == gas - 1;
+    if (grad_sync_ && boundary) grad_sync_->begin_boundary();
+    model_->backward(boundary ? grad_sync_.get() : nullptr);
     forward_s += std::chrono::duration<double>(f1 - f0).count();
     backward_s += std::chrono::duration<double>(clock::now() - f1).count();
+  }
+  double comm_exposed_s = 0.0;
+  if (grad_sync_) {
+    grad_sync_->finish();
+    comm_exposed_s = grad_sync_->exposed_seconds();
+    float loss = float(loss_sum);  // the logged loss: this rank's sum, summed over the group
+    dp_->all_reduce(&loss, 1, DType::F32, DType::F32);
+    loss_sum = loss;
   }
   auto o0 = clock::now();
   consumed_samples_ += gbs;
@@ -133,6 +156,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.forward_s = forward_s;
   s.backward_s = backward_s;
   s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
+  s.comm_exposed_s = comm_exposed_s;
   s.tokens_per_s = double(s.tokens) / s.seconds;
   s.flops = flops_per_token_ * double(s.tokens);
   for (int c = 0; c < kNumMemCategories; ++c) {

@@ -21,6 +21,10 @@ namespace data {
 class TokenDataset;
 class Sampler;
 }  // namespace data
+namespace comm {
+class Communicator;
+}  // namespace comm
+class GradSync;
 
 struct StepMetrics {
   int64_t step = 0;   // optimizer steps attempted so far (1-based)
@@ -35,20 +39,23 @@ struct StepMetrics {
   // the rest of the step (norm, clipping, optimizer, zeroing).
   double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
   double tokens_per_s = 0.0;
-  double flops = 0.0;  // matmul FLOPs of the step (peers' convention)
+  double flops = 0.0;           // matmul FLOPs of the step (peers' convention)
+  double comm_exposed_s = 0.0;  // time the step waited for gradient reduction after backward
   std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
 };
 
 class Engine {
  public:
-  // cfg must be resolved (resolve_batch) for dp = 1. The dataset, when given, must outlive the
-  // engine; without one, only train_batch_on() can train.
-  Engine(const Config& cfg, const data::TokenDataset* dataset);
+  // cfg must be resolved (resolve_batch) for the data-parallel size: dp's size, or 1 without dp.
+  // The dataset and dp, when given, must outlive the engine; without a dataset, only
+  // train_batch_on() can train.
+  Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp = nullptr);
   ~Engine();
 
   // One optimizer step over the next global batch of the dataset.
   StepMetrics train_batch();
-  // One optimizer step over the given global batch: inputs, targets (train_batch_size, seq_len).
+  // One optimizer step over this rank's part of a global batch: inputs, targets
+  // (micro-batch × accumulation steps, seq_len) — the whole global batch at dp = 1.
   StepMetrics train_batch_on(const int32_t* inputs, const int32_t* targets);
 
   const ModelSpec& spec() const { return spec_; }
@@ -74,7 +81,10 @@ class Engine {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
-  Buffer inputs_, targets_;  // one global batch of token ids (train_batch_size, seq_len)
+  Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
+  comm::Communicator* dp_ = nullptr;
+  int dp_rank_ = 0, dp_size_ = 1;
+  std::unique_ptr<GradSync> grad_sync_;
   int64_t consumed_samples_ = 0;
   int64_t step_ = 0;
   double flops_per_token_ = 0.0;

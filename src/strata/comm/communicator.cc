@@ -1,0 +1,368 @@
+#include "strata/comm/communicator.h"
+
+#include <algorithm>
+#include <climits>
+#include <exception>
+#include <utility>
+
+#include "strata/comm/comm_stream.h"
+#include "strata/comm/mpi_runtime.h"
+#include "strata/comm/wire_reduce.h"
+#include "strata/core/check.h"
+#include "strata/core/memory.h"
+
+namespace strata::comm {
+
+namespace detail {
+
+// Everything the comm thread touches, so that it can outlive a Communicator abandoned during
+// stack unwinding.
+struct CommState {
+  std::string name;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int rank = 0, size = 1;
+  Buffer scratch;  // wire-format copies; used only on the comm thread
+  std::unique_ptr<CommStream> stream;
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::CommState;
+using detail::Op;
+using detail::OpKind;
+
+// MPI counts are int: larger element counts go in chunks of this many.
+constexpr size_t kMaxCount = size_t(1) << 30;
+
+size_t round_up64(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
+char* scratch(CommState& s, size_t bytes) {
+  if (s.scratch.bytes() < bytes) s.scratch = Buffer(MemCategory::CommBuffers, bytes);
+  return s.scratch.as<char>();
+}
+
+bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  const char* pa = static_cast<const char*>(a);
+  const char* pb = static_cast<const char*>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
+void all_reduce_in_place(CommState& s, void* buf, size_t n, DType t) {
+  char* p = static_cast<char*>(buf);
+  for (size_t off = 0; off < n; off += kMaxCount) {
+    const int count = int(std::min(kMaxCount, n - off));
+    STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), count,
+                                   detail::mpi_datatype(t), detail::mpi_sum(t), s.comm));
+  }
+}
+
+void run_all_reduce(CommState& s, const Op& op) {
+  if (op.wire == op.dtype) return all_reduce_in_place(s, op.out, op.n, op.dtype);
+  char* w = scratch(s, op.n * dtype_size(op.wire));
+  convert(w, op.wire, op.out, op.dtype, op.n);
+  all_reduce_in_place(s, w, op.n, op.wire);
+  convert(op.out, op.dtype, w, op.wire, op.n);
+}
+
+void run_reduce_scatter(CommState& s, const Op& op) {
+  const size_t total = op.n * size_t(s.size);
+  const bool convert_in = op.wire != op.dtype;
+  // MPI forbids the output inside the input; such a result goes through scratch too.
+  const bool via_scratch = convert_in || overlaps(op.in, total * dtype_size(op.dtype), op.out,
+                                                  op.n * dtype_size(op.dtype));
+  const size_t in_bytes = convert_in ? round_up64(total * dtype_size(op.wire)) : 0;
+  char* w = scratch(s, in_bytes + (via_scratch ? op.n * dtype_size(op.wire) : 0));
+  const void* send = op.in;
+  if (convert_in) {
+    convert(w, op.wire, op.in, op.dtype, total);
+    send = w;
+  }
+  void* result = via_scratch ? w + in_bytes : op.out;
+  STRATA_MPI_CHECK(MPI_Reduce_scatter_block(send, result, int(op.n), detail::mpi_datatype(op.wire),
+                                            detail::mpi_sum(op.wire), s.comm));
+  if (via_scratch) convert(op.out, op.dtype, result, op.wire, op.n);
+}
+
+void run_all_gather(CommState& s, const Op& op) {
+  const MPI_Datatype t = detail::mpi_datatype(op.dtype);
+  const char* own = static_cast<const char*>(op.out) + size_t(s.rank) * op.n * dtype_size(op.dtype);
+  if (op.in == own) {
+    STRATA_MPI_CHECK(
+        MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, op.out, int(op.n), t, s.comm));
+  } else {
+    STRATA_MPI_CHECK(MPI_Allgather(op.in, int(op.n), t, op.out, int(op.n), t, s.comm));
+  }
+}
+
+void run_broadcast(CommState& s, const Op& op) {
+  char* p = static_cast<char*>(op.out);
+  for (size_t off = 0; off < op.n; off += kMaxCount) {
+    const int count = int(std::min(kMaxCount, op.n - off));
+    STRATA_MPI_CHECK(MPI_Bcast(p + off * dtype_size(op.dtype), count,
+                               detail::mpi_datatype(op.dtype), op.peer, s.comm));
+  }
+}
+
+void run_send(CommState& s, const Op& op) {
+  const char* p = static_cast<const char*>(op.in);
+  for (size_t off = 0; off < op.n; off += kMaxCount) {
+    const int count = int(std::min(kMaxCount, op.n - off));
+    STRATA_MPI_CHECK(MPI_Send(p + off * dtype_size(op.dtype), count, detail::mpi_datatype(op.dtype),
+                              op.peer, op.tag, s.comm));
+  }
+}
+
+void run_recv(CommState& s, const Op& op) {
+  char* p = static_cast<char*>(op.out);
+  for (size_t off = 0; off < op.n; off += kMaxCount) {
+    const int count = int(std::min(kMaxCount, op.n - off));
+    MPI_Status status;
+    STRATA_MPI_CHECK(MPI_Recv(p + off * dtype_size(op.dtype), count, detail::mpi_datatype(op.dtype),
+                              op.peer, op.tag, s.comm, &status));
+    int got = 0;
+    MPI_Get_count(&status, detail::mpi_datatype(op.dtype), &got);
+    STRATA_CHECK(got == count, "recv on group ", s.name, " expected ", count,
+                 " elements from rank ", op.peer, " (tag ", op.tag, ") but got ", got,
+                 "; the ranks disagree on the message size");
+  }
+}
+
+void execute(CommState& s, const Op& op) {
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      return run_all_reduce(s, op);
+    case OpKind::ReduceScatter:
+      return run_reduce_scatter(s, op);
+    case OpKind::AllGather:
+      return run_all_gather(s, op);
+    case OpKind::Broadcast:
+      return run_broadcast(s, op);
+    case OpKind::Send:
+      return run_send(s, op);
+    case OpKind::Recv:
+      return run_recv(s, op);
+    case OpKind::Barrier:
+      STRATA_MPI_CHECK(MPI_Barrier(s.comm));
+      return;
+  }
+}
+
+std::string describe(const CommState& s, const Op& op) {
+  const std::string group = strata::detail::concat(" on group ", s.name, " (size ", s.size, ")");
+  switch (op.kind) {
+    case OpKind::Send:
+      return strata::detail::concat("point-to-point send of ", op.n, " elements to rank ", op.peer,
+                                    " (tag ", op.tag, ")", group);
+    case OpKind::Recv:
+      return strata::detail::concat("point-to-point recv of ", op.n, " elements from rank ",
+                                    op.peer, " (tag ", op.tag, ")", group);
+    case OpKind::Barrier:
+      return "collective barrier" + group;
+    case OpKind::ReduceScatter:
+    case OpKind::AllGather:
+      return strata::detail::concat("collective ", detail::op_name(op.kind), " of ", op.n,
+                                    " elements per rank", group);
+    default:
+      return strata::detail::concat("collective ", detail::op_name(op.kind), " of ", op.n,
+                                    " elements", group);
+  }
+}
+
+}  // namespace
+
+Handle& Handle::operator=(Handle&& o) noexcept {
+  stream_ = o.stream_;
+  seq_ = o.seq_;
+  o.stream_ = nullptr;
+  return *this;
+}
+
+void Handle::wait() {
+  if (stream_ == nullptr) return;
+  detail::CommStream* s = std::exchange(stream_, nullptr);
+  s->wait(seq_);
+}
+
+bool Handle::done() const {
+  return stream_ == nullptr || stream_->done(seq_);
+}
+
+Communicator::Communicator(MPI_Comm comm, std::string name) : s_(std::make_unique<CommState>()) {
+  STRATA_CHECK(initialized(), "comm::init must run before communicator ", name, " is made");
+  detail::create_wire_ops();
+  s_->name = std::move(name);
+  STRATA_MPI_CHECK(MPI_Comm_dup(comm, &s_->comm));
+  STRATA_MPI_CHECK(MPI_Comm_set_errhandler(s_->comm, MPI_ERRORS_RETURN));
+  STRATA_MPI_CHECK(MPI_Comm_set_name(s_->comm, s_->name.c_str()));
+  STRATA_MPI_CHECK(MPI_Comm_rank(s_->comm, &s_->rank));
+  STRATA_MPI_CHECK(MPI_Comm_size(s_->comm, &s_->size));
+  CommState* st = s_.get();
+  s_->stream = std::make_unique<detail::CommStream>(
+      "comm-" + s_->name, [st](const Op& op) { execute(*st, op); },
+      [st](const Op& op) { return describe(*st, op); });
+}
+
+Communicator::~Communicator() {
+  if (!s_) return;
+  if (std::uncaught_exceptions() > 0 && s_->stream->in_flight() > 0) {
+    s_->stream->abandon();
+    (void)s_.release();  // the detached thread may still be inside MPI with it
+    return;
+  }
+  s_->stream.reset();
+  if (initialized()) MPI_Comm_free(&s_->comm);
+}
+
+const std::string& Communicator::name() const {
+  return s_->name;
+}
+int Communicator::rank() const {
+  return s_->rank;
+}
+int Communicator::size() const {
+  return s_->size;
+}
+void Communicator::set_timeout(std::chrono::seconds t) {
+  s_->stream->set_timeout(t);
+}
+std::chrono::seconds Communicator::timeout() const {
+  return s_->stream->timeout();
+}
+
+namespace {
+
+void check_buffer(const CommState& s, const void* p, size_t n, const char* what) {
+  STRATA_CHECK(p != nullptr || n == 0, what, " on group ", s.name, " got a null buffer for ", n,
+               " elements");
+}
+
+void check_rank(const CommState& s, int r, const char* what) {
+  STRATA_CHECK(r >= 0 && r < s.size, what, " on group ", s.name, ": rank ", r,
+               " is outside the group of size ", s.size);
+}
+
+void check_per_rank(const CommState& s, size_t n_per_rank, const char* what) {
+  STRATA_CHECK(n_per_rank <= size_t(INT_MAX), what, " on group ", s.name, ": ", n_per_rank,
+               " elements per rank exceed MPI's limit of ", INT_MAX, "; split the buffer");
+}
+
+// Each operation, checked on the issuing thread, where a mistake is reported at its cause.
+Op all_reduce_op(const CommState& s, void* buf, size_t n, DType dtype, DType wire) {
+  check_buffer(s, buf, n, "all_reduce");
+  return {.kind = OpKind::AllReduce, .out = buf, .n = n, .dtype = dtype, .wire = wire};
+}
+
+Op reduce_scatter_op(const CommState& s, const void* in, void* out, size_t n_per_rank, DType dtype,
+                     DType wire) {
+  check_buffer(s, in, n_per_rank, "reduce_scatter");
+  check_buffer(s, out, n_per_rank, "reduce_scatter");
+  check_per_rank(s, n_per_rank, "reduce_scatter");
+  return {.kind = OpKind::ReduceScatter,
+          .in = in,
+          .out = out,
+          .n = n_per_rank,
+          .dtype = dtype,
+          .wire = wire};
+}
+
+Op all_gather_op(const CommState& s, const void* in, void* out, size_t n_per_rank, DType dtype) {
+  check_buffer(s, in, n_per_rank, "all_gather");
+  check_buffer(s, out, n_per_rank, "all_gather");
+  check_per_rank(s, n_per_rank, "all_gather");
+  const size_t block = n_per_rank * dtype_size(dtype);
+  const char* own = static_cast<const char*>(out) + size_t(s.rank) * block;
+  STRATA_CHECK(in == own || !overlaps(in, block, out, block * size_t(s.size)),
+               "all_gather on group ", s.name,
+               ": the input overlaps the output other than as this rank's own block");
+  return {.kind = OpKind::AllGather,
+          .in = in,
+          .out = out,
+          .n = n_per_rank,
+          .dtype = dtype,
+          .wire = dtype};
+}
+
+Op broadcast_op(const CommState& s, void* buf, size_t n, DType dtype, int root) {
+  check_buffer(s, buf, n, "broadcast");
+  check_rank(s, root, "broadcast root");
+  return {
+      .kind = OpKind::Broadcast, .out = buf, .n = n, .dtype = dtype, .wire = dtype, .peer = root};
+}
+
+}  // namespace
+
+Handle Communicator::enqueue(const detail::Op& op) {
+  return Handle(s_->stream.get(), s_->stream->submit(op));
+}
+
+Handle Communicator::all_reduce_async(void* buf, size_t n, DType dtype, DType wire) {
+  return enqueue(all_reduce_op(*s_, buf, n, dtype, wire));
+}
+
+Handle Communicator::reduce_scatter_async(const void* in, void* out, size_t n_per_rank, DType dtype,
+                                          DType wire) {
+  return enqueue(reduce_scatter_op(*s_, in, out, n_per_rank, dtype, wire));
+}
+
+Handle Communicator::all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype) {
+  return enqueue(all_gather_op(*s_, in, out, n_per_rank, dtype));
+}
+
+Handle Communicator::broadcast_async(void* buf, size_t n, DType dtype, int root) {
+  return enqueue(broadcast_op(*s_, buf, n, dtype, root));
+}
+
+void Communicator::all_reduce(void* buf, size_t n, DType dtype, DType wire) {
+  s_->stream->run_blocking(all_reduce_op(*s_, buf, n, dtype, wire));
+}
+
+void Communicator::reduce_scatter(const void* in, void* out, size_t n_per_rank, DType dtype,
+                                  DType wire) {
+  s_->stream->run_blocking(reduce_scatter_op(*s_, in, out, n_per_rank, dtype, wire));
+}
+
+void Communicator::all_gather(const void* in, void* out, size_t n_per_rank, DType dtype) {
+  s_->stream->run_blocking(all_gather_op(*s_, in, out, n_per_rank, dtype));
+}
+
+void Communicator::broadcast(void* buf, size_t n, DType dtype, int root) {
+  s_->stream->run_blocking(broadcast_op(*s_, buf, n, dtype, root));
+}
+
+void Communicator::send(const void* buf, size_t n, DType dtype, int dst, int tag) {
+  check_buffer(*s_, buf, n, "send");
+  check_rank(*s_, dst, "send destination");
+  s_->stream->run_blocking({.kind = OpKind::Send,
+                            .in = buf,
+                            .n = n,
+                            .dtype = dtype,
+                            .wire = dtype,
+                            .peer = dst,
+                            .tag = tag});
+}
+
+void Communicator::recv(void* buf, size_t n, DType dtype, int src, int tag) {
+  check_buffer(*s_, buf, n, "recv");
+  check_rank(*s_, src, "recv source");
+  s_->stream->run_blocking({.kind = OpKind::Recv,
+                            .out = buf,
+                            .n = n,
+                            .dtype = dtype,
+                            .wire = dtype,
+                            .peer = src,
+                            .tag = tag});
+}
+
+void Communicator::barrier() {
+  s_->stream->run_blocking({.kind = OpKind::Barrier});
+}
+
+void Communicator::synchronize() {
+  s_->stream->synchronize();
+}
+
+}  // namespace strata::comm

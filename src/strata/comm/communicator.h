@@ -1,0 +1,108 @@
+// Communicator: the collectives of one process group (DESIGN.md §5). It owns a duplicate of
+// the MPI communicator it is given and one communication thread (comm_stream.h) that runs its
+// operations in issue order; the asynchronous forms return as soon as the operation is queued.
+//
+// Buffers are flat arrays of `dtype` elements. `wire` is DeepSpeed's communication_data_type:
+// when it differs from dtype, the comm thread converts into a scratch buffer (CommBuffers,
+// grown once and reused), reduces in the wire dtype (bf16/fp16 sums add in fp32 and round to
+// nearest even at every step) and converts back.
+//
+// Every rank of the group must issue the same operations in the same order (strata's schedules
+// are static, so they do by construction); issue them from one thread. A buffer belongs to the
+// communicator from the call until its handle's wait() returns. A blocking call waits for the
+// operations issued before it, then runs (on the caller's thread when nothing is queued).
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/core/dtype.h"
+
+namespace strata::comm {
+
+namespace detail {
+class CommStream;
+struct CommState;
+struct Op;
+}  // namespace detail
+
+// Completion of one asynchronous operation. Cheap to move; must not outlive its Communicator.
+// An empty (default) or already waited handle is done and waits for nothing.
+class Handle {
+ public:
+  Handle() = default;
+  Handle(Handle&& o) noexcept : stream_(o.stream_), seq_(o.seq_) { o.stream_ = nullptr; }
+  Handle& operator=(Handle&& o) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+
+  // Blocks until the operation has completed (and every operation issued before it); rethrows
+  // the exception it raised on the comm thread. Past the communicator's timeout, aborts the job.
+  void wait();
+  bool done() const;
+
+ private:
+  friend class Communicator;
+  Handle(detail::CommStream* stream, uint64_t seq) : stream_(stream), seq_(seq) {}
+  detail::CommStream* stream_ = nullptr;
+  uint64_t seq_ = 0;
+};
+
+class Communicator {
+ public:
+  // Collective over the ranks of comm (MPI_Comm_dup). name ("world", "dp", "tp", "pp") appears
+  // in error and watchdog messages. comm::init must have run.
+  Communicator(MPI_Comm comm, std::string name);
+  // Runs what is queued, then joins the thread. When an exception is unwinding the stack while
+  // operations are still queued (a peer may never join them), it does not wait: the thread is
+  // detached and its state left to the dying job.
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  const std::string& name() const;
+  int rank() const;
+  int size() const;
+
+  // Watchdog: an operation that runs longer than t while this rank waits for it (or for a
+  // later one) aborts the job with a message naming the rank, the operation and the group.
+  // Default 600 s; 0 disables it.
+  void set_timeout(std::chrono::seconds t);
+  std::chrono::seconds timeout() const;
+
+  // buf (n): summed over the group, in place.
+  void all_reduce(void* buf, size_t n, DType dtype, DType wire);
+  // in (size * n_per_rank), out (n_per_rank): out = block `rank` of the sum over the group.
+  // out may lie inside in (e.g. out = in + rank * n_per_rank).
+  void reduce_scatter(const void* in, void* out, size_t n_per_rank, DType dtype, DType wire);
+  // in (n_per_rank), out (size * n_per_rank): out = the ranks' inputs concatenated by rank.
+  // in may be out's own block (in = out + rank * n_per_rank): the in-place form.
+  void all_gather(const void* in, void* out, size_t n_per_rank, DType dtype);
+  // buf (n): root's buf on every rank.
+  void broadcast(void* buf, size_t n, DType dtype, int root);
+  // Point-to-point within the group; dst and src are ranks of this group. Ordered with the
+  // collectives like every other operation.
+  void send(const void* buf, size_t n, DType dtype, int dst, int tag);
+  void recv(void* buf, size_t n, DType dtype, int src, int tag);
+  void barrier();
+
+  Handle all_reduce_async(void* buf, size_t n, DType dtype, DType wire);
+  Handle reduce_scatter_async(const void* in, void* out, size_t n_per_rank, DType dtype,
+                              DType wire);
+  Handle all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype);
+  Handle broadcast_async(void* buf, size_t n, DType dtype, int root);
+
+  // Blocks until every operation issued so far has completed.
+  void synchronize();
+
+ private:
+  Handle enqueue(const detail::Op& op);
+  std::unique_ptr<detail::CommState> s_;
+};
+
+}  // namespace strata::comm

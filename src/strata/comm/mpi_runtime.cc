@@ -1,0 +1,107 @@
+#include "strata/comm/mpi_runtime.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "strata/comm/wire_reduce.h"
+
+namespace strata::comm {
+
+namespace {
+
+int env_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* name : names) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return fallback;
+}
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    default:
+      return "MPI_THREAD_MULTIPLE";
+  }
+}
+
+}  // namespace
+
+void init(int* argc, char*** argv) {
+  int provided = MPI_THREAD_SINGLE;
+  if (initialized()) {
+    MPI_Query_thread(&provided);
+  } else {
+    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    STRATA_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: ", mpi_error_string(rc));
+  }
+  STRATA_CHECK(provided == MPI_THREAD_MULTIPLE, "the MPI library provides ",
+               thread_level_name(provided),
+               "; strata needs MPI_THREAD_MULTIPLE (each process group runs its collectives on "
+               "its own thread): use an MPI built with thread support (OpenMPI: "
+               "--enable-mpi-thread-multiple)");
+  detail::create_wire_ops();
+}
+
+void finalize() {
+  if (!initialized()) return;
+  detail::free_wire_ops();
+  MPI_Finalize();
+}
+
+bool initialized() {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+int world_rank() {
+  int r = 0;
+  if (initialized()) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+  }
+  return env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0);
+}
+
+int world_size() {
+  int s = 1;
+  if (initialized()) {
+    MPI_Comm_size(MPI_COMM_WORLD, &s);
+    return s;
+  }
+  return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, 1);
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+void abort_job(int exit_code, const std::string& why) {
+  const std::string line =
+      strata::detail::concat("strata: rank ", world_rank(), " on ", host_name(), ": ", why, "\n");
+  std::fflush(stdout);
+  std::fputs(line.c_str(), stderr);
+  std::fflush(stderr);
+  if (initialized()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::exit(exit_code);
+}
+
+std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS)
+    return strata::detail::concat("MPI error ", code);
+  return std::string(buf, size_t(len));
+}
+
+}  // namespace strata::comm
