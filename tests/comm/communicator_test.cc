@@ -173,6 +173,29 @@ TEST(Collectives, SendRecvAroundARing) {
   }
 }
 
+TEST(Async, SendRecvAndBarrierAroundARing) {
+  const int P = world().size(), rank = world().rank();
+  const int next = (rank + 1) % P, prev = (rank + P - 1) % P;
+  for (size_t n : kSizes) {
+    std::vector<float> mine(n), got(n, -9.0f);
+    for (size_t i = 0; i < n; ++i) mine[i] = input(rank, i, DType::F32);
+    // Issued in the order the blocking ring pairs them; waited only at the end.
+    Handle a, b;
+    if (rank % 2 == 0) {
+      a = world().send_async(mine.data(), n, DType::F32, next, 12);
+      b = world().recv_async(got.data(), n, DType::F32, prev, 12);
+    } else {
+      a = world().recv_async(got.data(), n, DType::F32, prev, 12);
+      b = world().send_async(mine.data(), n, DType::F32, next, 12);
+    }
+    Handle c = world().barrier_async();
+    c.wait();  // waits for everything issued before it too
+    EXPECT_TRUE(a.done());
+    EXPECT_TRUE(b.done());
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], input(prev, i, DType::F32)) << i;
+  }
+}
+
 TEST(Collectives, BarrierAndEmptyBuffersAreFine) {
   world().barrier();
   world().all_reduce(nullptr, 0, DType::F32, DType::BF16);

@@ -333,32 +333,56 @@ void Communicator::broadcast(void* buf, size_t n, DType dtype, int root) {
   s_->stream->run_blocking(broadcast_op(*s_, buf, n, dtype, root));
 }
 
+namespace {
+
+Op send_op(const CommState& s, const void* buf, size_t n, DType dtype, int dst, int tag) {
+  check_buffer(s, buf, n, "send");
+  check_rank(s, dst, "send destination");
+  return {.kind = OpKind::Send,
+          .in = buf,
+          .n = n,
+          .dtype = dtype,
+          .wire = dtype,
+          .peer = dst,
+          .tag = tag};
+}
+
+Op recv_op(const CommState& s, void* buf, size_t n, DType dtype, int src, int tag) {
+  check_buffer(s, buf, n, "recv");
+  check_rank(s, src, "recv source");
+  return {.kind = OpKind::Recv,
+          .out = buf,
+          .n = n,
+          .dtype = dtype,
+          .wire = dtype,
+          .peer = src,
+          .tag = tag};
+}
+
+}  // namespace
+
 void Communicator::send(const void* buf, size_t n, DType dtype, int dst, int tag) {
-  check_buffer(*s_, buf, n, "send");
-  check_rank(*s_, dst, "send destination");
-  s_->stream->run_blocking({.kind = OpKind::Send,
-                            .in = buf,
-                            .n = n,
-                            .dtype = dtype,
-                            .wire = dtype,
-                            .peer = dst,
-                            .tag = tag});
+  s_->stream->run_blocking(send_op(*s_, buf, n, dtype, dst, tag));
 }
 
 void Communicator::recv(void* buf, size_t n, DType dtype, int src, int tag) {
-  check_buffer(*s_, buf, n, "recv");
-  check_rank(*s_, src, "recv source");
-  s_->stream->run_blocking({.kind = OpKind::Recv,
-                            .out = buf,
-                            .n = n,
-                            .dtype = dtype,
-                            .wire = dtype,
-                            .peer = src,
-                            .tag = tag});
+  s_->stream->run_blocking(recv_op(*s_, buf, n, dtype, src, tag));
 }
 
 void Communicator::barrier() {
   s_->stream->run_blocking({.kind = OpKind::Barrier});
+}
+
+Handle Communicator::send_async(const void* buf, size_t n, DType dtype, int dst, int tag) {
+  return enqueue(send_op(*s_, buf, n, dtype, dst, tag));
+}
+
+Handle Communicator::recv_async(void* buf, size_t n, DType dtype, int src, int tag) {
+  return enqueue(recv_op(*s_, buf, n, dtype, src, tag));
+}
+
+Handle Communicator::barrier_async() {
+  return enqueue({.kind = OpKind::Barrier});
 }
 
 void Communicator::synchronize() {

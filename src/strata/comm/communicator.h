@@ -96,6 +96,11 @@ class Communicator {
                               DType wire);
   Handle all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype);
   Handle broadcast_async(void* buf, size_t n, DType dtype, int root);
+  // Point-to-point and barrier run in issue order like the collectives: pair sends and receives
+  // across ranks as the blocking forms would be paired.
+  Handle send_async(const void* buf, size_t n, DType dtype, int dst, int tag);
+  Handle recv_async(void* buf, size_t n, DType dtype, int src, int tag);
+  Handle barrier_async();
 
   // Blocks until every operation issued so far has completed.
   void synchronize();

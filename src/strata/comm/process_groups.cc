@@ -1,8 +1,34 @@
+#include <string>
+#include <vector>
+
 #include "strata/comm/communicator.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
 
 namespace strata::comm {
+
+namespace {
+
+// Tensor-parallel ranks exchange activations every layer: they must share a host. Checked on
+// the real placement (host names gathered from every rank), whatever launched the job.
+void check_tp_groups_on_one_host(const RankGrid& grid, MPI_Comm world) {
+  constexpr int kLen = 256;
+  std::string mine = host_name();
+  mine.resize(kLen - 1, '\0');
+  std::vector<char> all(size_t(grid.world()) * kLen);
+  STRATA_MPI_CHECK(MPI_Allgather(mine.c_str(), kLen, MPI_CHAR, all.data(), kLen, MPI_CHAR, world));
+  auto host = [&](int r) { return std::string(all.data() + size_t(r) * kLen); };
+  for (const std::vector<int>& g : grid.groups(Axis::TP)) {
+    for (int r : g) {
+      STRATA_INPUT_CHECK(host(r) == host(g.front()), "tensor-parallel group of ranks ", g.front(),
+                         "..", g.back(), " spans hosts ", host(g.front()), " and ", host(r),
+                         "; give every host a multiple of parallelism.tensor=", grid.tp(),
+                         " ranks (slots) or choose an order with tp fastest");
+    }
+  }
+}
+
+}  // namespace
 
 ProcessGroups::ProcessGroups(const RankGrid& grid, MPI_Comm world) : grid_(grid) {
   int rank = 0, size = 0;
@@ -11,6 +37,7 @@ ProcessGroups::ProcessGroups(const RankGrid& grid, MPI_Comm world) : grid_(grid)
   STRATA_INPUT_CHECK(size == grid.world(), "the rank grid (dp ", grid.dp(), " x tp ", grid.tp(),
                      " x pp ", grid.pp(), ") needs ", grid.world(), " processes but ", size,
                      " were launched; launch ", grid.world(), " or change parallelism");
+  if (grid.tp() > 1) check_tp_groups_on_one_host(grid, world);
   coord_ = grid.coord(rank);
   world_ = std::make_unique<Communicator>(world, "world");
   for (Axis a : {Axis::DP, Axis::TP, Axis::PP}) {
