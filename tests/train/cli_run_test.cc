@@ -157,6 +157,18 @@ TEST_F(CliRunTest, LaunchOnTwoRanksMatchesOneProcess) {
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << i;
 }
 
+TEST_F(CliRunTest, PlainMpirunWorksToo) {
+  const std::string cmd = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np 2 -x "
+                          "OMP_NUM_THREADS=1 '" +
+                          std::string(STRATA_BINARY) + "' train --config " + dir_ +
+                          "/tiny.json --data " + dir_ + "/good.bin --steps 3 --run-dir " + dir_ +
+                          "/mpi --set train_micro_batch_size_per_gpu=2 --set "
+                          "gradient_accumulation_steps=1 >/dev/null 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
+  EXPECT_EQ(losses(dir_ + "/mpi").size(), 3u);  // rank 0 alone writes metrics
+}
+
 TEST_F(CliRunTest, LaunchReturnsTheJobsExitCode) {
   std::string err;
   EXPECT_EQ(run("launch -n 2 -- train --config " + dir_ + "/missing.json", &err), 2) << err;
