@@ -110,7 +110,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--dtype", args->dtypes, "fp32, bf16 and/or fp16")->capture_default_str();
   cmd->add_option("--micro-batch,-b", args->micro_batch, "micro-batch size")->capture_default_str();
   cmd->add_option("--seq-len,-t", args->seq_len, "sequence length (default: the preset's)");
-  cmd->add_option("--steps", args->steps, "timed steps")->capture_default_str();
+  cmd->add_option("--steps", args->steps, "timed steps")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
   cmd->add_option("--warmup", args->warmup, "untimed steps first")->capture_default_str();
   cmd->add_option("--overlap", args->overlap, "data parallel: overlap_comm on|off")
       ->check(CLI::IsMember({"on", "off"}))

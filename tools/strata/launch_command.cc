@@ -48,12 +48,18 @@ int run_launch(const LaunchArgs& a) {
   STRATA_INPUT_CHECK(!a.command.empty(),
                      "nothing to launch: give the strata command after --, e.g. "
                      "strata launch -n 4 -- train --config c.json");
+  // Threads per rank: --threads, else the user's OMP_NUM_THREADS, else this host's hardware
+  // threads shared by the ranks (ranks that each use every core slow each other down).
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = a.threads > 0 ? a.threads : std::max(1, cores / a.n);
+  const char* env_threads = std::getenv("OMP_NUM_THREADS");
+  const int threads = a.threads > 0                               ? a.threads
+                      : env_threads && std::atoi(env_threads) > 0 ? std::atoi(env_threads)
+                                                                  : std::max(1, cores / a.n);
   std::vector<std::string> argv = {"mpirun", "-np", std::to_string(a.n), "--bind-to", "none"};
   if (!a.hostfile.empty()) {
     argv.insert(argv.end(), {"--hostfile", a.hostfile});
-  } else if (a.n > cores) {
+  } else {
+    // One host: OpenMPI counts physical cores as slots, so allow more ranks than that.
     argv.push_back("--oversubscribe");
   }
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <string>
 
 #include "strata/comm/mpi_runtime.h"
@@ -44,14 +45,13 @@ int main(int argc, char** argv) {
   try {
     if (launched_by_mpi()) strata::comm::init(&argc, &argv);
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);  // prints the problem and the usage
+    // Help, or a bad command line: CLI11 prints it (once, from rank 0 under MPI).
+    const int code = strata::comm::world_rank() == 0 ? app.exit(e) : e.get_exit_code();
     if (strata::comm::initialized()) strata::comm::finalize();
-    return 2;
+    return code == 0 ? 0 : 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    return fail(2, "error: ", e.what());  // a path the user gave cannot be used
   } catch (const strata::InputError& e) {
     return fail(2, "error: ", e.what());
   } catch (const std::exception& e) {

@@ -59,6 +59,9 @@ class Buffer {
   }
   size_t bytes() const { return bytes_; }
   MemCategory category() const { return category_; }
+  // Gives the allocation up without freeing it: for memory another thread may still write while
+  // the process is dying (a collective in flight when an error unwinds the stack).
+  void leak() { data_ = nullptr, bytes_ = 0; }
 
  private:
   void release();

@@ -72,7 +72,11 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // An error mid-step can leave buckets queued on the communication thread, which would go on
+  // writing into the gradients: leave that memory to it; the job is being aborted.
+  if (grad_sync_ && grad_sync_->in_flight()) grads_.leak();
+}
 
 void Engine::zero_grads() {
   std::memset(grads_.data(), 0, grads_.bytes());

@@ -44,6 +44,13 @@ void GradSync::unit_done(int unit) {
   while (next_ < buckets_.size() && buckets_[next_].begin >= done_floor_) issue(next_++);
 }
 
+bool GradSync::in_flight() const {
+  for (const comm::Handle& h : pending_) {
+    if (!h.done()) return true;
+  }
+  return false;
+}
+
 void GradSync::finish() {
   STRATA_CHECK(armed_, "GradSync::finish without begin_boundary");
   const auto t0 = std::chrono::steady_clock::now();

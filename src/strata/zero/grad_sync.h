@@ -36,6 +36,8 @@ class GradSync final : public UnitHook {
     int64_t begin, end;  // element range in the flat buffer
   };
   const std::vector<Bucket>& buckets() const { return buckets_; }
+  // Whether a bucket's reduction may still be running (an error interrupted the step).
+  bool in_flight() const;
   // Seconds finish() spent waiting for communication in the last step: the exposed part.
   double exposed_seconds() const { return exposed_s_; }
 
