@@ -158,15 +158,45 @@ TEST_F(CliRunTest, LaunchOnTwoRanksMatchesOneProcess) {
 }
 
 TEST_F(CliRunTest, PlainMpirunWorksToo) {
-  const std::string cmd = "mpirun --oversubscribe --bind-to none --allow-run-as-root -np 2 -x "
-                          "OMP_NUM_THREADS=1 '" +
-                          std::string(STRATA_BINARY) + "' train --config " + dir_ +
-                          "/tiny.json --data " + dir_ + "/good.bin --steps 3 --run-dir " + dir_ +
-                          "/mpi --set train_micro_batch_size_per_gpu=2 --set "
-                          "gradient_accumulation_steps=1 >/dev/null 2>&1";
+  const std::string cmd =
+      "mpirun --oversubscribe --bind-to none --allow-run-as-root -np 2 -x "
+      "OMP_NUM_THREADS=1 '" +
+      std::string(STRATA_BINARY) + "' train --config " + dir_ + "/tiny.json --data " + dir_ +
+      "/good.bin --steps 3 --run-dir " + dir_ +
+      "/mpi --set train_micro_batch_size_per_gpu=2 --set "
+      "gradient_accumulation_steps=1 >/dev/null 2>&1";
   const int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << cmd;
   EXPECT_EQ(losses(dir_ + "/mpi").size(), 3u);  // rank 0 alone writes metrics
+}
+
+TEST_F(CliRunTest, LaunchWithAHostfile) {
+  write(dir_ + "/hosts", "# one host\nlocalhost slots=2\n");
+  std::string err;
+  ASSERT_EQ(run("launch -n 2 --hostfile " + dir_ + "/hosts -- train --config " + dir_ +
+                    "/tiny.json --data " + dir_ + "/good.bin --steps 2 --run-dir " + dir_ +
+                    "/h --set train_micro_batch_size_per_gpu=2 --set gradient_accumulation_steps=1",
+                &err),
+            0)
+      << err;
+  EXPECT_EQ(losses(dir_ + "/h").size(), 2u);
+}
+
+TEST_F(CliRunTest, TopologyRefusesTensorGroupsAcrossHosts) {
+  write(dir_ + "/tp4.json",
+        R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "gpt2-tiny"},
+            "parallelism": {"tensor": 4}})");
+  write(dir_ + "/two_hosts", "a slots=2\nb slots=2\n");
+  write(dir_ + "/four_slots", "a slots=4\nb slots=4\n");
+  std::string err;
+  EXPECT_EQ(
+      run("topology --config " + dir_ + "/tp4.json -n 4 --hostfile " + dir_ + "/two_hosts", &err),
+      2);
+  EXPECT_NE(err.find("spans hosts"), std::string::npos) << err;
+  EXPECT_EQ(
+      run("topology --config " + dir_ + "/tp4.json -n 8 --hostfile " + dir_ + "/four_slots", &err),
+      0)
+      << err;
 }
 
 TEST_F(CliRunTest, LaunchReturnsTheJobsExitCode) {

@@ -53,8 +53,8 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
       format_bytes(mem).c_str(), s.skipped ? " | skipped (overflow)" : "");
   std::string line = buf;
   if (breakdown) {
-    std::snprintf(buf, sizeof buf, " | fwd %.3fs bwd %.3fs step %.3fs", s.forward_s, s.backward_s,
-                  s.optimizer_s);
+    std::snprintf(buf, sizeof buf, " | fwd %.3fs bwd %.3fs comm %.3fs step %.3fs", s.forward_s,
+                  s.backward_s, s.comm_exposed_s, s.optimizer_s);
     line += buf;
   }
   return line;
@@ -84,6 +84,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
   j["forward_s"] = s.forward_s;
   j["backward_s"] = s.backward_s;
   j["optimizer_s"] = s.optimizer_s;
+  j["comm_exposed_s"] = s.comm_exposed_s;
   j["tokens_per_s"] = s.tokens_per_s;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;

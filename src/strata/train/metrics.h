@@ -14,7 +14,8 @@ namespace strata {
 // uses n = 2048; training uses 1024 to keep start-up quick.
 double measured_matmul_peak_gflops(DType dtype, int n);
 
-// With `breakdown` (wall_clock_breakdown) the line ends with forward/backward/optimizer times.
+// With `breakdown` (wall_clock_breakdown) the line ends with forward, backward, exposed
+// gradient communication and optimizer times.
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
                           bool breakdown);
 
