@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -197,6 +198,24 @@ TEST_F(CliRunTest, TopologyRefusesTensorGroupsAcrossHosts) {
       run("topology --config " + dir_ + "/tp4.json -n 8 --hostfile " + dir_ + "/four_slots", &err),
       0)
       << err;
+}
+
+TEST_F(CliRunTest, AFailureOnOneRankAbortsTheWholeJob) {
+  // Only rank 0 writes metrics: a run directory it cannot create fails rank 0 alone, while rank
+  // 1 is already waiting in the first step's collectives. The job must end, not hang.
+  write(dir_ + "/plainfile", "x");
+  std::string err;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(run("launch -n 2 -- train --config " + dir_ + "/tiny.json --data " + dir_ +
+                    "/good.bin --steps 3 --set train_micro_batch_size_per_gpu=2 --set "
+                    "gradient_accumulation_steps=1 --run-dir " +
+                    dir_ + "/plainfile/run",
+                &err),
+            2)
+      << err;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_NE(err.find("rank 0"), std::string::npos) << err;
+  EXPECT_NE(err.find("plainfile"), std::string::npos) << err;
 }
 
 TEST_F(CliRunTest, LaunchReturnsTheJobsExitCode) {
