@@ -11,12 +11,14 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/mpi_runtime.h"
+#include "strata/core/memory.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/zero/grad_sync.h"
+#include "strata/zero/zero1.h"
 
 namespace strata {
 namespace {
@@ -100,6 +102,87 @@ TEST_F(DataParallel, EveryLayoutGivesTheSingleProcessLosses) {
       }
     }
   }
+}
+
+TEST_F(DataParallel, ZeroStage1GivesTheSingleProcessLosses) {
+  const int dp = world_->size();
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    auto j = config(preset);
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
+    const std::vector<double> ref = losses(j, nullptr);
+    for (int gas : {1, 8}) {
+      for (bool overlap : {true, false}) {
+        auto k = config(preset);
+        k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
+        k["gradient_accumulation_steps"] = gas;
+        k["zero_optimization"] = {{"stage", 1}, {"overlap_comm", overlap}};
+        const std::vector<double> got = losses(k, world_.get());
+        for (int s = 0; s < kSteps; ++s) {
+          EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
+              << preset << " stage 1 dp=" << dp << " gas=" << gas << " overlap=" << overlap
+              << " step " << s;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(DataParallel, ZeroStage1PartitionsMasterAndOptimizerState) {
+  const int dp = world_->size();
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    auto j = config(preset);
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
+    j["bf16"] = {{"enabled", true}};
+    j["zero_optimization"] = {{"stage", 1}};
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, dp);
+    MemoryTracker& mem = MemoryTracker::instance();
+    const size_t master0 = mem.current(MemCategory::MasterParams);
+    const size_t state0 = mem.current(MemCategory::OptimizerState);
+    Engine engine(cfg, dataset_.get(), world_.get());
+    EXPECT_EQ(engine.zero1(), dp > 1);
+    const ModelSpec& spec = engine.spec();
+    EXPECT_EQ(spec.numel % dp, 0);
+    for (const UnitSpec& u : spec.units) EXPECT_EQ(u.numel % dp, 0) << u.name;
+    const size_t master = mem.current(MemCategory::MasterParams) - master0;
+    const size_t state = mem.current(MemCategory::OptimizerState) - state0;
+    // fp32 master (4) + Adam m and v (4 + 4) bytes per owned element: 12·Ψ_padded/dp.
+    EXPECT_EQ(master + state, size_t(12 * spec.numel / dp)) << preset << " dp=" << dp;
+    EXPECT_EQ(master, size_t(4 * spec.numel / dp)) << preset;
+    // A step keeps the padding zero on every rank and the parameters equal across ranks.
+    engine.train_batch();
+    const bf16* p = static_cast<const bf16*>(engine.params());
+    for (const UnitSpec& u : spec.units) {
+      const ParamSpec& last = spec.params[size_t(u.params.back())];
+      for (int64_t i = last.offset + last.numel(); i < u.offset + u.numel; ++i) {
+        EXPECT_EQ(to_f32(p[i]), 0.0f) << u.name << " padding element " << i;
+      }
+    }
+    std::vector<float> mine(size_t(spec.numel)), first(size_t(spec.numel));
+    for (int64_t i = 0; i < spec.numel; ++i) mine[size_t(i)] = to_f32(p[i]);
+    first = mine;
+    world_->broadcast(first.data(), first.size(), DType::F32, 0);
+    EXPECT_EQ(mine, first) << preset << ": the parameters differ from rank 0's";
+  }
+}
+
+TEST_F(DataParallel, AlignedSpecPadsUnitsAndKeepsParameters) {
+  Config cfg = parse_config(config("gpt2-tiny"));
+  const ModelSpec plain = build_model_spec(cfg.model);
+  const ModelSpec aligned = build_model_spec(cfg.model, 7);
+  EXPECT_EQ(plain.numel, plain.param_numel);
+  EXPECT_EQ(aligned.param_numel, plain.param_numel);
+  EXPECT_GT(aligned.numel, plain.numel);
+  int64_t next = 0;
+  for (const UnitSpec& u : aligned.units) {
+    EXPECT_EQ(u.offset, next);
+    EXPECT_EQ(u.numel % 7, 0) << u.name;
+    EXPECT_LT(u.numel - (aligned.params[size_t(u.params.back())].offset +
+                         aligned.params[size_t(u.params.back())].numel() - u.offset),
+              7);
+    next = u.offset + u.numel;
+  }
+  EXPECT_EQ(next, aligned.numel);
 }
 
 TEST_F(DataParallel, BucketsTileTheGradientBufferFromTheEnd) {

@@ -91,7 +91,7 @@ void run_bench(const BenchArgs& a) {
         "bench model=%s dtype=%s params=%lld B=%lld T=%d threads=%d | step_s=%.3f "
         "tokens_per_s=%.0f achieved_gflops=%.1f peak_gflops=%.1f mfu=%.1f%% peak_mem=%s "
         "loss=%.3f ranks=%d comm_exposed_s=%.3f\n",
-        a.model.c_str(), dtype_name(dtype), static_cast<long long>(engine.spec().numel),
+        a.model.c_str(), dtype_name(dtype), static_cast<long long>(engine.spec().param_numel),
         static_cast<long long>(a.micro_batch), cfg.model.seq_len, omp_get_max_threads(),
         med.seconds, med.tokens_per_s, med.flops / med.seconds / 1e9, peak,
         100.0 * med.flops / med.seconds / 1e9 / peak / world, format_bytes(mem).c_str(), med.loss,

@@ -109,7 +109,7 @@ void run_train(const TrainArgs& a) {
         "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
         "accumulation %lld x dp %d | data %s (%lld tokens) | %s peak matmul %.0f GFLOP/s\n",
         cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
-        static_cast<long long>(engine.spec().numel), dtype_name(pt), cfg.model.layers,
+        static_cast<long long>(engine.spec().param_numel), dtype_name(pt), cfg.model.layers,
         cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
         static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
         static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), data_path.c_str(),

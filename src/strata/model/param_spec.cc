@@ -24,11 +24,21 @@ namespace {
 
 struct Builder {
   ModelSpec spec;
-  void begin_unit(std::string name) { spec.units.push_back({std::move(name), spec.numel, 0, {}}); }
+  void end_unit() {
+    if (spec.units.empty()) return;
+    const int64_t pad = (spec.align - spec.units.back().numel % spec.align) % spec.align;
+    spec.units.back().numel += pad;
+    spec.numel += pad;
+  }
+  void begin_unit(std::string name) {
+    end_unit();
+    spec.units.push_back({std::move(name), spec.numel, 0, {}});
+  }
   void add(std::string name, std::vector<int64_t> shape, InitKind init, float std = 0.0f) {
     ParamSpec p{std::move(name), std::move(shape), init, std, init == InitKind::Normal, spec.numel};
     if (p.shape.size() < 2) p.decay = false;
     spec.numel += p.numel();
+    spec.param_numel += p.numel();
     spec.units.back().numel += p.numel();
     spec.units.back().params.push_back(int(spec.params.size()));
     spec.params.push_back(std::move(p));
@@ -37,9 +47,11 @@ struct Builder {
 
 }  // namespace
 
-ModelSpec build_model_spec(const ModelConfig& m) {
+ModelSpec build_model_spec(const ModelConfig& m, int64_t align) {
+  STRATA_CHECK(align >= 1, "the unit alignment must be at least 1, got ", align);
   Builder b;
   b.spec.config = m;
+  b.spec.align = align;
   const int64_t C = m.hidden, V = m.vocab, F = m.ffn_hidden, L = m.layers;
   const int64_t hd = C / m.heads;
   const float s = m.init_std;
@@ -87,6 +99,7 @@ ModelSpec build_model_spec(const ModelConfig& m) {
     b.add("norm.weight", {C}, InitKind::Ones);
   }
   if (!m.tied_embeddings) b.add("lm_head.weight", {V, C}, InitKind::Normal, s);
+  b.end_unit();
   return std::move(b.spec);
 }
 
@@ -106,7 +119,7 @@ void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t beg
 
 double train_flops_per_token(const ModelSpec& spec) {
   const ModelConfig& m = spec.config;
-  return 6.0 * double(spec.numel) + 12.0 * m.layers * m.hidden * double(m.seq_len);
+  return 6.0 * double(spec.param_numel) + 12.0 * m.layers * m.hidden * double(m.seq_len);
 }
 
 }  // namespace strata

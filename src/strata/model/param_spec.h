@@ -26,7 +26,7 @@ struct ParamSpec {
 
 struct UnitSpec {
   std::string name;               // "embedding", "block.3", "head"
-  int64_t offset = 0, numel = 0;  // the unit's range in the flat buffer
+  int64_t offset = 0, numel = 0;  // the unit's range in the flat buffer, padding included
   std::vector<int> params;        // indices into ModelSpec::params
 };
 
@@ -34,17 +34,23 @@ struct ModelSpec {
   ModelConfig config;
   std::vector<ParamSpec> params;
   std::vector<UnitSpec> units;
-  int64_t numel = 0;                                      // total parameter count
+  int64_t numel = 0;        // elements of the flat buffer, padding included
+  int64_t param_numel = 0;  // parameter count (numel without padding)
+  int64_t align = 1;        // every unit's numel is a multiple of this
   const ParamSpec& param(const std::string& name) const;  // throws if absent
 };
 
-ModelSpec build_model_spec(const ModelConfig& m);
+// align: every unit is padded at its end with unused elements (zero, never initialised or
+// updated) up to a multiple of align, so that ZeRO can split each unit into `align` equal
+// contiguous chunks (align = the data-parallel size). align 1 is the unpadded layout.
+ModelSpec build_model_spec(const ModelConfig& m, int64_t align = 1);
 
 // Writes elements [begin, begin+count) of parameter `p`'s initial value (flattened row-major).
 void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin, int64_t count);
 
 // Matmul FLOPs of one training step (forward + backward) per token, the peers' convention:
-// 6·N + 12·L·C·T with N all parameters (as ../peers counts, so MFU figures compare).
+// 6·N + 12·L·C·T with N all parameters (padding excluded) (as ../peers counts, so MFU figures
+// compare).
 double train_flops_per_token(const ModelSpec& spec);
 
 }  // namespace strata

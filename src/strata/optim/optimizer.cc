@@ -6,15 +6,27 @@
 namespace strata {
 
 Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dtype, void* params,
-                     int64_t numel, std::vector<ParamRange> ranges)
+                     int64_t numel, std::vector<ParamRange> ranges, int64_t state_numel)
     : cfg_(c),
       param_dtype_(param_dtype),
       grad_dtype_(grad_dtype),
       params_(params),
       numel_(numel),
+      state_numel_(state_numel < 0 ? numel : state_numel),
+      partitioned_(state_numel >= 0),
       ranges_(std::move(ranges)) {
-  const size_t bytes = size_t(numel) * sizeof(float);
-  if (param_dtype == DType::F32) {
+  for (ParamRange& r : ranges_) {
+    STRATA_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= numel_,
+                 "a parameter range lies outside the flat buffer");
+    if (!partitioned_) {
+      STRATA_CHECK(r.state_offset < 0, "an unpartitioned optimizer takes no state offsets");
+      r.state_offset = r.offset;
+    }
+    STRATA_CHECK(r.state_offset >= 0 && r.state_offset + r.numel <= state_numel_,
+                 "a parameter range lies outside the optimizer state");
+  }
+  const size_t bytes = size_t(state_numel_) * sizeof(float);
+  if (param_dtype == DType::F32 && !partitioned_) {
     master_ = static_cast<float*>(params);  // fp32 training: the parameters are the master copy
   } else {
     master_buf_ = Buffer(MemCategory::MasterParams, bytes);
@@ -26,8 +38,17 @@ Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dty
 }
 
 void Optimizer::publish() {
-  if (param_dtype_ != DType::F32)
-    convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
+  if (!partitioned_) {
+    if (param_dtype_ != DType::F32)
+      convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
+    return;
+  }
+  char* p = static_cast<char*>(params_);
+  const size_t ps = dtype_size(param_dtype_);
+  for (const ParamRange& r : ranges_) {
+    convert(p + size_t(r.offset) * ps, param_dtype_, master_ + r.state_offset, DType::F32,
+            size_t(r.numel));
+  }
 }
 
 namespace {
@@ -35,16 +56,16 @@ namespace {
 template <typename T, typename G>
 void step_range(const OptimizerConfig& c, float* master, T* param, const G* grad, float* m,
                 float* v, const ParamRange& r, float lr, float grad_scale, int64_t step) {
-  const int64_t o = r.offset;
+  const int64_t o = r.offset, so = r.state_offset;
   const float wd = r.decay ? c.weight_decay : 0.0f;
   T* p = param + o;
   if (c.type == "sgd") {
-    kernels::sgd_step(master + o, p, grad + o, m ? m + o : nullptr, size_t(r.numel), lr, c.momentum,
-                      wd, c.nesterov, grad_scale, step);
+    kernels::sgd_step(master + so, p, grad + o, m ? m + so : nullptr, size_t(r.numel), lr,
+                      c.momentum, wd, c.nesterov, grad_scale, step);
   } else {
     const bool adamw = c.type == "adamw" || c.adam_w_mode;
-    kernels::adam_step(master + o, p, grad + o, m + o, v + o, size_t(r.numel), lr, c.beta1, c.beta2,
-                       c.eps, wd, grad_scale, step, adamw);
+    kernels::adam_step(master + so, p, grad + o, m + so, v + so, size_t(r.numel), lr, c.beta1,
+                       c.beta2, c.eps, wd, grad_scale, step, adamw);
   }
 }
 

@@ -1,6 +1,11 @@
 // The optimizer over a flat parameter buffer: fp32 master weights (a separate copy only when the
 // parameters are bf16/fp16), Adam moments or SGD momentum, all in fp32, stepped range by range
 // so weight decay applies only where the model says (matrices, not biases or norm gains).
+//
+// Partitioned (ZeRO stage 1): the fp32 state exists only for the ranges given, packed into
+// state_numel elements at each range's state_offset; parameters and gradients are still
+// addressed by the range's offset in the full flat buffers. The master is always a separate
+// copy then, and only the parameters inside the ranges are written.
 #pragma once
 
 #include <cstdint>
@@ -13,18 +18,22 @@
 namespace strata {
 
 struct ParamRange {
-  int64_t offset, numel;
+  int64_t offset, numel;  // in the flat parameter and gradient buffers
   bool decay;
+  int64_t state_offset = -1;  // in master and moments; -1: equal to offset (unpartitioned)
 };
 
 class Optimizer {
  public:
   // params: numel elements of param_dtype. The caller writes the initial values into master()
-  // (in fp32, unrounded) and calls publish().
+  // (in fp32, unrounded) and calls publish(). state_numel < 0: the state covers the whole flat
+  // buffer (every state_offset must be -1); otherwise the state is partitioned: state_numel
+  // elements, every range with its state_offset.
   Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dtype, void* params,
-            int64_t numel, std::vector<ParamRange> ranges);
+            int64_t numel, std::vector<ParamRange> ranges, int64_t state_numel = -1);
 
-  // Writes the master weights, rounded to the parameter dtype, into the parameters.
+  // Writes the master weights, rounded to the parameter dtype, into the parameters (only the
+  // ranges' elements when partitioned).
   void publish();
 
   // One step at learning rate lr: g = grads * grad_scale (unscaling and clipping folded in).
@@ -36,12 +45,16 @@ class Optimizer {
   float* moment1() { return m_.as<float>(); }
   float* moment2() { return v_.as<float>(); }
   int64_t numel() const { return numel_; }
+  // Elements of master and of each moment: numel() unless partitioned.
+  int64_t state_numel() const { return state_numel_; }
+  bool partitioned() const { return partitioned_; }
 
  private:
   OptimizerConfig cfg_;
   DType param_dtype_, grad_dtype_;
   void* params_;
-  int64_t numel_;
+  int64_t numel_, state_numel_;
+  bool partitioned_;
   std::vector<ParamRange> ranges_;
   Buffer master_buf_, m_, v_;
   float* master_;

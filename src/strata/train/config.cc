@@ -113,7 +113,7 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
     if (one) {
       add("zero_optimization.stage=", z.stage,
           " is honoured trivially at 1 process: partitioning over one rank changes nothing");
-    } else {
+    } else if (z.stage > 1) {
       add("zero_optimization.stage=", z.stage,
           " is not yet in effect: every data-parallel rank holds all model states (stage 0); "
           "gradients are all-reduced");

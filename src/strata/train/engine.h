@@ -25,6 +25,7 @@ namespace comm {
 class Communicator;
 }  // namespace comm
 class GradSync;
+class Zero1Sync;
 
 struct StepMetrics {
   int64_t step = 0;   // optimizer steps attempted so far (1-based)
@@ -61,9 +62,12 @@ class Engine {
   const ModelSpec& spec() const { return spec_; }
   const Config& config() const { return cfg_; }
   int64_t consumed_samples() const { return consumed_samples_; }
-  // The current parameters (param dtype) and the fp32 master copy, flat in ModelSpec order.
+  // The current parameters (param dtype) and the fp32 master copy, flat in ModelSpec order
+  // (under ZeRO stage 1 the master holds only this rank's owned chunks, packed).
   const void* params() const { return params_.data(); }
   const float* master() { return optimizer_->master(); }
+  // Whether ZeRO stage 1 partitions the optimizer states (stage 1 with more than one dp rank).
+  bool zero1() const { return zero1_ != nullptr; }
   Transformer& model() { return *model_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only).
@@ -84,7 +88,8 @@ class Engine {
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
   comm::Communicator* dp_ = nullptr;
   int dp_rank_ = 0, dp_size_ = 1;
-  std::unique_ptr<GradSync> grad_sync_;
+  std::unique_ptr<GradSync> grad_sync_;  // stage 0 (and 2, 3 until they are in effect)
+  std::unique_ptr<Zero1Sync> zero1_;     // stage 1
   int64_t consumed_samples_ = 0;
   int64_t step_ = 0;
   double flops_per_token_ = 0.0;
