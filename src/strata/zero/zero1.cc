@@ -31,6 +31,7 @@ Zero1Sync::Zero1Sync(comm::Communicator& dp, const ModelSpec& spec, void* grads,
     owned_numel_ += chunk;
   }
   pending_.resize(units_.size());
+  gathers_.resize(units_.size());
   numel_ = done_floor_ = spec.numel;
 }
 
@@ -59,8 +60,10 @@ void Zero1Sync::unit_done(int unit) {
 }
 
 bool Zero1Sync::in_flight() const {
-  for (const comm::Handle& h : pending_) {
-    if (!h.done()) return true;
+  for (const auto* handles : {&pending_, &gathers_}) {
+    for (const comm::Handle& h : *handles) {
+      if (!h.done()) return true;
+    }
   }
   return false;
 }
@@ -98,15 +101,14 @@ double Zero1Sync::owned_sum_squares() const {
 void Zero1Sync::gather_params(void* params, DType param_dtype) {
   char* p = static_cast<char*>(params);
   const size_t es = dtype_size(param_dtype);
-  std::vector<comm::Handle> handles;
-  handles.reserve(units_.size());
-  for (const UnitSpec& u : units_) {
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const UnitSpec& u = units_[i];
     const int64_t chunk = u.numel / size_;
     char* out = p + size_t(u.offset) * es;
-    handles.push_back(
-        dp_.all_gather_async(out + size_t(rank_ * chunk) * es, out, size_t(chunk), param_dtype));
+    gathers_[i] =
+        dp_.all_gather_async(out + size_t(rank_ * chunk) * es, out, size_t(chunk), param_dtype);
   }
-  for (comm::Handle& h : handles) h.wait();
+  for (comm::Handle& h : gathers_) h.wait();
 }
 
 }  // namespace strata

@@ -62,7 +62,8 @@ class Zero1Sync final : public UnitHook {
   std::vector<UnitSpec> units_;
   std::vector<ParamRange> owned_ranges_;
   int64_t owned_numel_ = 0;
-  std::vector<comm::Handle> pending_;  // one per unit
+  std::vector<comm::Handle> pending_;  // reduce-scatters, one per unit
+  std::vector<comm::Handle> gathers_;  // all-gathers, one per unit; reused every step
   size_t next_ = 0;                    // issued units so far, counting from the last
   int64_t done_floor_ = 0;             // every element at or above this offset is final
   int64_t numel_ = 0;
