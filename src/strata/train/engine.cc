@@ -16,18 +16,6 @@ namespace strata {
 
 namespace {
 
-double grad_sum_squares(const void* g, DType t, size_t n) {
-  switch (t) {
-    case DType::F32:
-      return kernels::sum_squares(static_cast<const float*>(g), n);
-    case DType::BF16:
-      return kernels::sum_squares(static_cast<const bf16*>(g), n);
-    case DType::F16:
-      return kernels::sum_squares(static_cast<const f16*>(g), n);
-  }
-  return 0.0;
-}
-
 // ZeRO stage 1 partitions every unit into dp chunks: units are padded to a multiple of dp.
 bool zero1_in_effect(const Config& cfg, const comm::Communicator* dp) {
   return cfg.zero.stage == 1 && dp != nullptr && dp->size() > 1;
@@ -181,7 +169,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     dp_->all_reduce(&owned, 1, DType::F32, DType::F32);
     sumsq = owned;
   } else {
-    sumsq = grad_sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
+    sumsq = kernels::sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
   }
   s.grad_norm = std::sqrt(sumsq) / scaler_.scale();
   const bool overflow = !std::isfinite(sumsq);

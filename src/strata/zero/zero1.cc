@@ -82,18 +82,8 @@ double Zero1Sync::owned_sum_squares() const {
   double sum = 0.0;
   for (const UnitSpec& u : units_) {
     const int64_t chunk = u.numel / size_;
-    const void* g = grads_ + size_t(u.offset + rank_ * chunk) * es;
-    switch (grad_dtype_) {
-      case DType::F32:
-        sum += kernels::sum_squares(static_cast<const float*>(g), size_t(chunk));
-        break;
-      case DType::BF16:
-        sum += kernels::sum_squares(static_cast<const bf16*>(g), size_t(chunk));
-        break;
-      case DType::F16:
-        sum += kernels::sum_squares(static_cast<const f16*>(g), size_t(chunk));
-        break;
-    }
+    sum += kernels::sum_squares(grads_ + size_t(u.offset + rank_ * chunk) * es, grad_dtype_,
+                                size_t(chunk));
   }
   return sum;
 }

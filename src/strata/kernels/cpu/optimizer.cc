@@ -117,4 +117,16 @@ void scale_inplace(G* g, size_t n, float s) {
 STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 STRATA_FOR_EACH_S(INSTANTIATE_G)
 
+double sum_squares(const void* g, DType dtype, size_t n) {
+  switch (dtype) {
+    case DType::F32:
+      return sum_squares(static_cast<const float*>(g), n);
+    case DType::BF16:
+      return sum_squares(static_cast<const bf16*>(g), n);
+    case DType::F16:
+      return sum_squares(static_cast<const f16*>(g), n);
+  }
+  return 0.0;
+}
+
 }  // namespace strata::kernels

@@ -31,6 +31,8 @@ void sgd_step(float* master, S* param, const G* grad, float* buf, size_t n, floa
 // the result does not depend on the number of threads. NaN and Inf propagate.
 template <typename G>
 double sum_squares(const G* g, size_t n);
+// The same over a buffer whose dtype is known only at run time.
+double sum_squares(const void* g, DType dtype, size_t n);
 
 // g (n) ·= s.
 template <typename G>
