@@ -18,7 +18,7 @@
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/zero/grad_sync.h"
-#include "strata/zero/zero1.h"
+#include "strata/zero/zero_sync.h"
 
 namespace strata {
 namespace {
@@ -104,65 +104,102 @@ TEST_F(DataParallel, EveryLayoutGivesTheSingleProcessLosses) {
   }
 }
 
-TEST_F(DataParallel, ZeroStage1GivesTheSingleProcessLosses) {
+// ZeRO layouts: stages 1-2 with overlap_comm on and off; stage 3 with every unit gathered
+// (persistence threshold 0) with and without prefetch, and with the default thresholds (small
+// units kept whole).
+std::vector<nlohmann::json> zero_layouts() {
+  std::vector<nlohmann::json> out;
+  for (int stage : {1, 2}) {
+    for (bool overlap : {true, false}) {
+      out.push_back({{"stage", stage}, {"overlap_comm", overlap}});
+    }
+  }
+  out.push_back({{"stage", 3},
+                 {"overlap_comm", false},
+                 {"stage3_param_persistence_threshold", 0},
+                 {"stage3_prefetch_bucket_size", 1}});
+  out.push_back({{"stage", 3},
+                 {"stage3_param_persistence_threshold", 0},
+                 {"stage3_prefetch_bucket_size", 40000},
+                 {"stage3_max_reuse_distance", 0}});
+  out.push_back({{"stage", 3}});
+  return out;
+}
+
+TEST_F(DataParallel, ZeroStagesGiveTheSingleProcessLosses) {
   const int dp = world_->size();
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     auto j = config(preset);
     j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
     const std::vector<double> ref = losses(j, nullptr);
     for (int gas : {1, 8}) {
-      for (bool overlap : {true, false}) {
+      for (const nlohmann::json& zero : zero_layouts()) {
         auto k = config(preset);
         k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
         k["gradient_accumulation_steps"] = gas;
-        k["zero_optimization"] = {{"stage", 1}, {"overlap_comm", overlap}};
+        k["zero_optimization"] = zero;
         const std::vector<double> got = losses(k, world_.get());
         for (int s = 0; s < kSteps; ++s) {
           EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
-              << preset << " stage 1 dp=" << dp << " gas=" << gas << " overlap=" << overlap
-              << " step " << s;
+              << preset << " dp=" << dp << " gas=" << gas << " " << zero.dump() << " step " << s;
         }
       }
     }
   }
 }
 
-TEST_F(DataParallel, ZeroStage1PartitionsMasterAndOptimizerState) {
+// MiCS: shard within groups of dp/2 ranks, replicate across the two groups.
+TEST_F(DataParallel, HierarchicalShardingGivesTheSingleProcessLosses) {
   const int dp = world_->size();
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
-    auto j = config(preset);
+  if (dp < 2) GTEST_SKIP() << "needs two shard groups";
+  auto j = config("gpt2-tiny");
+  j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
+  const std::vector<double> ref = losses(j, nullptr);
+  for (int stage : {1, 2, 3}) {
+    for (int gas : {1, 8}) {
+      auto k = config("gpt2-tiny");
+      k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
+      k["gradient_accumulation_steps"] = gas;
+      k["zero_optimization"] = {
+          {"stage", stage}, {"mics_shard_size", dp / 2}, {"stage3_param_persistence_threshold", 0}};
+      const std::vector<double> got = losses(k, world_.get());
+      for (int s = 0; s < kSteps; ++s) {
+        EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
+            << "mics " << dp / 2 << " stage " << stage << " gas=" << gas << " step " << s;
+      }
+    }
+  }
+}
+
+TEST_F(DataParallel, ZeroKeepsPaddingZeroAndRanksIdentical) {
+  const int dp = world_->size();
+  for (int stage : {1, 2, 3}) {
+    auto j = config("llama-tiny");
     j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
     j["bf16"] = {{"enabled", true}};
-    j["zero_optimization"] = {{"stage", 1}};
+    j["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 0}};
     Config cfg = parse_config(j);
     resolve_batch(cfg, dp);
-    MemoryTracker& mem = MemoryTracker::instance();
-    const size_t master0 = mem.current(MemCategory::MasterParams);
-    const size_t state0 = mem.current(MemCategory::OptimizerState);
     Engine engine(cfg, dataset_.get(), world_.get());
-    EXPECT_EQ(engine.zero1(), dp > 1);
+    ASSERT_NE(engine.zero(), nullptr);
     const ModelSpec& spec = engine.spec();
     EXPECT_EQ(spec.numel % dp, 0);
     for (const UnitSpec& u : spec.units) EXPECT_EQ(u.numel % dp, 0) << u.name;
-    const size_t master = mem.current(MemCategory::MasterParams) - master0;
-    const size_t state = mem.current(MemCategory::OptimizerState) - state0;
-    // fp32 master (4) + Adam m and v (4 + 4) bytes per owned element: 12·Ψ_padded/dp.
-    EXPECT_EQ(master + state, size_t(12 * spec.numel / dp)) << preset << " dp=" << dp;
-    EXPECT_EQ(master, size_t(4 * spec.numel / dp)) << preset;
-    // A step keeps the padding zero on every rank and the parameters equal across ranks.
+    EXPECT_EQ(engine.params() == nullptr, stage == 3);
     engine.train_batch();
-    const bf16* p = static_cast<const bf16*>(engine.params());
+    std::vector<bf16> p(size_t(spec.numel));
+    engine.gather_params(p.data());
     for (const UnitSpec& u : spec.units) {
       const ParamSpec& last = spec.params[size_t(u.params.back())];
       for (int64_t i = last.offset + last.numel(); i < u.offset + u.numel; ++i) {
-        EXPECT_EQ(to_f32(p[i]), 0.0f) << u.name << " padding element " << i;
+        EXPECT_EQ(to_f32(p[size_t(i)]), 0.0f) << u.name << " padding element " << i;
       }
     }
-    std::vector<float> mine(size_t(spec.numel)), first(size_t(spec.numel));
-    for (int64_t i = 0; i < spec.numel; ++i) mine[size_t(i)] = to_f32(p[i]);
-    first = mine;
+    std::vector<float> mine(size_t(spec.numel));
+    for (int64_t i = 0; i < spec.numel; ++i) mine[size_t(i)] = to_f32(p[size_t(i)]);
+    std::vector<float> first = mine;
     world_->broadcast(first.data(), first.size(), DType::F32, 0);
-    EXPECT_EQ(mine, first) << preset << ": the parameters differ from rank 0's";
+    EXPECT_EQ(mine, first) << "stage " << stage << ": the parameters differ from rank 0's";
   }
 }
 

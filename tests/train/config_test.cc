@@ -601,14 +601,16 @@ TEST(Config, RuntimeBlocksAndNotices) {
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"wandb", {{"entity", "x"}}}})),
                        "unknown key 'wandb.entity'"));
 
-  // At more than one process ZeRO stages 2 and 3 are not yet in effect, and say so; stage 1 is.
-  Config z = parse_config(with(kMinimal, {{"zero_optimization", {{"stage", 2}}}}));
-  EXPECT_TRUE(any_contains(config_notices(z, 4), "zero_optimization.stage=2 is not yet in effect"));
-  Config z3 = parse_config(with(kMinimal, {{"zero_optimization", {{"stage", 3}}}}));
-  EXPECT_TRUE(
-      any_contains(config_notices(z3, 4), "zero_optimization.stage=3 is not yet in effect"));
-  Config z1 = parse_config(with(kMinimal, {{"zero_optimization", {{"stage", 1}}}}));
-  EXPECT_FALSE(any_contains(config_notices(z1, 4), "zero_optimization.stage="));
+  // At more than one process every ZeRO stage is in effect: no notice; MiCS at stage 0 says it
+  // does nothing.
+  for (int stage : {1, 2, 3}) {
+    Config z = parse_config(with(kMinimal, {{"zero_optimization", {{"stage", stage}}}}));
+    EXPECT_FALSE(any_contains(config_notices(z, 4), "zero_optimization.stage=")) << stage;
+  }
+  Config m0 = parse_config(with(kMinimal, {{"zero_optimization", {{"mics_shard_size", 2}}}}));
+  EXPECT_TRUE(any_contains(config_notices(m0, 4), "mics_shard_size=2 has no effect at stage 0"));
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", {{"mics_shard_size", 0}}}})),
+                       "mics_shard_size"));
 }
 
 TEST(Config, StrictJson) {

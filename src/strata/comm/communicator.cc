@@ -21,7 +21,8 @@ struct CommState {
   std::string name;
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  Buffer scratch;  // wire-format copies; used only on the comm thread
+  Buffer scratch;           // wire-format copies; used only on the comm thread
+  uint64_t wire_bytes = 0;  // see Communicator::wire_bytes(); written by the issuing thread
   std::unique_ptr<CommStream> stream;
 };
 
@@ -295,8 +296,51 @@ Op broadcast_op(const CommState& s, void* buf, size_t n, DType dtype, int root) 
 
 }  // namespace
 
+namespace {
+
+// Bytes one rank sends for op under bandwidth-optimal algorithms (DeepSpeed's and the ZeRO
+// paper's accounting): ring all-reduce 2(N-1)/N of the buffer, reduce-scatter and all-gather
+// (N-1)/N of the whole (N blocks), broadcast (N-1)/N (pipelined), point-to-point the message.
+uint64_t wire_bytes_of(const CommState& s, const Op& op) {
+  const uint64_t N = uint64_t(s.size);
+  const uint64_t w = dtype_size(op.wire), n = op.n;
+  switch (op.kind) {
+    case OpKind::AllReduce:
+      return 2 * (N - 1) * n * w / N;
+    case OpKind::ReduceScatter:
+    case OpKind::AllGather:
+      return (N - 1) * n * w;
+    case OpKind::Broadcast:
+      return (N - 1) * n * w / N;
+    case OpKind::Send:
+      return n * w;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
 Handle Communicator::enqueue(const detail::Op& op) {
+  s_->wire_bytes += wire_bytes_of(*s_, op);
   return Handle(s_->stream.get(), s_->stream->submit(op));
+}
+
+void Communicator::run(const detail::Op& op) {
+  s_->wire_bytes += wire_bytes_of(*s_, op);
+  s_->stream->run_blocking(op);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) const {
+  MPI_Comm sub = MPI_COMM_NULL;
+  STRATA_MPI_CHECK(MPI_Comm_split(s_->comm, color, key, &sub));
+  auto out = std::make_unique<Communicator>(sub, std::move(name));
+  MPI_Comm_free(&sub);
+  return out;
+}
+
+uint64_t Communicator::wire_bytes() const {
+  return s_->wire_bytes;
 }
 
 Handle Communicator::all_reduce_async(void* buf, size_t n, DType dtype, DType wire) {
@@ -317,20 +361,20 @@ Handle Communicator::broadcast_async(void* buf, size_t n, DType dtype, int root)
 }
 
 void Communicator::all_reduce(void* buf, size_t n, DType dtype, DType wire) {
-  s_->stream->run_blocking(all_reduce_op(*s_, buf, n, dtype, wire));
+  run(all_reduce_op(*s_, buf, n, dtype, wire));
 }
 
 void Communicator::reduce_scatter(const void* in, void* out, size_t n_per_rank, DType dtype,
                                   DType wire) {
-  s_->stream->run_blocking(reduce_scatter_op(*s_, in, out, n_per_rank, dtype, wire));
+  run(reduce_scatter_op(*s_, in, out, n_per_rank, dtype, wire));
 }
 
 void Communicator::all_gather(const void* in, void* out, size_t n_per_rank, DType dtype) {
-  s_->stream->run_blocking(all_gather_op(*s_, in, out, n_per_rank, dtype));
+  run(all_gather_op(*s_, in, out, n_per_rank, dtype));
 }
 
 void Communicator::broadcast(void* buf, size_t n, DType dtype, int root) {
-  s_->stream->run_blocking(broadcast_op(*s_, buf, n, dtype, root));
+  run(broadcast_op(*s_, buf, n, dtype, root));
 }
 
 namespace {
@@ -362,15 +406,15 @@ Op recv_op(const CommState& s, void* buf, size_t n, DType dtype, int src, int ta
 }  // namespace
 
 void Communicator::send(const void* buf, size_t n, DType dtype, int dst, int tag) {
-  s_->stream->run_blocking(send_op(*s_, buf, n, dtype, dst, tag));
+  run(send_op(*s_, buf, n, dtype, dst, tag));
 }
 
 void Communicator::recv(void* buf, size_t n, DType dtype, int src, int tag) {
-  s_->stream->run_blocking(recv_op(*s_, buf, n, dtype, src, tag));
+  run(recv_op(*s_, buf, n, dtype, src, tag));
 }
 
 void Communicator::barrier() {
-  s_->stream->run_blocking({.kind = OpKind::Barrier});
+  run({.kind = OpKind::Barrier});
 }
 
 Handle Communicator::send_async(const void* buf, size_t n, DType dtype, int dst, int tag) {

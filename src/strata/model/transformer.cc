@@ -53,6 +53,26 @@ struct BlockParams {
     *fc2_w = nullptr, *fc2_b = nullptr;
 };
 
+// Element offsets of one block's parameters relative to the block unit's first element; -1 where
+// the family has no such parameter.
+struct BlockOffsets {
+  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1,
+          ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+};
+
+template <typename P>
+P* at_offset(P* base, int64_t off) {
+  return off < 0 ? nullptr : base + off;
+}
+
+template <typename P>
+BlockParams<P> bind_block(const BlockOffsets& o, P* base) {
+  return {at_offset(base, o.ln1_w), at_offset(base, o.ln1_b),  at_offset(base, o.qkv_w),
+          at_offset(base, o.qkv_b), at_offset(base, o.proj_w), at_offset(base, o.proj_b),
+          at_offset(base, o.ln2_w), at_offset(base, o.ln2_b),  at_offset(base, o.fc_w),
+          at_offset(base, o.fc_b),  at_offset(base, o.fc2_w),  at_offset(base, o.fc2_b)};
+}
+
 // Saved activations of one block for the micro-batch; N = B*T rows.
 template <typename T>
 struct BlockActs {
@@ -86,7 +106,7 @@ class TransformerImpl final : public Transformer {
     FCH_ = gpt2_ ? F_ : 2 * F_;
     P_ = static_cast<T*>(params);
     D_ = static_cast<G*>(grads);
-    carve(P_, D_);
+    offsets();
     // Two passes over the layouts: first to size, then to point into the allocation.
     for (int pass = 0; pass < 2; ++pass) {
       acts_.rewind();
@@ -99,20 +119,27 @@ class TransformerImpl final : public Transformer {
     }
   }
 
-  double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train) override;
+  double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train,
+                 UnitHook* hook) override;
   void backward(UnitHook* hook) override;
   const void* logits() const override { return logits_; }
   int64_t counted_tokens() const override { return counted_; }
 
  private:
-  void carve(T* p, G* d);
+  void offsets();
+  // The unit's parameters / gradients: from the hook when it places them, else the flat buffers.
+  T* acquire(UnitHook* hook, int unit);
+  void release(UnitHook* hook, int unit) {
+    if (hook) hook->release_params(unit);
+  }
+  G* grads_of(UnitHook* hook, int unit);
   void layout();
-  void block_forward(int l, const T* x);
-  void block_backward(int l, const T* x, T* dres);
+  void block_forward(int l, const BlockParams<T>& p, const T* x);
+  void block_backward(int l, const BlockParams<T>& p, const BlockParams<G>& g, const T* x, T* dres);
 
-  template <typename P>
-  P* at(P* base, const std::string& name) const {
-    return base + spec_.param(name).offset;
+  // Offset of a parameter inside its unit, which begins at unit_offset.
+  int64_t rel(const std::string& name, int64_t unit_offset) const {
+    return spec_.param(name).offset - unit_offset;
   }
 
   const ModelSpec& spec_;
@@ -122,13 +149,12 @@ class TransformerImpl final : public Transformer {
   bool gpt2_ = true;
   int C_ = 0, V_ = 0, F_ = 0, L_ = 0, NH_ = 0, KVH_ = 0, HD_ = 0, QKV_ = 0, FCH_ = 0;
 
-  T* P_;
-  G* D_;
-  // Parameters and gradients, carved from the flat buffers.
-  T *wte_ = nullptr, *wpe_ = nullptr, *lnf_w_ = nullptr, *lnf_b_ = nullptr, *head_w_ = nullptr;
-  G *dwte_ = nullptr, *dwpe_ = nullptr, *dlnf_w_ = nullptr, *dlnf_b_ = nullptr, *dhead_w_ = nullptr;
-  std::vector<BlockParams<T>> bp_;
-  std::vector<BlockParams<G>> bg_;
+  T* P_;  // flat parameters, or nullptr (every pass places them through its hook)
+  G* D_;  // flat gradients, or nullptr
+  // Offsets inside each unit: embedding (wte, wpe), head (final norm, untied output matrix; a
+  // tied output matrix is wte of the embedding unit), blocks.
+  int64_t o_wte_ = -1, o_wpe_ = -1, o_lnf_w_ = -1, o_lnf_b_ = -1, o_head_w_ = -1;
+  std::vector<BlockOffsets> bo_;
 
   Arena acts_, work_;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
@@ -145,43 +171,55 @@ class TransformerImpl final : public Transformer {
 };
 
 template <typename T, typename G>
-void TransformerImpl<T, G>::carve(T* p, G* d) {
-  const std::string emb = gpt2_ ? "wte" : "embed_tokens";
-  wte_ = at(p, emb), dwte_ = at(d, emb);
-  if (gpt2_) wpe_ = at(p, "wpe"), dwpe_ = at(d, "wpe");
-  const std::string fn = gpt2_ ? "ln_f" : "norm";
-  lnf_w_ = at(p, fn + ".weight"), dlnf_w_ = at(d, fn + ".weight");
-  if (gpt2_) lnf_b_ = at(p, "ln_f.bias"), dlnf_b_ = at(d, "ln_f.bias");
-  if (cfg_.tied_embeddings) {
-    head_w_ = wte_, dhead_w_ = dwte_;
-  } else {
-    head_w_ = at(p, "lm_head.weight"), dhead_w_ = at(d, "lm_head.weight");
-  }
-  bp_.resize(size_t(L_));
-  bg_.resize(size_t(L_));
+void TransformerImpl<T, G>::offsets() {
+  const int64_t emb = spec_.units.front().offset, head = spec_.units.back().offset;
+  o_wte_ = rel(gpt2_ ? "wte" : "embed_tokens", emb);
+  if (gpt2_) o_wpe_ = rel("wpe", emb);
+  o_lnf_w_ = rel(gpt2_ ? "ln_f.weight" : "norm.weight", head);
+  if (gpt2_) o_lnf_b_ = rel("ln_f.bias", head);
+  if (!cfg_.tied_embeddings) o_head_w_ = rel("lm_head.weight", head);
+  bo_.resize(size_t(L_));
   for (int l = 0; l < L_; ++l) {
-    auto fill = [&](auto* base, auto& b) {
-      if (gpt2_) {
-        std::string h = "h." + std::to_string(l) + ".";
-        b.ln1_w = at(base, h + "ln_1.weight"), b.ln1_b = at(base, h + "ln_1.bias");
-        b.qkv_w = at(base, h + "attn.c_attn.weight"), b.qkv_b = at(base, h + "attn.c_attn.bias");
-        b.proj_w = at(base, h + "attn.c_proj.weight"), b.proj_b = at(base, h + "attn.c_proj.bias");
-        b.ln2_w = at(base, h + "ln_2.weight"), b.ln2_b = at(base, h + "ln_2.bias");
-        b.fc_w = at(base, h + "mlp.c_fc.weight"), b.fc_b = at(base, h + "mlp.c_fc.bias");
-        b.fc2_w = at(base, h + "mlp.c_proj.weight"), b.fc2_b = at(base, h + "mlp.c_proj.bias");
-      } else {
-        std::string h = "layers." + std::to_string(l) + ".";
-        b.ln1_w = at(base, h + "input_layernorm.weight");
-        b.qkv_w = at(base, h + "self_attn.qkv_proj.weight");
-        b.proj_w = at(base, h + "self_attn.o_proj.weight");
-        b.ln2_w = at(base, h + "post_attention_layernorm.weight");
-        b.fc_w = at(base, h + "mlp.gate_up_proj.weight");
-        b.fc2_w = at(base, h + "mlp.down_proj.weight");
-      }
-    };
-    fill(p, bp_[size_t(l)]);
-    fill(d, bg_[size_t(l)]);
+    const int64_t u = spec_.units[size_t(l + 1)].offset;
+    BlockOffsets& b = bo_[size_t(l)];
+    if (gpt2_) {
+      std::string h = "h." + std::to_string(l) + ".";
+      b.ln1_w = rel(h + "ln_1.weight", u), b.ln1_b = rel(h + "ln_1.bias", u);
+      b.qkv_w = rel(h + "attn.c_attn.weight", u), b.qkv_b = rel(h + "attn.c_attn.bias", u);
+      b.proj_w = rel(h + "attn.c_proj.weight", u), b.proj_b = rel(h + "attn.c_proj.bias", u);
+      b.ln2_w = rel(h + "ln_2.weight", u), b.ln2_b = rel(h + "ln_2.bias", u);
+      b.fc_w = rel(h + "mlp.c_fc.weight", u), b.fc_b = rel(h + "mlp.c_fc.bias", u);
+      b.fc2_w = rel(h + "mlp.c_proj.weight", u), b.fc2_b = rel(h + "mlp.c_proj.bias", u);
+    } else {
+      std::string h = "layers." + std::to_string(l) + ".";
+      b.ln1_w = rel(h + "input_layernorm.weight", u);
+      b.qkv_w = rel(h + "self_attn.qkv_proj.weight", u);
+      b.proj_w = rel(h + "self_attn.o_proj.weight", u);
+      b.ln2_w = rel(h + "post_attention_layernorm.weight", u);
+      b.fc_w = rel(h + "mlp.gate_up_proj.weight", u);
+      b.fc2_w = rel(h + "mlp.down_proj.weight", u);
+    }
   }
+}
+
+template <typename T, typename G>
+T* TransformerImpl<T, G>::acquire(UnitHook* hook, int unit) {
+  if (hook) {
+    if (const void* p = hook->acquire_params(unit)) return static_cast<T*>(const_cast<void*>(p));
+  }
+  STRATA_CHECK(P_ != nullptr, "the model has no parameter buffer and its hook placed none for ",
+               spec_.units[size_t(unit)].name);
+  return P_ + spec_.units[size_t(unit)].offset;
+}
+
+template <typename T, typename G>
+G* TransformerImpl<T, G>::grads_of(UnitHook* hook, int unit) {
+  if (hook) {
+    if (void* g = hook->grads_for(unit)) return static_cast<G*>(g);
+  }
+  STRATA_CHECK(D_ != nullptr, "the model has no gradient buffer and its hook placed none for ",
+               spec_.units[size_t(unit)].name);
+  return D_ + spec_.units[size_t(unit)].offset;
 }
 
 template <typename T, typename G>
@@ -223,8 +261,7 @@ void TransformerImpl<T, G>::layout() {
 }
 
 template <typename T, typename G>
-void TransformerImpl<T, G>::block_forward(int l, const T* x) {
-  const BlockParams<T>& p = bp_[size_t(l)];
+void TransformerImpl<T, G>::block_forward(int l, const BlockParams<T>& p, const T* x) {
   BlockActs<T>& a = ba_[size_t(l)];
   const int N = int(N_), C = C_;
   const float eps = cfg_.norm_eps;
@@ -253,9 +290,8 @@ void TransformerImpl<T, G>::block_forward(int l, const T* x) {
 
 // dres (N, C): on entry the gradient of the block's output; on exit that of its input x.
 template <typename T, typename G>
-void TransformerImpl<T, G>::block_backward(int l, const T* x, T* dres) {
-  const BlockParams<T>& p = bp_[size_t(l)];
-  const BlockParams<G>& g = bg_[size_t(l)];
+void TransformerImpl<T, G>::block_backward(int l, const BlockParams<T>& p, const BlockParams<G>& g,
+                                           const T* x, T* dres) {
   const BlockActs<T>& a = ba_[size_t(l)];
   const int N = int(N_), C = C_;
   // MLP branch: dres flows into fc2's output and, unchanged, along the residual.
@@ -287,7 +323,7 @@ void TransformerImpl<T, G>::block_backward(int l, const T* x, T* dres) {
 
 template <typename T, typename G>
 double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targets, float dloss,
-                                      bool train) {
+                                      bool train, UnitHook* hook) {
   const int N = int(N_), C = C_;
   counted_ = 0;
   for (int64_t i = 0; i < N_; ++i) {
@@ -297,18 +333,29 @@ double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targ
     targets_[i] = targets[i];
     counted_ += targets[i] >= 0;
   }
-  embedding_forward(encoded_, inputs_, wte_, wpe_, B_, T_, C);
+  if (hook) hook->begin_pass(UnitHook::Pass::Forward);
+  const T* pe = acquire(hook, 0);
+  embedding_forward(encoded_, inputs_, pe + o_wte_, at_offset(pe, o_wpe_), B_, T_, C);
+  release(hook, 0);
   const T* x = encoded_;
   for (int l = 0; l < L_; ++l) {
-    block_forward(l, x);
+    T* pb = acquire(hook, l + 1);
+    block_forward(l, bind_block(bo_[size_t(l)], pb), x);
+    release(hook, l + 1);
     x = ba_[size_t(l)].res3;
   }
+  const int head = L_ + 1;
+  const T* ph = acquire(hook, head);
+  const T* head_w = cfg_.tied_embeddings ? acquire(hook, 0) + o_wte_ : ph + o_head_w_;
   if (gpt2_) {
-    layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, lnf_w_, lnf_b_, N, C, cfg_.norm_eps);
+    layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ph + o_lnf_w_, ph + o_lnf_b_, N, C,
+                      cfg_.norm_eps);
   } else {
-    rmsnorm_forward(lnf_, lnf_rstd_, x, lnf_w_, N, C, cfg_.norm_eps);
+    rmsnorm_forward(lnf_, lnf_rstd_, x, ph + o_lnf_w_, N, C, cfg_.norm_eps);
   }
-  linear_forward(logits_, lnf_, head_w_, static_cast<const T*>(nullptr), N, C, V_);
+  linear_forward(logits_, lnf_, head_w, static_cast<const T*>(nullptr), N, C, V_);
+  if (cfg_.tied_embeddings) release(hook, 0);
+  release(hook, head);
   if (train) {
     cross_entropy_forward_backward(losses_, logits_, targets_, N, V_, dloss);
   } else {
@@ -322,27 +369,57 @@ double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targ
 template <typename T, typename G>
 void TransformerImpl<T, G>::backward(UnitHook* hook) {
   const int N = int(N_), C = C_;
+  const int head = L_ + 1;
+  const bool tied = cfg_.tied_embeddings;
+  if (hook) hook->begin_pass(UnitHook::Pass::Backward);
+  const T* ph = acquire(hook, head);
+  const T* head_w = tied ? acquire(hook, 0) + o_wte_ : ph + o_head_w_;
+  G* gh = grads_of(hook, head);
+  G* ge = tied ? grads_of(hook, 0) : nullptr;  // the tied weight's gradient starts here
+  G* dhead_w = tied ? ge + o_wte_ : gh + o_head_w_;
   // logits_ holds dlogits (N, V) after a training forward.
-  linear_backward(dc_, dhead_w_, static_cast<G*>(nullptr), logits_, lnf_, head_w_, N, C, V_);
+  linear_backward(dc_, dhead_w, static_cast<G*>(nullptr), logits_, lnf_, head_w, N, C, V_);
   std::fill(dres_, dres_ + N_ * C, from_f32<T>(0.0f));
   const T* x_last = L_ > 0 ? ba_[size_t(L_ - 1)].res3 : encoded_;
   if (gpt2_) {
-    layernorm_backward(dres_, dlnf_w_, dlnf_b_, norm_scratch_, dc_, x_last, lnf_w_, lnf_mean_,
-                       lnf_rstd_, N, C);
+    layernorm_backward(dres_, gh + o_lnf_w_, gh + o_lnf_b_, norm_scratch_, dc_, x_last,
+                       ph + o_lnf_w_, lnf_mean_, lnf_rstd_, N, C);
   } else {
-    rmsnorm_backward(dres_, dlnf_w_, norm_scratch_, dc_, x_last, lnf_w_, lnf_rstd_, N, C);
+    rmsnorm_backward(dres_, gh + o_lnf_w_, norm_scratch_, dc_, x_last, ph + o_lnf_w_, lnf_rstd_, N,
+                     C);
   }
-  if (hook) hook->unit_done(L_ + 1);
+  if (tied) release(hook, 0);
+  release(hook, head);
+  if (hook) hook->unit_done(head);
   for (int l = L_ - 1; l >= 0; --l) {
     const T* x = l > 0 ? ba_[size_t(l - 1)].res3 : encoded_;
-    block_backward(l, x, dres_);
+    T* pb = acquire(hook, l + 1);
+    G* gb = grads_of(hook, l + 1);
+    block_backward(l, bind_block(bo_[size_t(l)], pb), bind_block(bo_[size_t(l)], gb), x, dres_);
+    release(hook, l + 1);
     if (hook) hook->unit_done(l + 1);
   }
-  embedding_backward(dwte_, dwpe_, dres_, inputs_, B_, T_, C);
+  if (!tied) ge = grads_of(hook, 0);
+  embedding_backward(ge + o_wte_, at_offset(ge, o_wpe_), dres_, inputs_, B_, T_, C);
   if (hook) hook->unit_done(0);
 }
 
 }  // namespace
+
+std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass) {
+  const int L = int(spec.config.layers), head = L + 1;
+  const bool tied = spec.config.tied_embeddings;
+  std::vector<int> t;
+  if (pass == UnitHook::Pass::Forward) {
+    for (int u = 0; u <= head; ++u) t.push_back(u);
+    if (tied) t.push_back(0);
+  } else {
+    t.push_back(head);
+    if (tied) t.push_back(0);
+    for (int u = L; u >= 1; --u) t.push_back(u);
+  }
+  return t;
+}
 
 std::unique_ptr<Transformer> make_transformer(const ModelSpec& spec, DType param_dtype,
                                               DType grad_dtype, void* params, void* grads, int B,

@@ -5,21 +5,40 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "strata/core/dtype.h"
 #include "strata/model/param_spec.h"
 
 namespace strata {
 
-// Told during backward when a unit's parameter gradients are final for this micro-batch: units
-// are 0 = embedding, 1..L = blocks, L+1 = head (ModelSpec::units order). Backward finishes them
-// from the last to the first; with tied embeddings the embedding unit (holding the tied weight)
-// is finished last.
+// Where a unit's parameters and gradients live during a step, and when its gradients are final.
+// Units are 0 = embedding, 1..L = blocks, L+1 = head (ModelSpec::units order). Without a hook, or
+// where a method returns nullptr, the model uses its own flat buffers; ZeRO stage 2 hands out a
+// gradient buffer per unit, stage 3 gathers each unit's parameters just before they are read.
+//
+// The calls come in a static order that depends only on the model (param_trace()), so every
+// data-parallel rank makes the same ones: forward acquires embedding, blocks 1..L, head and (tied
+// embeddings) the embedding again for the output projection; backward acquires the head (and
+// the tied embedding), then blocks L..1 — the embedding's backward reads no parameters. Each
+// acquire is paired with a release once the model is done reading. Backward asks grads_for()
+// once per unit before it first accumulates (+=) into the unit, and reports unit_done() when
+// the unit's gradients are final: head, blocks L..1, embedding (which holds the tied weight).
 class UnitHook {
  public:
+  enum class Pass { Forward, Backward };
   virtual ~UnitHook() = default;
-  virtual void unit_done(int unit) = 0;
+  virtual void begin_pass(Pass) {}
+  // The unit's parameters (its first element, padding layout as ModelSpec), or nullptr.
+  virtual const void* acquire_params(int /*unit*/) { return nullptr; }
+  virtual void release_params(int /*unit*/) {}
+  // Where backward accumulates the unit's gradients (its first element), or nullptr.
+  virtual void* grads_for(int /*unit*/) { return nullptr; }
+  virtual void unit_done(int /*unit*/) {}
 };
+
+// The units acquire_params() sees, in order, in a forward or a backward pass of `spec`.
+std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass);
 
 class Transformer {
  public:
@@ -29,8 +48,8 @@ class Transformer {
   // Returns the sum of per-token losses over counted tokens. With `train`, also leaves the
   // logits' gradient, scaled by `dloss` (1/tokens of the global batch × loss scale), ready for
   // backward().
-  virtual double forward(const int32_t* inputs, const int32_t* targets, float dloss,
-                         bool train) = 0;
+  virtual double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train,
+                         UnitHook* hook = nullptr) = 0;
   // Backward of the last training forward: parameter gradients accumulate (+=) into grads.
   // `hook`, when given, hears of each unit as its gradients are complete.
   virtual void backward(UnitHook* hook = nullptr) = 0;
@@ -41,7 +60,9 @@ class Transformer {
 };
 
 // params: flat buffer of spec.numel elements of `param_dtype`; grads: the same in `grad_dtype`.
-// Both must outlive the model. B, T: micro-batch size and sequence length (T <= seq_len).
+// Both must outlive the model. Either may be nullptr when every pass gets a hook that places all
+// units (ZeRO stage 3 has no full parameter buffer; stages 2-3 no full gradient buffer). B, T:
+// micro-batch size and sequence length (T <= seq_len).
 std::unique_ptr<Transformer> make_transformer(const ModelSpec& spec, DType param_dtype,
                                               DType grad_dtype, void* params, void* grads, int B,
                                               int T);

@@ -6,7 +6,8 @@
 namespace strata {
 
 Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dtype, void* params,
-                     int64_t numel, std::vector<ParamRange> ranges, int64_t state_numel)
+                     int64_t numel, std::vector<ParamRange> ranges, int64_t state_numel,
+                     Packed packed)
     : cfg_(c),
       param_dtype_(param_dtype),
       grad_dtype_(grad_dtype),
@@ -14,7 +15,10 @@ Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dty
       numel_(numel),
       state_numel_(state_numel < 0 ? numel : state_numel),
       partitioned_(state_numel >= 0),
+      packed_(packed),
       ranges_(std::move(ranges)) {
+  STRATA_CHECK(partitioned_ || (!packed.params && !packed.grads),
+               "packed parameters or gradients need a partitioned optimizer state");
   for (ParamRange& r : ranges_) {
     STRATA_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= numel_,
                  "a parameter range lies outside the flat buffer");
@@ -46,8 +50,8 @@ void Optimizer::publish() {
   char* p = static_cast<char*>(params_);
   const size_t ps = dtype_size(param_dtype_);
   for (const ParamRange& r : ranges_) {
-    convert(p + size_t(r.offset) * ps, param_dtype_, master_ + r.state_offset, DType::F32,
-            size_t(r.numel));
+    convert(p + size_t(packed_.params ? r.state_offset : r.offset) * ps, param_dtype_,
+            master_ + r.state_offset, DType::F32, size_t(r.numel));
   }
 }
 
@@ -55,27 +59,29 @@ namespace {
 
 template <typename T, typename G>
 void step_range(const OptimizerConfig& c, float* master, T* param, const G* grad, float* m,
-                float* v, const ParamRange& r, float lr, float grad_scale, int64_t step) {
-  const int64_t o = r.offset, so = r.state_offset;
+                float* v, const ParamRange& r, Packed packed, float lr, float grad_scale,
+                int64_t step) {
+  const int64_t so = r.state_offset;
   const float wd = r.decay ? c.weight_decay : 0.0f;
-  T* p = param + o;
+  T* p = param + (packed.params ? so : r.offset);
+  const G* g = grad + (packed.grads ? so : r.offset);
   if (c.type == "sgd") {
-    kernels::sgd_step(master + so, p, grad + o, m ? m + so : nullptr, size_t(r.numel), lr,
-                      c.momentum, wd, c.nesterov, grad_scale, step);
+    kernels::sgd_step(master + so, p, g, m ? m + so : nullptr, size_t(r.numel), lr, c.momentum, wd,
+                      c.nesterov, grad_scale, step);
   } else {
     const bool adamw = c.type == "adamw" || c.adam_w_mode;
-    kernels::adam_step(master + so, p, grad + o, m + so, v + so, size_t(r.numel), lr, c.beta1,
-                       c.beta2, c.eps, wd, grad_scale, step, adamw);
+    kernels::adam_step(master + so, p, g, m + so, v + so, size_t(r.numel), lr, c.beta1, c.beta2,
+                       c.eps, wd, grad_scale, step, adamw);
   }
 }
 
 template <typename T, typename G>
 void step_all(const OptimizerConfig& c, float* master, void* params, const void* grads, float* m,
-              float* v, const std::vector<ParamRange>& ranges, float lr, float grad_scale,
-              int64_t step) {
+              float* v, const std::vector<ParamRange>& ranges, Packed packed, float lr,
+              float grad_scale, int64_t step) {
   for (const ParamRange& r : ranges) {
-    step_range(c, master, static_cast<T*>(params), static_cast<const G*>(grads), m, v, r, lr,
-               grad_scale, step);
+    step_range(c, master, static_cast<T*>(params), static_cast<const G*>(grads), m, v, r, packed,
+               lr, grad_scale, step);
   }
 }
 
@@ -88,15 +94,20 @@ void Optimizer::step(const void* grads, float lr, float grad_scale) {
   using P = DType;
   const P pt = param_dtype_, gt = grad_dtype_;
   if (pt == P::F32 && gt == P::F32) {
-    step_all<float, float>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+    step_all<float, float>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
+                           step_);
   } else if (pt == P::BF16 && gt == P::F32) {
-    step_all<bf16, float>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+    step_all<bf16, float>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
+                          step_);
   } else if (pt == P::BF16 && gt == P::BF16) {
-    step_all<bf16, bf16>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+    step_all<bf16, bf16>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
+                         step_);
   } else if (pt == P::F16 && gt == P::F32) {
-    step_all<f16, float>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+    step_all<f16, float>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
+                         step_);
   } else if (pt == P::F16 && gt == P::F16) {
-    step_all<f16, f16>(cfg_, master_, params_, grads, m, v, ranges_, lr, grad_scale, step_);
+    step_all<f16, f16>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
+                       step_);
   } else {
     STRATA_FAIL("no optimizer kernel for parameters ", dtype_name(pt), " and gradients ",
                 dtype_name(gt));

@@ -4,8 +4,10 @@
 //
 // Partitioned (ZeRO stage 1): the fp32 state exists only for the ranges given, packed into
 // state_numel elements at each range's state_offset; parameters and gradients are still
-// addressed by the range's offset in the full flat buffers. The master is always a separate
-// copy then, and only the parameters inside the ranges are written.
+// addressed by the range's offset in the full flat buffers — unless Packed says that the
+// parameters (ZeRO stage 3) or the gradients (stages 2-3) are partitioned too, laid out like the
+// state: then they are addressed by state_offset. The master is always a separate copy when
+// partitioned, and only the parameters inside the ranges are written.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,10 @@ struct ParamRange {
   int64_t state_offset = -1;  // in master and moments; -1: equal to offset (unpartitioned)
 };
 
+struct Packed {
+  bool params = false, grads = false;
+};
+
 class Optimizer {
  public:
   // params: numel elements of param_dtype. The caller writes the initial values into master()
@@ -30,7 +36,8 @@ class Optimizer {
   // buffer (every state_offset must be -1); otherwise the state is partitioned: state_numel
   // elements, every range with its state_offset.
   Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dtype, void* params,
-            int64_t numel, std::vector<ParamRange> ranges, int64_t state_numel = -1);
+            int64_t numel, std::vector<ParamRange> ranges, int64_t state_numel = -1,
+            Packed packed = {});
 
   // Writes the master weights, rounded to the parameter dtype, into the parameters (only the
   // ranges' elements when partitioned).
@@ -55,6 +62,7 @@ class Optimizer {
   void* params_;
   int64_t numel_, state_numel_;
   bool partitioned_;
+  Packed packed_;
   std::vector<ParamRange> ranges_;
   Buffer master_buf_, m_, v_;
   float* master_;

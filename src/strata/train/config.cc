@@ -113,11 +113,11 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
     if (one) {
       add("zero_optimization.stage=", z.stage,
           " is honoured trivially at 1 process: partitioning over one rank changes nothing");
-    } else if (z.stage > 1) {
-      add("zero_optimization.stage=", z.stage,
-          " is not yet in effect: every data-parallel rank holds all model states (stage 0); "
-          "gradients are all-reduced");
     }
+  }
+  if (z.mics_shard_size > 0 && z.stage == 0) {
+    add("zero_optimization.mics_shard_size=", z.mics_shard_size,
+        " has no effect at stage 0: nothing is sharded");
   }
   if (one && (z.stage > 0 || z.overlap_comm)) {
     add("zero_optimization.overlap_comm/contiguous_gradients/reduce_bucket_size: nothing to "

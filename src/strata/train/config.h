@@ -74,6 +74,10 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   int64_t sub_group_size = 1000000000;
   bool round_robin_gradients = false;
+  // MiCS / hybrid sharding: states sharded within groups of this many consecutive data-parallel
+  // ranks (a host) and replicated across groups; -1 shards over the whole group.
+  int64_t mics_shard_size = -1;
+  bool mics_hierarchical_params_gather = false;  // accepted; gathers stay inside a group anyway
   OffloadConfig offload_param = [] {
     OffloadConfig o;
     o.buffer_count = 5;

@@ -306,6 +306,11 @@ void parse_zero(const Block& top, Config& c) {
   z.get_bool("allgather_partitions", zc.allgather_partitions);
   z.get_bool("round_robin_gradients", zc.round_robin_gradients);
   z.get_int("sub_group_size", zc.sub_group_size, 1);
+  // DeepSpeed's MiCS: -1 (the default) shards over the whole data-parallel group.
+  if (z.get_int("mics_shard_size", zc.mics_shard_size, -1) && zc.mics_shard_size == 0) {
+    z.fail("mics_shard_size", "-1 (shard over all data-parallel ranks) or a group size >= 1");
+  }
+  z.get_bool("mics_hierarchical_params_gather", zc.mics_hierarchical_params_gather);
 
   const auto aliased = [&](std::initializer_list<std::string_view> names, int64_t& out,
                            int64_t lo) {

@@ -80,6 +80,8 @@ const Keys kZero = {"stage",
                     "stage3_gather_fp16_weights_on_model_save",
                     "sub_group_size",
                     "round_robin_gradients",
+                    "mics_shard_size",
+                    "mics_hierarchical_params_gather",
                     "offload_param",
                     "offload_optimizer"};
 const Keys kOffloadParam = {"device",      "nvme_path",  "buffer_count",

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "strata/comm/communicator.h"
 #include "strata/core/check.h"
@@ -10,23 +11,99 @@
 #include "strata/kernels/cpu/optimizer.h"
 #include "strata/optim/lr_schedule.h"
 #include "strata/zero/grad_sync.h"
-#include "strata/zero/zero1.h"
+#include "strata/zero/zero_sync.h"
 
 namespace strata {
 
 namespace {
 
-// ZeRO stage 1 partitions every unit into dp chunks: units are padded to a multiple of dp.
-bool zero1_in_effect(const Config& cfg, const comm::Communicator* dp) {
-  return cfg.zero.stage == 1 && dp != nullptr && dp->size() > 1;
+// ZeRO runs whenever a stage is asked for and a data-parallel communicator is given (even of
+// one rank); the model spec is then padded to a multiple of the shard group's size.
+bool zero_in_effect(const Config& cfg, const comm::Communicator* dp) {
+  return cfg.zero.stage >= 1 && dp != nullptr;
+}
+
+int shard_size(const Config& cfg, const comm::Communicator* dp) {
+  if (!zero_in_effect(cfg, dp)) return 1;
+  const int64_t g = cfg.zero.mics_shard_size;
+  if (g < 0 || g >= dp->size()) return dp->size();
+  STRATA_INPUT_CHECK(dp->size() % g == 0, "zero_optimization.mics_shard_size=", g,
+                     " must divide the data-parallel size ", dp->size(),
+                     "; set it to a divisor (the ranks of one host) or -1");
+  return int(g);
+}
+
+ZeroOptions zero_options(const Config& cfg) {
+  const ZeroConfig& z = cfg.zero;
+  ZeroOptions o;
+  o.stage = z.stage;
+  o.param_dtype = cfg.param_dtype();
+  o.grad_dtype = cfg.fp16.enabled || cfg.bf16.enabled ? cfg.grad_accum_dtype : DType::F32;
+  o.wire = cfg.comm_dtype();
+  o.overlap = z.overlap_comm;
+  o.prefetch_elems = z.stage3_prefetch_bucket_size;
+  o.persistence_threshold = z.stage3_param_persistence_threshold;
+  o.max_live = z.stage3_max_live_parameters;
+  o.max_reuse_distance = z.stage3_max_reuse_distance;
+  return o;
 }
 
 }  // namespace
 
+MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard) {
+  const ZeroOptions o = zero_options(cfg);
+  const int stage = shard >= 1 && cfg.zero.stage >= 1 ? cfg.zero.stage : 0;
+  const size_t psi = size_t(spec.numel), N = size_t(shard);
+  const size_t p = dtype_size(o.param_dtype), g = dtype_size(o.grad_dtype);
+  const bool sgd = cfg.optimizer.type == "sgd";
+  const size_t moments = sgd ? (cfg.optimizer.momentum != 0.0f ? 1 : 0) : 2;
+  // Stage 0 in fp32 steps the parameters in place: they are the master copy.
+  const size_t master = stage == 0 && o.param_dtype == DType::F32 ? 0 : 4;
+  const size_t k = master + 4 * moments;  // optimizer bytes per element: DeepSpeed's K
+  MemoryPrediction m;
+  auto at = [&](MemCategory c) -> size_t& { return m.bytes[size_t(c)]; };
+  const ZeroBuffers b = stage >= 1 ? zero_buffers(spec, shard, o) : ZeroBuffers{};
+  const size_t part = psi / N;
+  at(MemCategory::Params) =
+      stage == 3 ? size_t(b.param_partition + b.persistent + b.param_slots) : psi * p;
+  at(MemCategory::MasterParams) = (stage >= 1 ? part : psi) * master;
+  at(MemCategory::Grads) = stage >= 2 ? size_t(b.grad_partition + b.grad_slots) : psi * g;
+  at(MemCategory::OptimizerState) = (stage >= 1 ? part : psi) * 4 * moments;
+  for (MemCategory c : {MemCategory::Params, MemCategory::MasterParams, MemCategory::Grads,
+                        MemCategory::OptimizerState}) {
+    m.model_states += m.bytes[size_t(c)];
+  }
+  switch (stage) {
+    case 0:
+      m.formula = (p + g + k) * psi;
+      break;
+    case 1:
+      m.formula = (p + g) * psi + k * psi / N;
+      break;
+    case 2:
+      m.formula = p * psi + (g + k) * psi / N;
+      break;
+    default:
+      m.formula = (p + g + k) * psi / N;
+      break;
+  }
+  m.buffers = size_t(b.persistent + b.param_slots + b.grad_slots);
+  return m;
+}
+
+std::string describe_memory(const MemoryPrediction& m) {
+  std::string s = "model states " + format_bytes(m.model_states) + " per rank (";
+  for (MemCategory c : {MemCategory::Params, MemCategory::MasterParams, MemCategory::Grads,
+                        MemCategory::OptimizerState}) {
+    s += std::string(mem_category_name(c)) + " " + format_bytes(m.bytes[size_t(c)]) +
+         (c == MemCategory::OptimizerState ? "" : ", ");
+  }
+  s += ") = ZeRO formula " + format_bytes(m.formula) + " + buffers " + format_bytes(m.buffers);
+  return s;
+}
+
 Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp)
-    : cfg_(cfg),
-      spec_(build_model_spec(cfg.model, zero1_in_effect(cfg, dp) ? dp->size() : 1)),
-      dp_(dp) {
+    : cfg_(cfg), spec_(build_model_spec(cfg.model, shard_size(cfg, dp))), dp_(dp) {
   if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
   STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0 &&
                    cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu *
@@ -42,16 +119,31 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     sampler_->check_vocab(m.vocab);
   }
 
-  params_ = Buffer(MemCategory::Params, size_t(spec_.numel) * dtype_size(pt));
-  grads_ = Buffer(MemCategory::Grads, size_t(spec_.numel) * dtype_size(gt));
-  if (zero1_in_effect(cfg_, dp_)) {
-    // Stage 1: the master and moments hold only the owned chunks; each rank initialises its
-    // owned elements (a pure function of seed, name and index) and the units are gathered.
-    zero1_ = std::make_unique<Zero1Sync>(*dp_, spec_, grads_.data(), gt, cfg_.comm_dtype(),
-                                         cfg_.zero.overlap_comm);
-    const std::vector<ParamRange>& owned = zero1_->owned_ranges();
-    optimizer_ = std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, params_.data(), spec_.numel,
-                                             owned, zero1_->owned_numel());
+  const bool zero = zero_in_effect(cfg_, dp_);
+  const int stage = zero ? cfg_.zero.stage : 0;
+  if (stage < 3) params_ = Buffer(MemCategory::Params, size_t(spec_.numel) * dtype_size(pt));
+  if (stage < 2) grads_ = Buffer(MemCategory::Grads, size_t(spec_.numel) * dtype_size(gt));
+  if (zero) {
+    // The shard group: the data-parallel group, or with MiCS its consecutive groups of G ranks
+    // (one host), replicated across groups.
+    const int g = int(spec_.align);
+    shard_ = dp_;
+    if (g < dp_size_) {
+      shard_comm_ = dp_->split(dp_rank_ / g, dp_rank_, "dp-shard");
+      replica_comm_ = dp_->split(dp_rank_ % g, dp_rank_, "dp-replica");
+      shard_ = shard_comm_.get();
+      for (comm::Communicator* c : {shard_comm_.get(), replica_comm_.get()}) {
+        c->set_timeout(dp_->timeout());
+      }
+    }
+    // The master and moments hold only the owned chunks; each rank initialises its owned
+    // elements (a pure function of seed, name and index), then the units are gathered.
+    zero_ = std::make_unique<ZeroSync>(*shard_, replica_comm_.get(), spec_, zero_options(cfg_),
+                                       params_.data(), grads_.data());
+    const std::vector<ParamRange>& owned = zero_->owned_ranges();
+    optimizer_ =
+        std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, zero_->optimizer_params(), spec_.numel,
+                                    owned, zero_->owned_numel(), zero_->packed());
     size_t pi = 0;
     for (const ParamRange& r : owned) {
       while (spec_.params[pi].offset + spec_.params[pi].numel() <= r.offset) ++pi;
@@ -60,7 +152,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
                        r.offset - p.offset, r.numel);
     }
     optimizer_->publish();
-    zero1_->gather_params(params_.data(), pt);
+    zero_->after_step();
   } else {
     std::vector<ParamRange> ranges;
     for (const ParamSpec& p : spec_.params) ranges.push_back({p.offset, p.numel(), p.decay});
@@ -81,7 +173,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   inputs_ = Buffer(MemCategory::Activations, batch_bytes);
   targets_ = Buffer(MemCategory::Activations, batch_bytes);
   flops_per_token_ = train_flops_per_token(spec_);
-  if (dp_size_ > 1 && !zero1_) {
+  if (dp_size_ > 1 && !zero_) {
     grad_sync_ = std::make_unique<GradSync>(*dp_, spec_, grads_.data(), gt, cfg_.comm_dtype(),
                                             cfg_.zero.reduce_bucket_size, cfg_.zero.overlap_comm);
   }
@@ -90,11 +182,29 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
 Engine::~Engine() {
   // An error mid-step can leave buckets queued on the communication thread, which would go on
   // writing into the gradients: leave that memory to it; the job is being aborted.
-  if ((grad_sync_ && grad_sync_->in_flight()) || (zero1_ && zero1_->in_flight())) grads_.leak();
+  if ((grad_sync_ && grad_sync_->in_flight()) || (zero_ && zero_->in_flight())) {
+    grads_.leak();
+    params_.leak();
+    (void)zero_.release();  // its buffers too
+  }
 }
 
 void Engine::zero_grads() {
-  std::memset(grads_.data(), 0, grads_.bytes());
+  if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.bytes());
+  if (zero_) zero_->zero_grads();
+}
+
+void Engine::gather_params(void* out) {
+  if (zero_) return zero_->gather_all_params(out);
+  std::memcpy(out, params_.data(), params_.bytes());
+}
+
+uint64_t Engine::wire_bytes() const {
+  uint64_t b = dp_ != nullptr ? dp_->wire_bytes() : 0;
+  for (const auto* c : {&shard_comm_, &replica_comm_}) {
+    if (*c) b += (*c)->wire_bytes();
+  }
+  return b;
 }
 
 double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
@@ -126,30 +236,31 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   // micro-batch's dlogits carry 1/(gbs·T), making the accumulated gradient the global mean's.
   const float dloss = scaler_.scale() / float(gbs * T);
   double loss_sum = 0.0, forward_s = 0.0, backward_s = 0.0;
-  UnitHook* hook = zero1_ ? static_cast<UnitHook*>(zero1_.get()) : grad_sync_.get();
+  const uint64_t bytes0 = wire_bytes();
+  UnitHook* hook = zero_ ? static_cast<UnitHook*>(zero_.get()) : grad_sync_.get();
+  if (zero_) zero_->begin_step();
   for (int64_t k = 0; k < gas; ++k) {
     const int64_t at = k * mb * T;
-    auto f0 = clock::now();
-    loss_sum += model_->forward(inputs + at, targets + at, dloss, true);
-    auto f1 = clock::now();
     const bool boundary = k == gas - 1;
-    if (boundary) {
-      if (grad_sync_) grad_sync_->begin_boundary();
-      if (zero1_) zero1_->begin_boundary();
-    }
-    model_->backward(boundary ? hook : nullptr);
+    if (zero_) zero_->begin_micro(boundary);
+    auto f0 = clock::now();
+    loss_sum += model_->forward(inputs + at, targets + at, dloss, true, hook);
+    auto f1 = clock::now();
+    if (boundary && grad_sync_) grad_sync_->begin_boundary();
+    model_->backward(hook);
     forward_s += std::chrono::duration<double>(f1 - f0).count();
     backward_s += std::chrono::duration<double>(clock::now() - f1).count();
   }
-  double comm_exposed_s = 0.0;
-  if (grad_sync_ || zero1_) {
-    if (grad_sync_) {
-      grad_sync_->finish();
-      comm_exposed_s = grad_sync_->exposed_seconds();
-    } else {
-      zero1_->finish();
-      comm_exposed_s = zero1_->exposed_seconds();
-    }
+  double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
+  if (grad_sync_) {
+    grad_sync_->finish();
+    comm_exposed_s = grad_sync_->exposed_seconds();
+  } else if (zero_) {
+    zero_->finish();
+    comm_exposed_s = zero_->reduce_wait_seconds();
+    gather_exposed_s = zero_->gather_wait_seconds();
+  }
+  if (dp_ != nullptr && dp_size_ > 1) {
     float loss = float(loss_sum);  // the logged loss: this rank's sum, summed over the group
     dp_->all_reduce(&loss, 1, DType::F32, DType::F32);
     loss_sum = loss;
@@ -162,15 +273,11 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.step = step_;
   s.loss = loss_sum / double(gbs * T);
   s.loss_scale = scaler_.scale();
-  double sumsq = 0.0;
-  if (zero1_) {
-    // Each rank holds the summed gradients of its owned chunks only: Σ g² over them, summed.
-    float owned = float(zero1_->owned_sum_squares());
-    dp_->all_reduce(&owned, 1, DType::F32, DType::F32);
-    sumsq = owned;
-  } else {
-    sumsq = kernels::sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
-  }
+  // Under ZeRO each rank holds the reduced gradients of its owned chunks only: Σ g² over them,
+  // summed over the shard group.
+  const double sumsq = zero_
+                           ? zero_->sum_squares()
+                           : kernels::sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
   s.grad_norm = std::sqrt(sumsq) / scaler_.scale();
   const bool overflow = !std::isfinite(sumsq);
   const bool check = !cfg_.bf16.enabled || cfg_.bf16.check_grad_overflow;
@@ -181,10 +288,11 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     if (cfg_.gradient_clipping > 0.0f && s.grad_norm > cfg_.gradient_clipping) {
       clip = float(cfg_.gradient_clipping / (s.grad_norm + 1e-6));  // torch's clip_grad_norm_
     }
-    optimizer_->step(grads_.data(), s.lr, clip / scaler_.scale());
+    optimizer_->step(zero_ ? zero_->optimizer_grads() : grads_.data(), s.lr,
+                     clip / scaler_.scale());
   }
   // Every rank takes the same skip decision (the norm is global); gather regardless.
-  if (zero1_) zero1_->gather_params(params_.data(), cfg_.param_dtype());
+  if (zero_) zero_->after_step();
   if (cfg_.fp16.enabled) scaler_.update(overflow);
   zero_grads();
 
@@ -195,6 +303,8 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.backward_s = backward_s;
   s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
   s.comm_exposed_s = comm_exposed_s;
+  s.gather_exposed_s = gather_exposed_s;
+  s.comm_bytes = wire_bytes() - bytes0;
   s.tokens_per_s = double(s.tokens) / s.seconds;
   s.flops = flops_per_token_ * double(s.tokens);
   for (int c = 0; c < kNumMemCategories; ++c) {

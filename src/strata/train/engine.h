@@ -25,7 +25,7 @@ namespace comm {
 class Communicator;
 }  // namespace comm
 class GradSync;
-class Zero1Sync;
+class ZeroSync;
 
 struct StepMetrics {
   int64_t step = 0;   // optimizer steps attempted so far (1-based)
@@ -40,8 +40,11 @@ struct StepMetrics {
   // the rest of the step (norm, clipping, optimizer, zeroing).
   double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
   double tokens_per_s = 0.0;
-  double flops = 0.0;           // matmul FLOPs of the step (peers' convention)
-  double comm_exposed_s = 0.0;  // time the step waited for gradient reduction after backward
+  double flops = 0.0;             // matmul FLOPs of the step (peers' convention)
+  double comm_exposed_s = 0.0;    // time the step waited for gradient reductions
+  double gather_exposed_s = 0.0;  // ZeRO-3: time forward and backward waited for gathers
+  uint64_t comm_bytes =
+      0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
   std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
 };
 
@@ -63,11 +66,13 @@ class Engine {
   const Config& config() const { return cfg_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   // The current parameters (param dtype) and the fp32 master copy, flat in ModelSpec order
-  // (under ZeRO stage 1 the master holds only this rank's owned chunks, packed).
+  // (under ZeRO the master holds only this rank's owned chunks, packed). params() is nullptr
+  // under ZeRO stage 3, which holds no whole copy: gather_params() assembles one (collective).
   const void* params() const { return params_.data(); }
+  void gather_params(void* out);
   const float* master() { return optimizer_->master(); }
-  // Whether ZeRO stage 1 partitions the optimizer states (stage 1 with more than one dp rank).
-  bool zero1() const { return zero1_ != nullptr; }
+  // ZeRO (stages 1-3 with a data-parallel communicator), or nullptr: stage 0.
+  ZeroSync* zero() { return zero_.get(); }
   Transformer& model() { return *model_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only).
@@ -88,11 +93,27 @@ class Engine {
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
   comm::Communicator* dp_ = nullptr;
   int dp_rank_ = 0, dp_size_ = 1;
-  std::unique_ptr<GradSync> grad_sync_;  // stage 0 (and 2, 3 until they are in effect)
-  std::unique_ptr<Zero1Sync> zero1_;     // stage 1
+  std::unique_ptr<GradSync> grad_sync_;  // stage 0 with dp > 1
+  // ZeRO: the groups the states are sharded over and (MiCS) replicated across, then the sync.
+  std::unique_ptr<comm::Communicator> shard_comm_, replica_comm_;
+  comm::Communicator* shard_ = nullptr;
+  std::unique_ptr<ZeroSync> zero_;
   int64_t consumed_samples_ = 0;
   int64_t step_ = 0;
   double flops_per_token_ = 0.0;
+  uint64_t wire_bytes() const;
 };
+
+// Per-rank bytes of each memory category the engine's model states take (params, master,
+// grads, optimizer state) for cfg's ZeRO stage partitioned over shard ranks; what the tracker
+// reads after the engine is built. `formula` is the ZeRO paper's figure for the same dtypes
+// with Ψ = the padded parameter count; `buffers` what ZeRO adds beyond it (per-unit gradient
+// buffers, gathered-unit buffers, persistent units).
+struct MemoryPrediction {
+  std::array<size_t, kNumMemCategories> bytes{};
+  size_t model_states = 0, formula = 0, buffers = 0;
+};
+MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard);
+std::string describe_memory(const MemoryPrediction& m);
 
 }  // namespace strata
