@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The demo: installs what is missing, builds, and trains the demo model with the seed config on
 # the licence texts of /usr/share/common-licenses (tokenized byte-level; nothing is downloaded),
-# data-parallel on 2 local ranks through `strata launch` (mpirun underneath).
+# data-parallel on 4 local ranks with ZeRO stage 3 through `strata launch` (mpirun underneath).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-build/strata launch -n "${RANKS:-2}" -- train --config configs/seed_ds_config.json \
+build/strata launch -n "${RANKS:-4}" -- train --config configs/seed_ds_config.json \
   --run-dir runs/demo "$@"

@@ -158,6 +158,39 @@ TEST_F(CliRunTest, LaunchOnTwoRanksMatchesOneProcess) {
   for (size_t i = 0; i < one.size(); ++i) EXPECT_NEAR(two[i], one[i], 1e-5 * one[i]) << i;
 }
 
+// The seed config (ZeRO stage 3, overlap_comm, bf16 communication, 16 micro-batches) on 4
+// ranks, as the README's demo runs it: the loss falls, and the start-up prediction of model-state
+// memory equals what the first step measured.
+TEST_F(CliRunTest, SeedConfigTrainsOnFourRanksWithZeroStage3) {
+  std::string err;
+  ASSERT_EQ(run("launch -n 4 -- train --config " + std::string(STRATA_SOURCE_DIR) +
+                    "/configs/seed_ds_config.json --steps 12 --set steps_per_print=1 --run-dir " +
+                    dir_ + "/seed",
+                &err),
+            0)
+      << err;
+  const std::vector<double> l = losses(dir_ + "/seed");
+  ASSERT_EQ(l.size(), 12u);
+  EXPECT_LT(l.back(), 0.8 * l.front());
+  std::ifstream in(dir_ + "/stdout.txt");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string out = text.str();
+  EXPECT_NE(out.find("dp 4"), std::string::npos) << out;
+  EXPECT_EQ(out.find("zero_optimization.stage=3"), std::string::npos) << "stage 3 is in effect";
+  // "memory (predicted): model states X per rank (params A, master_params B, grads C, ...)"
+  // and "memory (measured, step 1): params A, master_params B, grads C, optimizer_state D, ..."
+  const auto field = [&](const std::string& line_start, const std::string& name) {
+    const size_t at = out.find(line_start);
+    EXPECT_NE(at, std::string::npos) << out;
+    const size_t k = out.find(name + " ", at);
+    return out.substr(k, out.find_first_of(",)", k) - k);
+  };
+  for (const char* c : {"params", "master_params", "grads", "optimizer_state"}) {
+    EXPECT_EQ(field("memory (predicted)", c), field("memory (measured, step 1)", c)) << c;
+  }
+}
+
 TEST_F(CliRunTest, PlainMpirunWorksToo) {
   const std::string cmd =
       "mpirun --oversubscribe --bind-to none --allow-run-as-root -np 2 -x "

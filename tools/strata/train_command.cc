@@ -115,6 +115,11 @@ void run_train(const TrainArgs& a) {
         static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), data_path.c_str(),
         static_cast<long long>(dataset->num_tokens()), dtype_name(pt), peak);
   }
+  // Model-state memory per rank, predicted from the layout (ZeRO formula + buffers); the step
+  // lines and metrics.jsonl give the measured peaks.
+  const int shard = engine.zero() != nullptr ? int(engine.spec().align) : 1;
+  const MemoryPrediction predicted = predict_memory(engine.config(), engine.spec(), shard);
+  if (rank0) std::printf("memory (predicted): %s\n", describe_memory(predicted).c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
   std::unique_ptr<MetricsLog> log;
   if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir);
@@ -125,6 +130,7 @@ void run_train(const TrainArgs& a) {
     const bool print = cfg.steps_per_print > 0 &&
                        (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
     if (print) std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
+    if (s.step == 1) std::printf("memory (measured, step 1): %s\n", describe_peaks(s).c_str());
     std::fflush(stdout);
   }
   if (rank0) {

@@ -237,6 +237,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   const float dloss = scaler_.scale() / float(gbs * T);
   double loss_sum = 0.0, forward_s = 0.0, backward_s = 0.0;
   const uint64_t bytes0 = wire_bytes();
+  const uint64_t cross0 = replica_comm_ ? replica_comm_->wire_bytes() : 0;
   UnitHook* hook = zero_ ? static_cast<UnitHook*>(zero_.get()) : grad_sync_.get();
   if (zero_) zero_->begin_step();
   for (int64_t k = 0; k < gas; ++k) {
@@ -305,6 +306,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.comm_exposed_s = comm_exposed_s;
   s.gather_exposed_s = gather_exposed_s;
   s.comm_bytes = wire_bytes() - bytes0;
+  s.cross_group_bytes = (replica_comm_ ? replica_comm_->wire_bytes() : 0) - cross0;
   s.tokens_per_s = double(s.tokens) / s.seconds;
   s.flops = flops_per_token_ * double(s.tokens);
   for (int c = 0; c < kNumMemCategories; ++c) {

@@ -45,6 +45,7 @@ struct StepMetrics {
   double gather_exposed_s = 0.0;  // ZeRO-3: time forward and backward waited for gathers
   uint64_t comm_bytes =
       0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
+  uint64_t cross_group_bytes = 0;  // of which across MiCS shard groups (the replica group)
   std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
 };
 

@@ -39,6 +39,17 @@ double measured_matmul_peak_gflops(DType dtype, int n) {
   return gflops;
 }
 
+std::string describe_peaks(const StepMetrics& s) {
+  std::string out;
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    if (s.peak_bytes[size_t(c)] == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += std::string(mem_category_name(MemCategory(c))) + " " +
+           format_bytes(s.peak_bytes[size_t(c)]);
+  }
+  return out;
+}
+
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
                           bool breakdown) {
   size_t mem = 0;
@@ -53,8 +64,10 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
       format_bytes(mem).c_str(), s.skipped ? " | skipped (overflow)" : "");
   std::string line = buf;
   if (breakdown) {
-    std::snprintf(buf, sizeof buf, " | fwd %.3fs bwd %.3fs comm %.3fs step %.3fs", s.forward_s,
-                  s.backward_s, s.comm_exposed_s, s.optimizer_s);
+    std::snprintf(buf, sizeof buf,
+                  " | fwd %.3fs bwd %.3fs comm %.3fs gather %.3fs step %.3fs | wire %s",
+                  s.forward_s, s.backward_s, s.comm_exposed_s, s.gather_exposed_s, s.optimizer_s,
+                  format_bytes(size_t(s.comm_bytes)).c_str());
     line += buf;
   }
   return line;
@@ -85,6 +98,9 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
   j["backward_s"] = s.backward_s;
   j["optimizer_s"] = s.optimizer_s;
   j["comm_exposed_s"] = s.comm_exposed_s;
+  j["gather_exposed_s"] = s.gather_exposed_s;
+  j["comm_bytes"] = s.comm_bytes;
+  j["cross_group_bytes"] = s.cross_group_bytes;
   j["tokens_per_s"] = s.tokens_per_s;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;

@@ -16,6 +16,8 @@ double measured_matmul_peak_gflops(DType dtype, int n);
 
 // With `breakdown` (wall_clock_breakdown) the line ends with forward, backward, exposed
 // gradient communication and optimizer times.
+// The step's peak bytes per memory category, "params 1.2 MiB, grads ..." (non-zero ones).
+std::string describe_peaks(const StepMetrics& s);
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
                           bool breakdown);
 
