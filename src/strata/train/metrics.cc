@@ -7,6 +7,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include <sys/resource.h>
+
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/matmul.h"
 
@@ -108,6 +110,9 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
     mem[mem_category_name(MemCategory(c))] = s.peak_bytes[size_t(c)];
   }
   j["peak_bytes"] = mem;
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  j["max_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;  // this process (rank 0), since it started
   out_ << j.dump() << '\n';
   out_.flush();
 }
