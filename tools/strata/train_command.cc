@@ -117,7 +117,7 @@ void run_train(const TrainArgs& a) {
   }
   // Model-state memory per rank, predicted from the layout (ZeRO formula + buffers); the step
   // lines and metrics.jsonl give the measured peaks.
-  const int shard = engine.zero() != nullptr ? int(engine.spec().align) : 1;
+  const int shard = engine.zero() != nullptr ? int(engine.spec().align) : 0;
   const MemoryPrediction predicted = predict_memory(engine.config(), engine.spec(), shard);
   if (rank0) std::printf("memory (predicted): %s\n", describe_memory(predicted).c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.

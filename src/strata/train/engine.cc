@@ -1,6 +1,7 @@
 #include "strata/train/engine.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -52,8 +53,8 @@ ZeroOptions zero_options(const Config& cfg) {
 
 MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard) {
   const ZeroOptions o = zero_options(cfg);
-  const int stage = shard >= 1 && cfg.zero.stage >= 1 ? cfg.zero.stage : 0;
-  const size_t psi = size_t(spec.numel), N = size_t(shard);
+  const int stage = shard >= 1 ? cfg.zero.stage : 0;
+  const size_t psi = size_t(spec.numel), N = size_t(std::max(shard, 1));
   const size_t p = dtype_size(o.param_dtype), g = dtype_size(o.grad_dtype);
   const bool sgd = cfg.optimizer.type == "sgd";
   const size_t moments = sgd ? (cfg.optimizer.momentum != 0.0f ? 1 : 0) : 2;

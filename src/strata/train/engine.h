@@ -106,7 +106,8 @@ class Engine {
 };
 
 // Per-rank bytes of each memory category the engine's model states take (params, master,
-// grads, optimizer state) for cfg's ZeRO stage partitioned over shard ranks; what the tracker
+// grads, optimizer state) for cfg's ZeRO stage partitioned over shard ranks (shard 0: ZeRO is not
+// in effect, e.g. one process without a data-parallel group: stage 0); what the tracker
 // reads after the engine is built. `formula` is the ZeRO paper's figure for the same dtypes
 // with Ψ = the padded parameter count; `buffers` what ZeRO adds beyond it (per-unit gradient
 // buffers, gathered-unit buffers, persistent units).
