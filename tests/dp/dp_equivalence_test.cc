@@ -247,67 +247,74 @@ TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
   MemoryTracker& mem = MemoryTracker::instance();
   const MemCategory states[] = {MemCategory::Params, MemCategory::MasterParams, MemCategory::Grads,
                                 MemCategory::OptimizerState};
-  for (const char* grad_dtype : {"bf16", "fp32"}) {
-    const size_t g = std::string(grad_dtype) == "bf16" ? 2 : 4;
-    for (int stage : {0, 1, 2, 3}) {
-      auto j = config("gpt2-tiny");
-      j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
-      j["bf16"] = {{"enabled", true}};
-      j["data_types"] = {{"grad_accum_dtype", grad_dtype}};
-      j["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 2000}};
-      Config cfg = parse_config(j);
-      resolve_batch(cfg, dp);
-      std::array<size_t, kNumMemCategories> before{};
-      for (MemCategory c : states) before[size_t(c)] = mem.current(c);
-      Engine engine(cfg, dataset_.get(), world_.get());
-      const ModelSpec& spec = engine.spec();
-      const size_t N = stage == 0 ? 1 : size_t(dp);
-      const MemoryPrediction pred = predict_memory(cfg, spec, int(N));
-      const std::string what =
-          "stage " + std::to_string(stage) + " dp " + std::to_string(dp) + " grads " + grad_dtype;
-      size_t measured = 0;
-      for (MemCategory c : states) {
-        const size_t got = mem.current(c) - before[size_t(c)];
-        EXPECT_EQ(got, pred.bytes[size_t(c)]) << what << " " << mem_category_name(c);
-        measured += got;
-      }
-      const size_t psi = size_t(spec.numel);
-      size_t formula = 0;
-      switch (stage) {
-        case 0:
-          formula = (2 + g + 12) * psi;
-          break;  // 16Ψ with bf16 gradients
-        case 1:
-          formula = (2 + g) * psi + 12 * psi / N;
-          break;  // 4Ψ + 12Ψ/N
-        case 2:
-          formula = 2 * psi + (g + 12) * psi / N;
-          break;  // 2Ψ + 14Ψ/N
-        default:
-          formula = (2 + g + 12) * psi / N;
-          break;  // 16Ψ/N
-      }
-      EXPECT_EQ(pred.formula, formula) << what;
-      EXPECT_EQ(measured, formula + pred.buffers) << what;
-      // The buffers: none below stage 2; then per-unit gradient buffers (embedding, head, two
-      // blocks); at stage 3 also the gathered-unit buffers and the persistent units.
-      const int64_t emb = spec.units.front().numel, head = spec.units.back().numel;
-      const int64_t block = spec.units[1].numel;
-      const size_t grad_bufs = size_t(emb + head + 2 * block) * g;
-      if (stage < 2) {
-        EXPECT_EQ(pred.buffers, 0u) << what;
-      } else if (stage == 2) {
-        EXPECT_EQ(pred.buffers, grad_bufs) << what;
-      } else {
-        EXPECT_GE(pred.buffers, grad_bufs + size_t(emb + block) * 2) << what;
-        EXPECT_LE(pred.buffers, grad_bufs + size_t(spec.numel) * 2) << what;
-      }
-      // Padding costs at most align-1 elements per unit.
-      EXPECT_LT(psi - size_t(spec.param_numel), spec.units.size() * N) << what;
-      const StepMetrics s = engine.train_batch();
-      for (MemCategory c : states) {
-        EXPECT_EQ(s.peak_bytes[size_t(c)] - before[size_t(c)], pred.bytes[size_t(c)])
-            << what << " step peak of " << mem_category_name(c);
+  // Shard groups: all dp ranks, and (MiCS) groups of dp/2 replicated across two groups.
+  std::vector<int> groups = {dp};
+  if (dp >= 2) groups.push_back(dp / 2);
+  for (const int group : groups) {
+    for (const char* grad_dtype : {"bf16", "fp32"}) {
+      const size_t g = std::string(grad_dtype) == "bf16" ? 2 : 4;
+      for (int stage : {0, 1, 2, 3}) {
+        auto j = config("gpt2-tiny");
+        j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
+        j["bf16"] = {{"enabled", true}};
+        j["data_types"] = {{"grad_accum_dtype", grad_dtype}};
+        j["zero_optimization"] = {{"stage", stage},
+                                  {"stage3_param_persistence_threshold", 2000},
+                                  {"mics_shard_size", group}};
+        Config cfg = parse_config(j);
+        resolve_batch(cfg, dp);
+        std::array<size_t, kNumMemCategories> before{};
+        for (MemCategory c : states) before[size_t(c)] = mem.current(c);
+        Engine engine(cfg, dataset_.get(), world_.get());
+        const ModelSpec& spec = engine.spec();
+        const size_t N = stage == 0 ? 1 : size_t(group);
+        const MemoryPrediction pred = predict_memory(cfg, spec, int(N));
+        const std::string what = "stage " + std::to_string(stage) + " dp " + std::to_string(dp) +
+                                 " shard group " + std::to_string(group) + " grads " + grad_dtype;
+        size_t measured = 0;
+        for (MemCategory c : states) {
+          const size_t got = mem.current(c) - before[size_t(c)];
+          EXPECT_EQ(got, pred.bytes[size_t(c)]) << what << " " << mem_category_name(c);
+          measured += got;
+        }
+        const size_t psi = size_t(spec.numel);
+        size_t formula = 0;
+        switch (stage) {
+          case 0:
+            formula = (2 + g + 12) * psi;
+            break;  // 16Ψ with bf16 gradients
+          case 1:
+            formula = (2 + g) * psi + 12 * psi / N;
+            break;  // 4Ψ + 12Ψ/N
+          case 2:
+            formula = 2 * psi + (g + 12) * psi / N;
+            break;  // 2Ψ + 14Ψ/N
+          default:
+            formula = (2 + g + 12) * psi / N;
+            break;  // 16Ψ/N
+        }
+        EXPECT_EQ(pred.formula, formula) << what;
+        EXPECT_EQ(measured, formula + pred.buffers) << what;
+        // The buffers: none below stage 2; then per-unit gradient buffers (embedding, head, two
+        // blocks); at stage 3 also the gathered-unit buffers and the persistent units.
+        const int64_t emb = spec.units.front().numel, head = spec.units.back().numel;
+        const int64_t block = spec.units[1].numel;
+        const size_t grad_bufs = size_t(emb + head + 2 * block) * g;
+        if (stage < 2) {
+          EXPECT_EQ(pred.buffers, 0u) << what;
+        } else if (stage == 2) {
+          EXPECT_EQ(pred.buffers, grad_bufs) << what;
+        } else {
+          EXPECT_GE(pred.buffers, grad_bufs + size_t(emb + block) * 2) << what;
+          EXPECT_LE(pred.buffers, grad_bufs + size_t(spec.numel) * 2) << what;
+        }
+        // Padding costs at most align-1 elements per unit.
+        EXPECT_LT(psi - size_t(spec.param_numel), spec.units.size() * N) << what;
+        const StepMetrics s = engine.train_batch();
+        for (MemCategory c : states) {
+          EXPECT_EQ(s.peak_bytes[size_t(c)] - before[size_t(c)], pred.bytes[size_t(c)])
+              << what << " step peak of " << mem_category_name(c);
+        }
       }
     }
   }
