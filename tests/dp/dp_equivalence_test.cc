@@ -251,13 +251,19 @@ TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
   std::vector<int> groups = {dp};
   if (dp >= 2) groups.push_back(dp / 2);
   for (const int group : groups) {
-    for (const char* grad_dtype : {"bf16", "fp32"}) {
+    // Parameter and gradient dtypes: bf16/bf16 (the 16Ψ family), bf16 with fp32
+    // accumulation, and fp32 (its own master copy: K = 8 for Adam's m and v).
+    for (auto [bf16_params, grad_dtype] :
+         {std::pair{true, "bf16"}, std::pair{true, "fp32"}, std::pair{false, "fp32"}}) {
+      const size_t p = bf16_params ? 2 : 4, k = bf16_params ? 12 : 8;
       const size_t g = std::string(grad_dtype) == "bf16" ? 2 : 4;
       for (int stage : {0, 1, 2, 3}) {
         auto j = config("gpt2-tiny");
         j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
-        j["bf16"] = {{"enabled", true}};
-        j["data_types"] = {{"grad_accum_dtype", grad_dtype}};
+        if (bf16_params) {
+          j["bf16"] = {{"enabled", true}};
+          j["data_types"] = {{"grad_accum_dtype", grad_dtype}};
+        }
         j["zero_optimization"] = {{"stage", stage},
                                   {"stage3_param_persistence_threshold", 2000},
                                   {"mics_shard_size", group}};
@@ -270,7 +276,8 @@ TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
         const size_t N = stage == 0 ? 1 : size_t(group);
         const MemoryPrediction pred = predict_memory(cfg, spec, int(N));
         const std::string what = "stage " + std::to_string(stage) + " dp " + std::to_string(dp) +
-                                 " shard group " + std::to_string(group) + " grads " + grad_dtype;
+                                 " shard group " + std::to_string(group) + " params " +
+                                 (bf16_params ? "bf16" : "fp32") + " grads " + grad_dtype;
         size_t measured = 0;
         for (MemCategory c : states) {
           const size_t got = mem.current(c) - before[size_t(c)];
@@ -281,16 +288,16 @@ TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
         size_t formula = 0;
         switch (stage) {
           case 0:
-            formula = (2 + g + 12) * psi;
-            break;  // 16Ψ with bf16 gradients
+            formula = (p + g + k) * psi;
+            break;  // 16Ψ with bf16 parameters and gradients
           case 1:
-            formula = (2 + g) * psi + 12 * psi / N;
+            formula = (p + g) * psi + k * psi / N;
             break;  // 4Ψ + 12Ψ/N
           case 2:
-            formula = 2 * psi + (g + 12) * psi / N;
+            formula = p * psi + (g + k) * psi / N;
             break;  // 2Ψ + 14Ψ/N
           default:
-            formula = (2 + g + 12) * psi / N;
+            formula = (p + g + k) * psi / N;
             break;  // 16Ψ/N
         }
         EXPECT_EQ(pred.formula, formula) << what;
@@ -305,8 +312,8 @@ TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
         } else if (stage == 2) {
           EXPECT_EQ(pred.buffers, grad_bufs) << what;
         } else {
-          EXPECT_GE(pred.buffers, grad_bufs + size_t(emb + block) * 2) << what;
-          EXPECT_LE(pred.buffers, grad_bufs + size_t(spec.numel) * 2) << what;
+          EXPECT_GE(pred.buffers, grad_bufs + size_t(emb + block) * p) << what;
+          EXPECT_LE(pred.buffers, grad_bufs + size_t(spec.numel) * p) << what;
         }
         // Padding costs at most align-1 elements per unit.
         EXPECT_LT(psi - size_t(spec.param_numel), spec.units.size() * N) << what;

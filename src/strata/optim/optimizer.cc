@@ -1,5 +1,7 @@
 #include "strata/optim/optimizer.h"
 
+#include <type_traits>
+
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/optimizer.h"
 
@@ -30,8 +32,10 @@ Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dty
                  "a parameter range lies outside the optimizer state");
   }
   const size_t bytes = size_t(state_numel_) * sizeof(float);
-  if (param_dtype == DType::F32 && !partitioned_) {
-    master_ = static_cast<float*>(params);  // fp32 training: the parameters are the master copy
+  if (param_dtype == DType::F32) {
+    // fp32 training: the parameters are the master copy (partitioned too: each range's master
+    // is its own elements of the parameters, full or packed).
+    master_ = static_cast<float*>(params);
   } else {
     master_buf_ = Buffer(MemCategory::MasterParams, bytes);
     master_ = master_buf_.as<float>();
@@ -41,17 +45,25 @@ Optimizer::Optimizer(const OptimizerConfig& c, DType param_dtype, DType grad_dty
   if (!sgd) v_ = Buffer(MemCategory::OptimizerState, bytes);
 }
 
+int64_t Optimizer::param_offset(const ParamRange& r) const {
+  return packed_.params ? r.state_offset : r.offset;
+}
+
+float* Optimizer::master_of(const ParamRange& r) {
+  return param_dtype_ == DType::F32 ? master_ + param_offset(r) : master_ + r.state_offset;
+}
+
 void Optimizer::publish() {
+  if (param_dtype_ == DType::F32) return;  // the master is the parameters
   if (!partitioned_) {
-    if (param_dtype_ != DType::F32)
-      convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
+    convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
     return;
   }
   char* p = static_cast<char*>(params_);
   const size_t ps = dtype_size(param_dtype_);
   for (const ParamRange& r : ranges_) {
-    convert(p + size_t(packed_.params ? r.state_offset : r.offset) * ps, param_dtype_,
-            master_ + r.state_offset, DType::F32, size_t(r.numel));
+    convert(p + size_t(param_offset(r)) * ps, param_dtype_, master_ + r.state_offset, DType::F32,
+            size_t(r.numel));
   }
 }
 
@@ -65,13 +77,16 @@ void step_range(const OptimizerConfig& c, float* master, T* param, const G* grad
   const float wd = r.decay ? c.weight_decay : 0.0f;
   T* p = param + (packed.params ? so : r.offset);
   const G* g = grad + (packed.grads ? so : r.offset);
+  // fp32 parameters are their own master copy: the kernels update them in place.
+  float* mst = master + so;
+  if constexpr (std::is_same_v<T, float>) mst = p;
   if (c.type == "sgd") {
-    kernels::sgd_step(master + so, p, g, m ? m + so : nullptr, size_t(r.numel), lr, c.momentum, wd,
+    kernels::sgd_step(mst, p, g, m ? m + so : nullptr, size_t(r.numel), lr, c.momentum, wd,
                       c.nesterov, grad_scale, step);
   } else {
     const bool adamw = c.type == "adamw" || c.adam_w_mode;
-    kernels::adam_step(master + so, p, g, m + so, v + so, size_t(r.numel), lr, c.beta1, c.beta2,
-                       c.eps, wd, grad_scale, step, adamw);
+    kernels::adam_step(mst, p, g, m + so, v + so, size_t(r.numel), lr, c.beta1, c.beta2, c.eps, wd,
+                       grad_scale, step, adamw);
   }
 }
 

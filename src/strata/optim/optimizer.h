@@ -6,8 +6,8 @@
 // state_numel elements at each range's state_offset; parameters and gradients are still
 // addressed by the range's offset in the full flat buffers — unless Packed says that the
 // parameters (ZeRO stage 3) or the gradients (stages 2-3) are partitioned too, laid out like the
-// state: then they are addressed by state_offset. The master is always a separate copy when
-// partitioned, and only the parameters inside the ranges are written.
+// state: then they are addressed by state_offset. Only the parameters inside the ranges are
+// written. fp32 parameters are their own master copy, partitioned or not (no MasterParams bytes).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,7 @@ struct Packed {
 
 class Optimizer {
  public:
-  // params: numel elements of param_dtype. The caller writes the initial values into master()
+  // params: numel elements of param_dtype. The caller writes the initial values through master_of()
   // (in fp32, unrounded) and calls publish(). state_numel < 0: the state covers the whole flat
   // buffer (every state_offset must be -1); otherwise the state is partitioned: state_numel
   // elements, every range with its state_offset.
@@ -48,13 +48,16 @@ class Optimizer {
   void step(const void* grads, float lr, float grad_scale);
 
   int64_t steps_taken() const { return step_; }
-  float* master() { return master_; }
+  // Where range r's fp32 master values live (r as given to the constructor, or any range inside
+  // one): the parameters themselves for fp32 parameters, else the partitioned master copy.
+  float* master_of(const ParamRange& r);
   float* moment1() { return m_.as<float>(); }
   float* moment2() { return v_.as<float>(); }
   int64_t numel() const { return numel_; }
   // Elements of master and of each moment: numel() unless partitioned.
   int64_t state_numel() const { return state_numel_; }
   bool partitioned() const { return partitioned_; }
+  const std::vector<ParamRange>& ranges() const { return ranges_; }
 
  private:
   OptimizerConfig cfg_;
@@ -64,6 +67,7 @@ class Optimizer {
   bool partitioned_;
   Packed packed_;
   std::vector<ParamRange> ranges_;
+  int64_t param_offset(const ParamRange& r) const;
   Buffer master_buf_, m_, v_;
   float* master_;
   int64_t step_ = 0;

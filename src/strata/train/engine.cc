@@ -1,7 +1,7 @@
 #include "strata/train/engine.h"
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -58,8 +58,8 @@ MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int sh
   const size_t p = dtype_size(o.param_dtype), g = dtype_size(o.grad_dtype);
   const bool sgd = cfg.optimizer.type == "sgd";
   const size_t moments = sgd ? (cfg.optimizer.momentum != 0.0f ? 1 : 0) : 2;
-  // Stage 0 in fp32 steps the parameters in place: they are the master copy.
-  const size_t master = stage == 0 && o.param_dtype == DType::F32 ? 0 : 4;
+  // fp32 parameters are stepped in place: they are the master copy (at every stage).
+  const size_t master = o.param_dtype == DType::F32 ? 0 : 4;
   const size_t k = master + 4 * moments;  // optimizer bytes per element: DeepSpeed's K
   MemoryPrediction m;
   auto at = [&](MemCategory c) -> size_t& { return m.bytes[size_t(c)]; };
@@ -146,11 +146,10 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
         std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, zero_->optimizer_params(), spec_.numel,
                                     owned, zero_->owned_numel(), zero_->packed());
     size_t pi = 0;
-    for (const ParamRange& r : owned) {
+    for (const ParamRange& r : optimizer_->ranges()) {
       while (spec_.params[pi].offset + spec_.params[pi].numel() <= r.offset) ++pi;
       const ParamSpec& p = spec_.params[pi];
-      init_param_slice(optimizer_->master() + r.state_offset, p, cfg_.train.seed,
-                       r.offset - p.offset, r.numel);
+      init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, r.offset - p.offset, r.numel);
     }
     optimizer_->publish();
     zero_->after_step();
@@ -159,8 +158,9 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     for (const ParamSpec& p : spec_.params) ranges.push_back({p.offset, p.numel(), p.decay});
     optimizer_ = std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, params_.data(), spec_.numel,
                                              std::move(ranges));
-    for (const ParamSpec& p : spec_.params) {
-      init_param_slice(optimizer_->master() + p.offset, p, cfg_.train.seed, 0, p.numel());
+    for (const ParamRange& r : optimizer_->ranges()) {
+      const ParamSpec& p = spec_.params[size_t(&r - optimizer_->ranges().data())];
+      init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, 0, p.numel());
     }
     optimizer_->publish();
   }

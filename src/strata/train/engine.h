@@ -66,12 +66,10 @@ class Engine {
   const ModelSpec& spec() const { return spec_; }
   const Config& config() const { return cfg_; }
   int64_t consumed_samples() const { return consumed_samples_; }
-  // The current parameters (param dtype) and the fp32 master copy, flat in ModelSpec order
-  // (under ZeRO the master holds only this rank's owned chunks, packed). params() is nullptr
-  // under ZeRO stage 3, which holds no whole copy: gather_params() assembles one (collective).
+  // The current parameters (param dtype), flat in ModelSpec order. nullptr under ZeRO stage 3,
+  // which holds no whole copy: gather_params() assembles one (a collective).
   const void* params() const { return params_.data(); }
   void gather_params(void* out);
-  const float* master() { return optimizer_->master(); }
   // ZeRO (stages 1-3 with a data-parallel communicator), or nullptr: stage 0.
   ZeroSync* zero() { return zero_.get(); }
   Transformer& model() { return *model_; }
