@@ -72,6 +72,22 @@ class DataParallel : public ::testing::Test {
     return out;
   }
 
+  // Every step's metrics; ZeRO must leave nothing in flight after a step.
+  static std::vector<StepMetrics> metrics(const nlohmann::json& j, comm::Communicator* dp,
+                                          int steps = kSteps) {
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, dp ? dp->size() : 1);
+    Engine engine(cfg, dataset_.get(), dp);
+    std::vector<StepMetrics> out;
+    for (int i = 0; i < steps; ++i) {
+      out.push_back(engine.train_batch());
+      if (engine.zero() != nullptr) {
+        EXPECT_FALSE(engine.zero()->in_flight()) << "step " << i;
+      }
+    }
+    return out;
+  }
+
   static std::unique_ptr<comm::Communicator> world_;
   static std::string path_;
   static std::unique_ptr<data::TokenDataset> dataset_;
@@ -187,21 +203,134 @@ TEST_F(DataParallel, ZeroStagesInBf16StayCloseToTheSingleProcessLosses) {
 TEST_F(DataParallel, HierarchicalShardingGivesTheSingleProcessLosses) {
   const int dp = world_->size();
   if (dp < 2) GTEST_SKIP() << "needs two shard groups";
-  auto j = config("gpt2-tiny");
-  j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
-  const std::vector<double> ref = losses(j, nullptr);
-  for (int stage : {1, 2, 3}) {
-    for (int gas : {1, 8}) {
-      auto k = config("gpt2-tiny");
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    auto j = config(preset);
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
+    const std::vector<double> ref = losses(j, nullptr);
+    // Groups of dp/2 (two replicas) and of 1 (every rank a replica: all-reduce only).
+    for (int group : {dp / 2, 1}) {
+      for (int stage : {1, 2, 3}) {
+        for (int gas : {1, 8}) {
+          auto k = config(preset);
+          k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
+          k["gradient_accumulation_steps"] = gas;
+          k["zero_optimization"] = {{"stage", stage},
+                                    {"mics_shard_size", group},
+                                    {"stage3_param_persistence_threshold", 0}};
+          const std::vector<double> got = losses(k, world_.get());
+          for (int s = 0; s < kSteps; ++s) {
+            EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
+                << preset << " mics " << group << " stage " << stage << " gas=" << gas << " step "
+                << s;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Five blocks: the two alternating stage-2/3 gradient buffers are reused within one backward,
+// and stage 3 evicts and re-gathers blocks under tight max_live / reuse settings.
+TEST_F(DataParallel, ZeroStagesOnDeeperModels) {
+  const int dp = world_->size();
+  const std::vector<nlohmann::json> layouts = {{{"stage", 2}, {"overlap_comm", true}},
+                                               {{"stage", 2}, {"overlap_comm", false}},
+                                               {{"stage", 3},
+                                                {"stage3_param_persistence_threshold", 0},
+                                                {"stage3_max_live_parameters", 1},
+                                                {"stage3_max_reuse_distance", 0}},
+                                               {{"stage", 3},
+                                                {"stage3_param_persistence_threshold", 3000},
+                                                {"stage3_prefetch_bucket_size", 15000},
+                                                {"stage3_max_live_parameters", 30000},
+                                                {"stage3_max_reuse_distance", 5000}}};
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    auto j = config(preset);
+    j["model"]["layers"] = 5;
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
+    const std::vector<double> ref = losses(j, nullptr);
+    for (int gas : {1, 3}) {
+      if (kGlobalBatch % (dp * gas) != 0) continue;
+      for (const nlohmann::json& zero : layouts) {
+        auto k = j;
+        k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
+        k["gradient_accumulation_steps"] = gas;
+        k["zero_optimization"] = zero;
+        const std::vector<StepMetrics> got = metrics(k, world_.get());
+        for (int s = 0; s < kSteps; ++s) {
+          EXPECT_NEAR(got[size_t(s)].loss, ref[size_t(s)], 1e-5 * ref[size_t(s)])
+              << preset << " L=5 gas=" << gas << " " << zero.dump() << " step " << s;
+        }
+      }
+    }
+  }
+}
+
+// fp16 with dynamic loss scaling and fp16 accumulation: every stage overflows, skips and moves
+// the loss scale on the same steps as stage 0 (the norm and the skip decision are global).
+TEST_F(DataParallel, ZeroStagesSkipFp16OverflowsLikeStage0) {
+  const int dp = world_->size();
+  for (int gas : {1, 2}) {
+    std::vector<std::vector<StepMetrics>> runs;
+    for (int stage : {0, 1, 2, 3}) {
+      auto k = config("llama-tiny");
       k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
       k["gradient_accumulation_steps"] = gas;
-      k["zero_optimization"] = {
-          {"stage", stage}, {"mics_shard_size", dp / 2}, {"stage3_param_persistence_threshold", 0}};
-      const std::vector<double> got = losses(k, world_.get());
-      for (int s = 0; s < kSteps; ++s) {
-        EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
-            << "mics " << dp / 2 << " stage " << stage << " gas=" << gas << " step " << s;
+      k["fp16"] = {{"enabled", true},
+                   {"initial_scale_power", 24},
+                   {"hysteresis", 1},
+                   {"loss_scale_window", 3}};
+      k["data_types"] = {{"grad_accum_dtype", "fp16"}};
+      k["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 0}};
+      runs.push_back(metrics(k, world_.get(), 12));
+    }
+    int skipped = 0;
+    for (const StepMetrics& s : runs[0]) skipped += s.skipped;
+    EXPECT_GT(skipped, 0) << "the test should overflow at 2^24";
+    for (size_t r = 1; r < runs.size(); ++r) {
+      for (size_t s = 0; s < runs[r].size(); ++s) {
+        EXPECT_EQ(runs[r][s].skipped, runs[0][s].skipped) << "stage " << r << " step " << s;
+        EXPECT_EQ(runs[r][s].loss_scale, runs[0][s].loss_scale) << "stage " << r << " step " << s;
+        EXPECT_NEAR(runs[r][s].loss, runs[0][s].loss, 2e-3 * runs[0][s].loss)
+            << "stage " << r << " step " << s;
       }
+    }
+  }
+}
+
+// Random stage-3 settings (prefetch, max_live, reuse distance, persistence, overlap) around the
+// model's unit sizes: never a failed gather, and the losses of the default stage-3 run.
+TEST_F(DataParallel, ZeroStage3SettingsNeverChangeTheMath) {
+  const int dp = world_->size();
+  const uint64_t key = rng_key(11, "stage3 sweep");
+  for (int trial = 0; trial < 24; ++trial) {
+    const char* preset = trial % 2 ? "gpt2-tiny" : "llama-tiny";
+    auto k = config(preset);
+    k["model"]["layers"] = 1 + int(rng_uniform(key, uint64_t(trial) * 8) * 5);
+    const ModelSpec spec = build_model_spec(parse_config(k).model, dp);
+    const int64_t blk = spec.units[1].numel, emb = spec.units.front().numel,
+                  head = spec.units.back().numel;
+    const int64_t scale[] = {0,       1,       blk / 2, blk,        blk + 1,
+                             2 * blk, 3 * blk, emb,     emb + head, 100000000};
+    const auto pick = [&](int i) {
+      return scale[int(rng_uniform(key, uint64_t(trial) * 8 + uint64_t(i)) * 10) % 10];
+    };
+    const int gas = rng_uniform(key, uint64_t(trial) * 8 + 6) < 0.5f ? 1 : 2;
+    k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
+    k["gradient_accumulation_steps"] = gas;
+    auto base = k;
+    base["zero_optimization"] = {{"stage", 3}};
+    k["zero_optimization"] = {
+        {"stage", 3},
+        {"stage3_prefetch_bucket_size", std::max<int64_t>(1, pick(1))},
+        {"stage3_max_live_parameters", pick(2)},
+        {"stage3_max_reuse_distance", pick(3)},
+        {"stage3_param_persistence_threshold", pick(4) == 100000000 ? 0 : pick(4)},
+        {"overlap_comm", rng_uniform(key, uint64_t(trial) * 8 + 5) < 0.5f}};
+    const std::vector<StepMetrics> got = metrics(k, world_.get(), 2);
+    const std::vector<StepMetrics> ref = metrics(base, world_.get(), 2);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(got[size_t(s)].loss, ref[size_t(s)].loss) << k["zero_optimization"].dump();
     }
   }
 }
@@ -371,6 +500,27 @@ TEST_F(DataParallel, ZeroStage3RefusesAcquiresOutOfOrder) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("out of the static gather order"), std::string::npos)
         << e.what();
+  }
+}
+
+TEST_F(DataParallel, MicsShardSizeMustDivideTheDataParallelSize) {
+  const int dp = world_->size();
+  std::vector<int> bad = {2 * dp};
+  if (dp == 4) bad.push_back(3);
+  for (int g : bad) {
+    auto j = config("gpt2-tiny");
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
+    j["zero_optimization"] = {{"stage", 3}, {"mics_shard_size", g}};
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, dp);
+    try {
+      Engine engine(cfg, dataset_.get(), world_.get());
+      ADD_FAILURE() << "mics_shard_size " << g << " at dp " << dp << " was accepted";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("mics_shard_size=" + std::to_string(g)),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -609,6 +609,10 @@ TEST(Config, RuntimeBlocksAndNotices) {
   }
   Config m0 = parse_config(with(kMinimal, {{"zero_optimization", {{"mics_shard_size", 2}}}}));
   EXPECT_TRUE(any_contains(config_notices(m0, 4), "mics_shard_size=2 has no effect at stage 0"));
+  Config m2 =
+      parse_config(with(kMinimal, {{"zero_optimization", {{"stage", 2}, {"mics_shard_size", 2}}}}));
+  EXPECT_TRUE(any_contains(config_notices(m2, 4), "DeepSpeed applies MiCS at stage 3 only"));
+  EXPECT_TRUE(any_contains(config_notices(m2, 4), "the bucket sizes apply at stage 0"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", {{"mics_shard_size", 0}}}})),
                        "mics_shard_size"));
 }

@@ -331,7 +331,8 @@ void Communicator::run(const detail::Op& op) {
   s_->stream->run_blocking(op);
 }
 
-std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) const {
+std::unique_ptr<Communicator> Communicator::split(int color, int key, std::string name) {
+  synchronize();  // MPI_Comm_split runs here, on the caller's thread: nothing may be in flight
   MPI_Comm sub = MPI_COMM_NULL;
   STRATA_MPI_CHECK(MPI_Comm_split(s_->comm, color, key, &sub));
   auto out = std::make_unique<Communicator>(sub, std::move(name));

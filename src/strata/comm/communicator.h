@@ -66,8 +66,8 @@ class Communicator {
   Communicator& operator=(const Communicator&) = delete;
 
   // A new communicator over the ranks of this group with the same color, ordered by key (as
-  // MPI_Comm_split); collective over this group.
-  std::unique_ptr<Communicator> split(int color, int key, std::string name) const;
+  // MPI_Comm_split); collective over this group. Waits for the operations issued so far.
+  std::unique_ptr<Communicator> split(int color, int key, std::string name);
 
   const std::string& name() const;
   int rank() const;

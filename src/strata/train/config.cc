@@ -119,6 +119,26 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
     add("zero_optimization.mics_shard_size=", z.mics_shard_size,
         " has no effect at stage 0: nothing is sharded");
   }
+  if (z.mics_shard_size > 0 && (z.stage == 1 || z.stage == 2) && !one) {
+    add("zero_optimization.mics_shard_size=", z.mics_shard_size, " at stage ", z.stage,
+        ": strata shards the stage-", z.stage, " states within groups of ", z.mics_shard_size,
+        " ranks and replicates them across groups (DeepSpeed applies MiCS at stage 3 only)");
+  }
+  if (z.stage >= 1 && !one) {
+    add("zero_optimization.reduce_bucket_size/allgather_bucket_size: at stage ", z.stage,
+        " each unit (embedding, block, head) is one reduce-scatter and one all-gather; the "
+        "bucket sizes apply at stage 0");
+  }
+  const ZeroConfig dz;
+  if (z.sub_group_size != dz.sub_group_size || z.round_robin_gradients ||
+      !z.reduce_scatter || z.stage3_model_persistence_threshold !=
+                               dz.stage3_model_persistence_threshold ||
+      z.mics_hierarchical_params_gather) {
+    add("zero_optimization.sub_group_size/round_robin_gradients/reduce_scatter/"
+        "stage3_model_persistence_threshold/mics_hierarchical_params_gather have no effect in "
+        "strata: the optimizer steps the whole partition at once, gradients are always "
+        "reduce-scattered and stage-3 gathers stay inside a shard group");
+  }
   if (one && (z.stage > 0 || z.overlap_comm)) {
     add("zero_optimization.overlap_comm/contiguous_gradients/reduce_bucket_size: nothing to "
         "communicate at 1 process");

@@ -27,7 +27,10 @@ bool zero_in_effect(const Config& cfg, const comm::Communicator* dp) {
 int shard_size(const Config& cfg, const comm::Communicator* dp) {
   if (!zero_in_effect(cfg, dp)) return 1;
   const int64_t g = cfg.zero.mics_shard_size;
-  if (g < 0 || g >= dp->size()) return dp->size();
+  if (g < 0 || g == dp->size()) return dp->size();
+  STRATA_INPUT_CHECK(g < dp->size(), "zero_optimization.mics_shard_size=", g,
+                     " exceeds the data-parallel size ", dp->size(),
+                     "; set it to the ranks of one host (a divisor of ", dp->size(), ") or -1");
   STRATA_INPUT_CHECK(dp->size() % g == 0, "zero_optimization.mics_shard_size=", g,
                      " must divide the data-parallel size ", dp->size(),
                      "; set it to a divisor (the ranks of one host) or -1");
@@ -209,6 +212,9 @@ uint64_t Engine::wire_bytes() const {
 }
 
 double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
+  STRATA_CHECK(params_.data() != nullptr && grads_.data() != nullptr,
+               "forward_backward needs whole parameters and gradients; ZeRO stage ",
+               cfg_.zero.stage, " partitions them (use train_batch)");
   const int64_t tokens = cfg_.train_micro_batch_size_per_gpu * cfg_.model.seq_len;
   double loss = model_->forward(inputs, targets, scaler_.scale() / float(tokens), true);
   model_->backward();

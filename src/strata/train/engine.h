@@ -74,7 +74,8 @@ class Engine {
   ZeroSync* zero() { return zero_.get(); }
   Transformer& model() { return *model_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
-  // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only).
+  // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
+  // flat buffers: not under ZeRO stages 2-3 (an error).
   double forward_backward(const int32_t* inputs, const int32_t* targets);
   const void* grads() const { return grads_.data(); }
   DType grad_dtype() const { return grad_dtype_; }

@@ -436,7 +436,10 @@ const void* ZeroSync::acquire_params(int unit) {
                " was acquired out of the static gather order (a model/trace mismatch)");
   ParamState& st = pstate_[size_t(unit)];
   ++pos_;
-  if (st.persistent) return persistent_at_[size_t(unit)];
+  if (st.persistent) {
+    prefetch();  // a pass may open with persistent units: start the next gathers now
+    return persistent_at_[size_t(unit)];
+  }
   if (st.slot < 0) {
     make_room(unit, int64_t(pos_ - 1), true);
     gather(unit);

@@ -21,9 +21,10 @@
 //            static (param_trace()), checked on every call, so ranks cannot diverge into a hang;
 //            gathers of the next units in that order are issued ahead while compute runs, up to
 //            stage3_prefetch_bucket_size elements; a released unit stays resident when its next
-//            use is within stage3_max_reuse_distance elements and a buffer is free; at most
-//            stage3_max_live_parameters elements are resident (the unit being acquired is always
-//            gathered). Units of at most stage3_param_persistence_threshold elements are kept
+//            use is within stage3_max_reuse_distance elements, until its buffer is needed for a
+//            unit used sooner; at most stage3_max_live_parameters elements are resident, except
+//            that the unit being acquired is always gathered (also past the limit, when nothing
+//            else can be released). Units of at most stage3_param_persistence_threshold elements are kept
 //            whole on every rank (DeepSpeed applies the threshold per parameter; strata's unit
 //            of gathering is the unit).
 //
