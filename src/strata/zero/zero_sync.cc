@@ -43,6 +43,12 @@ int pool_of(int unit, int units) {
   return unit == 0 ? kEmbeddingPool : unit == units - 1 ? kHeadPool : kBlockPool;
 }
 
+// Stages 2-3: two block gradient buffers alternate so that one reduces while backward fills the
+// other (overlap_comm); without overlap each reduction is waited at once and one is enough.
+int grad_block_slots(int units, const ZeroOptions& o) {
+  return std::min(o.overlap ? 2 : 1, units - 2);
+}
+
 bool persistent_unit(const UnitSpec& u, const ZeroOptions& o) {
   return u.numel <= o.persistence_threshold;
 }
@@ -57,7 +63,7 @@ ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOption
   for (int u = 1; u < n - 1; ++u) max_block = std::max(max_block, spec.units[size_t(u)].numel);
   if (o.stage >= 2) {
     b.grad_partition = spec.numel / shard_size * gs;
-    const int64_t block_slots = std::min(2, n - 2);
+    const int64_t block_slots = grad_block_slots(n, o);
     b.grad_slots =
         (spec.units.front().numel + spec.units.back().numel + block_slots * max_block) * gs;
   }
@@ -131,7 +137,7 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
     };
     add_slot(units_.front().numel);  // 0: embedding
     add_slot(units_.back().numel);   // 1: head
-    for (int k = 0; k < std::min(2, n - 2); ++k) add_slot(max_block);
+    for (int k = 0; k < grad_block_slots(n, o_); ++k) add_slot(max_block);
   }
   if (stage_ == 3) {
     param_part_buf_ = Buffer(MemCategory::Params, size_t(bufs_.param_partition));
@@ -185,7 +191,7 @@ int ZeroSync::grad_slot_of(int unit) const {
   const int n = int(units_.size());
   if (unit == 0) return 0;
   if (unit == n - 1) return 1;
-  return 2 + (unit - 1) % 2;
+  return 2 + (unit - 1) % grad_block_slots(n, o_);
 }
 
 void ZeroSync::begin_micro(bool boundary) {

@@ -14,8 +14,9 @@
 //   stage 2: gradients partitioned too. Backward accumulates a unit into a unit-sized buffer
 //            handed out by grads_for(); when the unit is done it is reduce-scattered on every
 //            micro-step and the owned chunk added into the gradient partition. Units are the
-//            buckets; two buffers alternate between blocks, so a block's reduction overlaps the
-//            next block's backward (overlap_comm; without it each reduction is waited at once).
+//            buckets; with overlap_comm two buffers alternate between blocks, so a block's
+//            reduction overlaps the next block's backward (without it, one buffer: each
+//            reduction is waited at once).
 //   stage 3: parameters partitioned too. A unit's parameters are all-gathered into a buffer
 //            before forward or backward reads them and released after. The order of acquires is
 //            static (param_trace()), checked on every call, so ranks cannot diverge into a hang;
