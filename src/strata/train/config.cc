@@ -130,9 +130,8 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
         "bucket sizes apply at stage 0");
   }
   const ZeroConfig dz;
-  if (z.sub_group_size != dz.sub_group_size || z.round_robin_gradients ||
-      !z.reduce_scatter || z.stage3_model_persistence_threshold !=
-                               dz.stage3_model_persistence_threshold ||
+  if (z.sub_group_size != dz.sub_group_size || z.round_robin_gradients || !z.reduce_scatter ||
+      z.stage3_model_persistence_threshold != dz.stage3_model_persistence_threshold ||
       z.mics_hierarchical_params_gather) {
     add("zero_optimization.sub_group_size/round_robin_gradients/reduce_scatter/"
         "stage3_model_persistence_threshold/mics_hierarchical_params_gather have no effect in "

@@ -1,13 +1,13 @@
 #include "strata/train/metrics.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
-
-#include <sys/resource.h>
 
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/matmul.h"

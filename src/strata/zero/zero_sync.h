@@ -25,9 +25,9 @@
 //            use is within stage3_max_reuse_distance elements, until its buffer is needed for a
 //            unit used sooner; at most stage3_max_live_parameters elements are resident, except
 //            that the unit being acquired is always gathered (also past the limit, when nothing
-//            else can be released). Units of at most stage3_param_persistence_threshold elements are kept
-//            whole on every rank (DeepSpeed applies the threshold per parameter; strata's unit
-//            of gathering is the unit).
+//            else can be released). Units of at most stage3_param_persistence_threshold elements
+//            are kept whole on every rank (DeepSpeed applies the threshold per parameter; strata's
+//            unit of gathering is the unit).
 //
 // At the boundary finish() waits for every reduction; with MiCS the gradient partition is then
 // all-reduced across the replica group, once per step. The optimizer steps the partition;
