@@ -63,9 +63,10 @@ ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOption
   for (int u = 1; u < n - 1; ++u) max_block = std::max(max_block, spec.units[size_t(u)].numel);
   if (o.stage >= 2) {
     b.grad_partition = spec.numel / shard_size * gs;
-    const int64_t block_slots = grad_block_slots(n, o);
+    b.grad_block_elems = max_block;
     b.grad_slots =
-        (spec.units.front().numel + spec.units.back().numel + block_slots * max_block) * gs;
+        (spec.units.front().numel + spec.units.back().numel + grad_block_slots(n, o) * max_block) *
+        gs;
   }
   if (o.stage == 3) {
     b.param_partition = spec.numel / shard_size * ps;
@@ -85,6 +86,7 @@ ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOption
       int64_t k = 1 + o.prefetch_elems / gathered_block;
       k = std::min(k, std::max<int64_t>(1, o.max_live / gathered_block));
       b.block_param_slots = int(std::min(k, gathered_blocks));
+      b.param_block_elems = gathered_block;
       b.param_slots += b.block_param_slots * gathered_block * ps;
     }
   }
@@ -129,15 +131,13 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
     grad_part_buf_ = Buffer(MemCategory::Grads, size_t(bufs_.grad_partition));
     grad_slot_buf_ = Buffer(MemCategory::Grads, size_t(bufs_.grad_slots));
     char* at = grad_slot_buf_.as<char>();
-    int64_t max_block = 0;
-    for (int u = 1; u < n - 1; ++u) max_block = std::max(max_block, units_[size_t(u)].numel);
     auto add_slot = [&](int64_t elems) {
       grad_slots_.push_back({at, -1, {}});
       at += size_t(elems) * gs_;
     };
     add_slot(units_.front().numel);  // 0: embedding
     add_slot(units_.back().numel);   // 1: head
-    for (int k = 0; k < grad_block_slots(n, o_); ++k) add_slot(max_block);
+    for (int k = 0; k < grad_block_slots(n, o_); ++k) add_slot(bufs_.grad_block_elems);
   }
   if (stage_ == 3) {
     param_part_buf_ = Buffer(MemCategory::Params, size_t(bufs_.param_partition));
@@ -160,12 +160,10 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
         Pool& pool = pools_[size_t(st.pool)];
         pool.base = slots, pool.slot_elems = unit.numel, pool.free = {0};
         slots += size_t(unit.numel) * ps_;
-      } else {
-        pools_[kBlockPool].slot_elems = std::max(pools_[kBlockPool].slot_elems, unit.numel);
       }
     }
     Pool& blocks = pools_[kBlockPool];
-    blocks.base = slots;
+    blocks.base = slots, blocks.slot_elems = bufs_.param_block_elems;
     for (int k = bufs_.block_param_slots - 1; k >= 0; --k) blocks.free.push_back(k);
     trace_ = param_trace(spec, Pass::Forward);
     forward_len_ = trace_.size();
@@ -407,7 +405,6 @@ void ZeroSync::gather(int unit) {
   const char* mine = param_part_buf_.as<char>() + size_t(units_[size_t(unit)].offset / size_) * ps_;
   st.gather = shard_.all_gather_async(mine, slot_data(st), size_t(chunk(unit)), o_.param_dtype);
   st.gathering = true;
-  ++gathers_issued_;
 }
 
 // Issues gathers for the units next in the trace, in trace order, while the prefetch budget,

@@ -59,12 +59,14 @@ struct ZeroOptions {
 
 // Bytes of each buffer ZeRO allocates on one rank, for the start-up prediction and the tests.
 struct ZeroBuffers {
-  int64_t param_partition = 0;  // stage 3: numel/G elements of the parameter dtype
-  int64_t persistent = 0;       // stage 3: whole persistent units
-  int64_t param_slots = 0;      // stage 3: buffers units are gathered into
-  int64_t grad_partition = 0;   // stages 2-3: numel/G elements of the gradient dtype
-  int64_t grad_slots = 0;       // stages 2-3: per-unit gradient buffers
-  int block_param_slots = 0;    // stage 3: how many blocks can be resident at once
+  int64_t param_partition = 0;    // stage 3: numel/G elements of the parameter dtype
+  int64_t persistent = 0;         // stage 3: whole persistent units
+  int64_t param_slots = 0;        // stage 3: buffers units are gathered into
+  int64_t grad_partition = 0;     // stages 2-3: numel/G elements of the gradient dtype
+  int64_t grad_slots = 0;         // stages 2-3: per-unit gradient buffers
+  int64_t grad_block_elems = 0;   // stages 2-3: elements of one block gradient buffer
+  int64_t param_block_elems = 0;  // stage 3: elements of one gathered-block buffer
+  int block_param_slots = 0;      // stage 3: how many blocks can be resident at once
 };
 ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOptions& o);
 
@@ -115,8 +117,6 @@ class ZeroSync final : public UnitHook {
   double gather_wait_seconds() const { return gather_wait_s_; }
   // Stage 3: most elements of gathered (non-persistent) units resident at once since creation.
   int64_t peak_live_elements() const { return peak_live_; }
-  int64_t gathers_issued() const { return gathers_issued_; }
-  const ZeroBuffers& buffers() const { return bufs_; }
 
  private:
   struct GradSlot {
@@ -178,7 +178,7 @@ class ZeroSync final : public UnitHook {
   std::vector<Pool> pools_;
   std::vector<int> trace_;
   size_t forward_len_ = 0, pos_ = 0;
-  int64_t live_ = 0, peak_live_ = 0, gathers_issued_ = 0;
+  int64_t live_ = 0, peak_live_ = 0;
   // Gathers at every step end for stages 1-2; replica all-reduces.
   std::vector<comm::Handle> gathers_;
 
