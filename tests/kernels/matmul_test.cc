@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "kernel_test_util.h"
+#include "strata/kernels/cpu/cpu_features.h"
 
 namespace strata::kernels {
 namespace {
@@ -111,19 +114,74 @@ TEST(Matmul, Fp32LayoutsAgainstReference) {
     }
 }
 
+// Runs the body once with bf16 matmuls forced onto each path (native oneDNN bf16 kernels — real
+// or emulated, whichever this CPU has — and widened to fp32), then restores the detected path.
+template <typename F>
+void on_each_bf16_path(F&& body) {
+  const Bf16Matmul detected = bf16_matmul_path();
+  for (Bf16Matmul p : {Bf16Matmul::Native, Bf16Matmul::Widened}) {
+    SCOPED_TRACE(testing::Message() << "bf16 matmul " << bf16_matmul_path_name(p));
+    set_bf16_matmul_path(p);
+    body();
+  }
+  set_bf16_matmul_path(detected);
+}
+
 TEST(Matmul, HalfOperandsAgainstReference) {
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
-      EXPECT_LT((matmul_error<bf16, bf16, float>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF32);
-      EXPECT_LT((matmul_error<bf16, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.5f, false)), kTolBf16);
-      EXPECT_LT((matmul_error<bf16, bf16, bf16>(33, 17, 29, 1, 1, ta, tb, 1.0f, true)), kTolBf16);
-      EXPECT_LT((matmul_error<f16, f16, f16>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF16);
-      EXPECT_LT((matmul_error<f16, f16, float>(33, 17, 29, 1, 1, ta, tb, 1.0f, false)), kTolF32);
-      // Mixed operand types (attention's fp32 score gradients times bf16 keys).
-      EXPECT_LT((matmul_error<float, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.25f, false)), kTolBf16);
-      EXPECT_LT((matmul_error<float, f16, float>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF32);
-    }
+  on_each_bf16_path([] {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
+        EXPECT_LT((matmul_error<bf16, bf16, float>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF32);
+        EXPECT_LT((matmul_error<bf16, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.5f, false)), kTolBf16);
+        EXPECT_LT((matmul_error<bf16, bf16, bf16>(33, 17, 29, 1, 1, ta, tb, 1.0f, true)), kTolBf16);
+        EXPECT_LT((matmul_error<f16, f16, f16>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF16);
+        EXPECT_LT((matmul_error<f16, f16, float>(33, 17, 29, 1, 1, ta, tb, 1.0f, false)), kTolF32);
+        // Mixed operand types (attention's fp32 score gradients times bf16 keys).
+        EXPECT_LT((matmul_error<float, bf16, bf16>(9, 12, 7, 2, 3, ta, tb, 0.25f, false)),
+                  kTolBf16);
+        EXPECT_LT((matmul_error<float, f16, float>(9, 12, 7, 2, 3, ta, tb, 1.0f, true)), kTolF32);
+      }
+  });
+}
+
+// The two bf16 paths compute the same bf16 GEMM with fp32 accumulation: on a linear layer's
+// forward and backward they agree within bf16 rounding (one ulp of the larger result), and the
+// widened path is the one chosen where the CPU has no bf16 dot product.
+TEST(Matmul, Bf16PathsAgree) {
+  const int M = 96, K = 160, N = 72;
+  auto inp = test::to_dtype<bf16>(test::rounded<bf16>(test::randn(M * K, "inp")));
+  auto wt = test::to_dtype<bf16>(test::rounded<bf16>(test::randn(N * K, "w")));
+  auto dy = test::to_dtype<bf16>(test::rounded<bf16>(test::randn(M * N, "dy")));
+  struct Out {
+    std::vector<float> y, dinp, dw;
+  };
+  auto run = [&](Bf16Matmul p) {
+    set_bf16_matmul_path(p);
+    std::vector<bf16> y(M * N), dinp(M * K);
+    std::vector<float> dw(N * K, 0.0f);
+    linear_forward(y.data(), inp.data(), wt.data(), static_cast<const bf16*>(nullptr), M, K, N);
+    linear_backward(dinp.data(), dw.data(), static_cast<float*>(nullptr), dy.data(), inp.data(),
+                    wt.data(), M, K, N);
+    Out o;
+    for (bf16 v : y) o.y.push_back(to_f32(v));
+    for (bf16 v : dinp) o.dinp.push_back(to_f32(v));
+    o.dw = dw;
+    return o;
+  };
+  const Bf16Matmul detected = bf16_matmul_path();
+  const Out native = run(Bf16Matmul::Native), widened = run(Bf16Matmul::Widened);
+  set_bf16_matmul_path(detected);
+  auto as_double = [](const std::vector<float>& v) {
+    return std::vector<double>(v.begin(), v.end());
+  };
+  EXPECT_LT(rel_err(native.y, as_double(widened.y)), kTolBf16);
+  EXPECT_LT(rel_err(native.dinp, as_double(widened.dinp)), kTolBf16);
+  EXPECT_LT(rel_err(native.dw, as_double(widened.dw)), 1e-5);  // fp32 results: order only
+  if (std::getenv("STRATA_BF16_MATMUL") == nullptr) {
+    EXPECT_EQ(detected, cpu_features().native_bf16() ? Bf16Matmul::Native : Bf16Matmul::Widened)
+        << describe_cpu();
+  }
 }
 
 // L = Σ W ⊙ C with C[b] = A[b]·B[b]: dA[b] = W[b]·B[b]ᵀ and dB[b] = A[b]ᵀ·W[b], computed with

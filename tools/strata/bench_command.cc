@@ -12,6 +12,7 @@
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/token_dataset.h"
+#include "strata/kernels/cpu/cpu_features.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
@@ -58,6 +59,11 @@ void run_bench(const BenchArgs& a) {
   const bool rank0 = world == 1 || comm::world_rank() == 0;
   std::unique_ptr<comm::Communicator> dp;
   if (world > 1) dp = std::make_unique<comm::Communicator>(MPI_COMM_WORLD, "dp");
+  const MachinePeak machine = measure_machine_peak(world > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL);
+  if (rank0) {
+    std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
+                machine.describe().c_str());
+  }
   for (const std::string& dt : a.dtypes) {
     DType dtype = parse_dtype(dt, "--dtype");
     nlohmann::json j = {{"train_micro_batch_size_per_gpu", a.micro_batch},
@@ -75,9 +81,7 @@ void run_bench(const BenchArgs& a) {
     resolve_batch(cfg, world);
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
     Engine engine(cfg, &tokens, dp.get());
-    // Measured on rank 0 alone would misstate the peak when ranks share the cores: MFU is
-    // against the peak of the threads this rank has.
-    const double peak = measured_matmul_peak_gflops(dtype, 2048);
+    const double peak = machine.gflops();
     for (int i = 0; i < a.warmup; ++i) engine.train_batch();
     std::vector<StepMetrics> runs;
     for (int i = 0; i < a.steps; ++i) runs.push_back(engine.train_batch());
@@ -94,8 +98,8 @@ void run_bench(const BenchArgs& a) {
         a.model.c_str(), dtype_name(dtype), static_cast<long long>(engine.spec().param_numel),
         static_cast<long long>(a.micro_batch), cfg.model.seq_len, omp_get_max_threads(),
         med.seconds, med.tokens_per_s, med.flops / med.seconds / 1e9, peak,
-        100.0 * med.flops / med.seconds / 1e9 / peak / world, format_bytes(mem).c_str(), med.loss,
-        world, med.comm_exposed_s);
+        100.0 * med.flops / med.seconds / 1e9 / peak, format_bytes(mem).c_str(), med.loss, world,
+        med.comm_exposed_s);
     std::fflush(stdout);
   }
 }

@@ -15,6 +15,7 @@
 #include "strata/core/check.h"
 #include "strata/data/prepare.h"
 #include "strata/data/token_dataset.h"
+#include "strata/kernels/cpu/cpu_features.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
@@ -100,20 +101,20 @@ void run_train(const TrainArgs& a) {
   Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr);
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
   const DType pt = cfg.param_dtype();
-  // Every rank measures its own peak at once (ranks sharing a host share its cores); the job's
-  // peak, MFU's denominator, is their sum.
-  float peak = float(measured_matmul_peak_gflops(pt, 1024));
-  if (groups) groups->world().all_reduce(&peak, 1, DType::F32, DType::F32);
+  const MachinePeak machine = measure_machine_peak(groups ? MPI_COMM_WORLD : MPI_COMM_NULL);
+  const double peak = machine.gflops();
   if (rank0) {
     std::printf(
         "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
-        "accumulation %lld x dp %d | data %s (%lld tokens) | %s peak matmul %.0f GFLOP/s\n",
+        "accumulation %lld x dp %d | data %s (%lld tokens)\n",
         cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
         static_cast<long long>(engine.spec().param_numel), dtype_name(pt), cfg.model.layers,
         cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
         static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
         static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), data_path.c_str(),
-        static_cast<long long>(dataset->num_tokens()), dtype_name(pt), peak);
+        static_cast<long long>(dataset->num_tokens()));
+    std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
+                machine.describe().c_str());
   }
   // Model-state memory per rank, predicted from the layout (ZeRO formula + buffers); the step
   // lines and metrics.jsonl give the measured peaks.

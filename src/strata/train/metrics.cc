@@ -1,44 +1,118 @@
 #include "strata/train/metrics.h"
 
+#include <omp.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "strata/core/check.h"
+#include "strata/kernels/cpu/cpu_features.h"
 #include "strata/kernels/cpu/matmul.h"
 
 namespace strata {
 
-double measured_matmul_peak_gflops(DType dtype, int n) {
-  static std::map<std::pair<DType, int>, double> cache;
-  auto key = std::make_pair(dtype, n);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
+namespace {
+
+// GFLOP/s of an n³ matmul with both operands in dtype and an fp32 result, on this process's
+// OpenMP threads: the best of 5 runs after a warm-up (the machine's capability, not its
+// momentary load).
+double gemm_gflops(DType dtype, int n) {
   const size_t elems = size_t(n) * size_t(n);
   Buffer a(MemCategory::Workspace, elems * dtype_size(dtype));
   Buffer b(MemCategory::Workspace, elems * dtype_size(dtype));
   Buffer c(MemCategory::Workspace, elems * sizeof(float));
+  std::memset(a.data(), 0, a.bytes());
+  std::memset(b.data(), 0, b.bytes());
   const int64_t batch[2] = {1, 1};
   auto run = [&] {
     kernels::matmul({c.data(), DType::F32, n}, {a.data(), dtype, n, 1}, {b.data(), dtype, 1, n}, n,
                     n, n, batch);
   };
-  run();  // warm-up: JIT and first touch
-  // The best of several runs: the machine's capability, not its momentary load.
+  run();  // JIT and first touch
   double best = 1e30;
   for (int i = 0; i < 5; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = std::chrono::steady_clock::now();
     run();
     best = std::min(best,
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  double gflops = 2.0 * double(n) * n * n / best / 1e9;
-  cache[key] = gflops;
-  return gflops;
+  return 2.0 * double(n) * n * n / best / 1e9;
+}
+
+// How many ranks' worth of cores this rank's host gives the job, divided among its ranks: a
+// host running L ranks of t threads on c cores runs min(L·t, c) threads at once, each rank's
+// measured peak covering min(t, c) of them. Summed over the ranks, the job's rank-equivalents.
+double rank_share(MPI_Comm world) {
+  int local = 1;
+  if (world != MPI_COMM_NULL) {
+    MPI_Comm host;
+    MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
+    MPI_Comm_size(host, &local);
+    MPI_Comm_free(&host);
+  }
+  const double t = double(omp_get_max_threads()), c = double(omp_get_num_procs());
+  return std::min(double(local) * t, c) / std::min(t, c) / double(local);
+}
+
+}  // namespace
+
+double MachinePeak::per_rank_gflops() const {
+  return std::max(fp32_gflops, bf16_gflops);
+}
+
+double MachinePeak::gflops() const {
+  return per_rank_gflops() * rank_equivalents;
+}
+
+std::string MachinePeak::describe() const {
+  char buf[512];
+  const bool bf16 = bf16_gflops > fp32_gflops;
+  std::snprintf(buf, sizeof buf,
+                "peak %.0f GFLOP/s = %s 2048^3 GEMM %.0f GFLOP/s on %d thread%s x %.2g rank%s "
+                "(fp32 %.0f, bf16 %s)",
+                gflops(), bf16 ? "bf16" : "fp32", per_rank_gflops(), threads,
+                threads == 1 ? "" : "s", rank_equivalents, rank_equivalents == 1.0 ? "" : "s",
+                fp32_gflops,
+                bf16_gflops > 0 ? (std::to_string(int(bf16_gflops + 0.5)) + " native").c_str()
+                                : "not native: widened to fp32");
+  return buf;
+}
+
+MachinePeak measure_machine_peak(MPI_Comm world) {
+  MachinePeak p;
+  p.threads = omp_get_max_threads();
+  int rank = 0;
+  if (world != MPI_COMM_NULL) MPI_Comm_rank(world, &rank);
+  double rates[2] = {0.0, 0.0};
+  if (rank == 0) {
+    rates[0] = gemm_gflops(DType::F32, 2048);
+    if (kernels::cpu_features().native_bf16()) {
+      rates[1] = gemm_gflops(DType::BF16, 2048);
+    }
+  }
+  if (world != MPI_COMM_NULL) {
+    // Rank 0 measures alone; the others wait without spinning on the cores it is timing.
+    MPI_Request req;
+    MPI_Ibcast(rates, 2, MPI_DOUBLE, 0, world, &req);
+    for (int done = 0;;) {
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (done) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    double share = rank_share(world);
+    MPI_Allreduce(&share, &p.rank_equivalents, 1, MPI_DOUBLE, MPI_SUM, world);
+  } else {
+    p.rank_equivalents = rank_share(MPI_COMM_NULL);
+  }
+  p.fp32_gflops = rates[0];
+  p.bf16_gflops = rates[1];
+  return p;
 }
 
 std::string describe_peaks(const StepMetrics& s) {

@@ -2,6 +2,8 @@
 // JSON object per optimizer step in <run_dir>/metrics.jsonl.
 #pragma once
 
+#include <mpi.h>
+
 #include <fstream>
 #include <string>
 
@@ -9,10 +11,22 @@
 
 namespace strata {
 
-// Peak GFLOP/s of a large matmul (n³, best of 5) in dtype on this machine with the current
-// OpenMP threads, measured once per (dtype, n) per process: the denominator of MFU. `strata bench`
-// uses n = 2048; training uses 1024 to keep start-up quick.
-double measured_matmul_peak_gflops(DType dtype, int n);
+// MFU's denominator, one figure per machine as Megatron and PaLM define it: the best large dense
+// GEMM the machine runs in any dtype — fp32, or bf16 where the CPU multiplies bf16 natively
+// (an emulated or widened bf16 kernel is no peak) — whatever dtype the run trains in. Rank 0
+// times a 2048³ GEMM alone with one rank's OpenMP threads while the others wait idle; the job's
+// peak multiplies it by the ranks' worth of cores the hosts have (ranks sharing cores count
+// once per core: 4 ranks × 1 thread on 2 cores are 2 ranks' worth).
+struct MachinePeak {
+  double fp32_gflops = 0.0, bf16_gflops = 0.0;  // one rank's threads; bf16 0 unless native
+  int threads = 1;
+  double rank_equivalents = 1.0;
+  double per_rank_gflops() const;
+  double gflops() const;  // the job's peak
+  std::string describe() const;
+};
+// A collective over world (MPI_COMM_NULL: one process).
+MachinePeak measure_machine_peak(MPI_Comm world);
 
 // With `breakdown` (wall_clock_breakdown) the line ends with forward, backward, exposed
 // gradient communication and optimizer times.

@@ -13,6 +13,7 @@
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
 #include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/cpu_features.h"
 #include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
@@ -206,39 +207,14 @@ void narrow_out(const MatOut& c, const float* src, int64_t M, int64_t N, const i
   }
 }
 
-bool probe_native(dnnl::memory::data_type dt) {
-  try {
-    dnnl::memory::desc md({16, 16}, dt, {16, 1});
-    dnnl::memory::desc od({16, 16}, dnnl::memory::data_type::f32, {16, 1});
-    dnnl::matmul::desc desc(md, md, od);
-    dnnl::matmul::primitive_desc pd(desc, cpu_engine());
-    return true;
-  } catch (const dnnl::error&) {
-    return false;
-  }
-}
-
-bool native_f16_matmul() {
-  static const bool ok = probe_native(dnnl::memory::data_type::f16);
-  return ok;
-}
-
-}  // namespace
-
-bool native_bf16_matmul() {
-  static const bool ok = probe_native(dnnl::memory::data_type::bf16);
-  return ok;
-}
-
-namespace {
-
-// oneDNN runs fp32 everywhere, or both operands in one half type it has kernels for with an
-// fp32 or same-type result. Anything else (f16 on a bf16-only CPU, mixed operand types, any
-// half type on a CPU without half kernels) is widened to fp32 first.
+// oneDNN runs fp32 everywhere, and two bf16 operands with an fp32 or bf16 result where the CPU
+// multiplies bf16 natively (bf16_matmul_path()). Anything else — bf16 without a native dot
+// product (oneDNN 2.6 would emulate it several times slower than fp32), fp16 (oneDNN 2.6 has no
+// fast fp16 matmul on CPUs), mixed operand types — is widened to fp32 first.
 bool runs_native(DType c, DType a, DType b) {
   if (a == DType::F32 && b == DType::F32 && c == DType::F32) return true;
-  if (a != b || a == DType::F32 || (c != DType::F32 && c != a)) return false;
-  return a == DType::BF16 ? native_bf16_matmul() : native_f16_matmul();
+  return a == DType::BF16 && b == DType::BF16 && (c == DType::F32 || c == DType::BF16) &&
+         bf16_matmul_path() == Bf16Matmul::Native;
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Matrix multiply on the CPU through oneDNN. Primitives are created once per shape and cached;
-// executing one allocates nothing. Operands and result may each be fp32, bf16 or fp16. Two
-// operands of one half type run on oneDNN's own kernels where the CPU has them (bf16: AVX512 /
-// AMX); anything else (no such kernels, mixed operand types) is widened to fp32 in a cached
+// executing one allocates nothing. Operands and result may each be fp32, bf16 or fp16. Two bf16
+// operands run on oneDNN's bf16 kernels where the CPU has a bf16 dot product (cpu_features.h);
+// anything else (no such instructions, fp16, mixed operand types) is widened to fp32 in a cached
 // workspace and multiplied in fp32, so results are the same up to accumulation order.
 // Not reentrant: calls from several threads at once share the cached plans and workspace.
 #pragma once
@@ -34,9 +34,6 @@ struct MatOut {
 // batch = {B0, B1}, each >= 1. With accumulate, c is read and added to (the += of backward).
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha = 1.0f, bool accumulate = false);
-
-// Whether oneDNN has a native bf16 matmul on this CPU (probed once).
-bool native_bf16_matmul();
 
 // Linear layers, weights stored [N, K] (out_features, in_features) as PyTorch does.
 // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N) [bias may be null]
