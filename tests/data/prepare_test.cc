@@ -117,6 +117,33 @@ TEST_F(PrepareTest, OverwritesAPreviousOutput) {
   EXPECT_EQ(open_dataset(path("o_train"))->num_tokens(), 8);
 }
 
+// An existing directory as the output (or a path ending in '/') gets the files inside it, named
+// for the split alone; a prefix beside it would land outside the directory the user named.
+TEST_F(PrepareTest, IntoADirectory) {
+  make_corpus();
+  fs::create_directories(path("out"));
+  const PrepareResult r = prepare_text_dataset({path("corpus")}, path("out"), "llmc", 0.1);
+  EXPECT_EQ(r.outputs, (std::vector<std::string>{path("out/train.bin"), path("out/val.bin")}));
+  EXPECT_EQ(concat(path("out/train.bin"), path("out/val.bin")), expected_stream());
+  EXPECT_FALSE(fs::exists(path("out_train.bin")));
+
+  const PrepareResult m =
+      prepare_text_dataset({path("corpus")}, path("out") + "/", "megatron", 0.0);
+  EXPECT_EQ(m.outputs, (std::vector<std::string>{path("out/train.bin"), path("out/train.idx")}));
+  EXPECT_EQ(read_all(*open_dataset(path("out/train"))), expected_stream());
+
+  // A trailing '/' names a directory to create.
+  const PrepareResult n =
+      prepare_text_dataset({path("corpus")}, path("new/sub") + "/", "llmc", 0.0);
+  EXPECT_EQ(n.outputs, std::vector<std::string>{path("new/sub/train.bin")});
+  EXPECT_TRUE(fs::is_regular_file(path("new/sub/train.bin")));
+
+  write_text(path("plain"), "");
+  expect_input_error(
+      [&] { prepare_text_dataset({path("corpus")}, path("plain") + "/", "llmc", 0.0); },
+      {"cannot create output directory " + path("plain") + "/"});
+}
+
 TEST_F(PrepareTest, Errors) {
   fs::create_directories(path("empty_dir/sub"));
   expect_input_error([&] { prepare_text_dataset({path("empty_dir")}, path("o"), "llmc", 0.1); },

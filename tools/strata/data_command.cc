@@ -34,7 +34,8 @@ void add_data_command(CLI::App& app) {
       "prepare", "Tokenize text files (byte-level) into an llm.c or Megatron dataset");
   p->add_option("--input,-i", prep->inputs, "text files or directories (recursive)")->required();
   p->add_option("--output,-o", prep->output,
-                "output prefix: writes PREFIX_train and PREFIX_val datasets")
+                "output prefix: writes PREFIX_train and PREFIX_val datasets; into an existing "
+                "directory (or a path ending in /): DIR/train and DIR/val")
       ->required();
   p->add_option("--format", prep->format, "llmc | megatron")
       ->check(CLI::IsMember({"llmc", "megatron"}));
@@ -44,10 +45,12 @@ void add_data_command(CLI::App& app) {
   p->callback([prep] {
     data::PrepareResult r =
         data::prepare_text_dataset(prep->inputs, prep->output, prep->format, prep->val_fraction);
+    std::string written;
+    for (const std::string& f : r.outputs) written += (written.empty() ? "" : ", ") + f;
     std::printf("%lld documents, %lld train tokens, %lld val tokens, %lld files skipped -> %s\n",
                 static_cast<long long>(r.documents), static_cast<long long>(r.train_tokens),
                 static_cast<long long>(r.val_tokens), static_cast<long long>(r.files_skipped),
-                prep->output.c_str());
+                written.c_str());
   });
 
   auto insp = std::make_shared<InspectArgs>();

@@ -86,15 +86,24 @@ std::vector<Document> classify(const std::vector<std::string>& files, PrepareRes
   return docs;
 }
 
+// Whether the outputs go inside `out_path` (DIR/train.bin) rather than beside it as a prefix
+// (PREFIX_train.bin): an existing directory, or a path ending in a separator.
+bool is_output_dir(const std::string& out_path) {
+  std::error_code ec;
+  return out_path.back() == '/' || fs::is_directory(out_path, ec);
+}
+
 // One split of the output, in either format.
 class Output {
  public:
-  Output(const std::string& out_path, const std::string& split, bool megatron) {
+  Output(const std::string& out_path, bool into_dir, const std::string& split, bool megatron) {
+    const std::string stem =
+        into_dir ? (fs::path(out_path) / split).string() : out_path + "_" + split;
     if (megatron) {
-      name_ = out_path + "_" + split;
+      name_ = stem;
       megatron_ = std::make_unique<MegatronWriter>(name_, TokenType::U16);
     } else {
-      name_ = out_path + "_" + split + ".bin";
+      name_ = stem + ".bin";
       llmc_ = std::make_unique<LlmcShardWriter>(name_, false);
     }
   }
@@ -163,7 +172,8 @@ PrepareResult prepare_text_dataset(const std::vector<std::string>& inputs,
                      "the inputs make ", total - val_target, " training tokens, more than an ",
                      "llm.c shard holds (2^31-1); use --format megatron");
 
-  const std::string dir = fs::path(out_path).parent_path().string();
+  const bool into_dir = is_output_dir(out_path);
+  const std::string dir = into_dir ? out_path : fs::path(out_path).parent_path().string();
   if (!dir.empty()) {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -171,9 +181,9 @@ PrepareResult prepare_text_dataset(const std::vector<std::string>& inputs,
                        ec ? ec.message() : "a file of that name exists",
                        "; choose an output path in a writable directory");
   }
-  Output train(out_path, "train", megatron);
+  Output train(out_path, into_dir, "train", megatron);
   std::unique_ptr<Output> val;
-  if (val_target > 0) val = std::make_unique<Output>(out_path, "val", megatron);
+  if (val_target > 0) val = std::make_unique<Output>(out_path, into_dir, "val", megatron);
 
   const ByteTokenizer tok;
   std::vector<int32_t> ids;

@@ -8,7 +8,10 @@
 // validation split (a document may straddle the cut; for Megatron it becomes two documents).
 //   format "llmc":     out_path + "_train.bin", out_path + "_val.bin" (uint16 llm.c shards)
 //   format "megatron": out_path + "_train.{bin,idx}", out_path + "_val.{bin,idx}" (uint16)
-// No val files are written when val_fraction is 0. Every file is written atomically.
+// When out_path is an existing directory or ends in '/', the files go inside it instead:
+// out_path/train.bin, out_path/val.bin (megatron: out_path/train.{bin,idx}, ...), the directory
+// created if needed. No val files are written when val_fraction is 0. Every file is written
+// atomically; `outputs` lists them.
 #pragma once
 
 #include <cstdint>
