@@ -612,9 +612,76 @@ TEST(Config, RuntimeBlocksAndNotices) {
   Config m2 =
       parse_config(with(kMinimal, {{"zero_optimization", {{"stage", 2}, {"mics_shard_size", 2}}}}));
   EXPECT_TRUE(any_contains(config_notices(m2, 4), "DeepSpeed applies MiCS at stage 3 only"));
-  EXPECT_TRUE(any_contains(config_notices(m2, 4), "the bucket sizes apply at stage 0"));
+  EXPECT_TRUE(any_contains(config_notices(m2, 4), "the bucket size applies at stage 0"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization", {{"mics_shard_size", 0}}}})),
                        "mics_shard_size"));
+}
+
+// Keys whose effect depends on the layout say so where they have none; where they act, silence.
+TEST(Config, NoticesFollowTheLayout) {
+  const auto notes = [](const json& patch, int world) {
+    return config_notices(parse_config(with(kMinimal, patch)), world);
+  };
+  EXPECT_TRUE(notes(json::object(), 4).empty());
+
+  // contiguous_gradients: always on in effect (unit-sized buffers at stages 2-3).
+  const json contiguous_off = {
+      {"zero_optimization", {{"stage", 2}, {"contiguous_gradients", false}}}};
+  EXPECT_TRUE(any_contains(notes(contiguous_off, 4), "contiguous_gradients=false has no effect"));
+  EXPECT_TRUE(any_contains(notes(contiguous_off, 1), "contiguous_gradients=false has no effect"));
+  EXPECT_FALSE(any_contains(notes({{"zero_optimization", {{"stage", 2}}}}, 4),
+                            "contiguous_gradients=false"));
+
+  // The stage-3 knobs act at stage 3 on several ranks only.
+  const json live = {{"zero_optimization", {{"stage", 2}, {"max_live_parameters", 1000}}}};
+  EXPECT_TRUE(any_contains(notes(live, 4),
+                           "zero_optimization.stage3_max_live_parameters has no effect at "
+                           "zero_optimization.stage=2: stage 3 only"));
+  EXPECT_TRUE(
+      notes({{"zero_optimization", {{"stage", 3}, {"max_live_parameters", 1000}}}}, 4).size() ==
+      1u);  // the unit-sized buckets line only
+
+  // Bucket sizes: reduce_bucket_size acts at stage 0 on several ranks; allgather_bucket_size never.
+  EXPECT_TRUE(notes({{"zero_optimization", {{"reduce_bucket_size", 1000}}}}, 4).empty());
+  EXPECT_TRUE(any_contains(notes({{"zero_optimization", {{"reduce_bucket_size", 1000}}}}, 1),
+                           "nothing to communicate at 1 process"));
+  for (int stage : {0, 2}) {
+    EXPECT_TRUE(any_contains(
+        notes({{"zero_optimization", {{"stage", stage}, {"allgather_bucket_size", 1000}}}}, 4),
+        "zero_optimization.allgather_bucket_size has no effect"))
+        << stage;
+  }
+  EXPECT_TRUE(any_contains(notes({{"zero_optimization", {{"allgather_partitions", false}}}}, 4),
+                           "zero_optimization.allgather_partitions=false has no effect"));
+
+  // Loss-scaling keys without fp16, overflow checks without bf16.
+  const json scaling = {{"loss_scale_window", 10}, {"hysteresis", 4}};
+  EXPECT_TRUE(any_contains(notes({{"fp16", scaling}}, 1),
+                           "fp16.loss_scale_window/hysteresis have no effect: fp16.enabled is "
+                           "false"));
+  json fp16_on = scaling;
+  fp16_on["enabled"] = true;
+  EXPECT_TRUE(notes({{"fp16", fp16_on}}, 1).empty());
+  EXPECT_TRUE(any_contains(notes({{"bf16", {{"check_grad_overflow", false}}}}, 1),
+                           "bf16.check_grad_overflow has no effect"));
+  EXPECT_TRUE(notes({{"bf16", {{"enabled", true}, {"check_grad_overflow", false}}}}, 1).empty());
+
+  // Parallelism keys without tensor or pipeline parallelism.
+  EXPECT_TRUE(any_contains(notes({{"parallelism", {{"order", "dp-tp-pp"}}}}, 4),
+                           "parallelism.order=dp-tp-pp has no effect"));
+  EXPECT_TRUE(any_contains(notes({{"parallelism", {{"schedule", "gpipe"}}}}, 4),
+                           "parallelism.schedule=gpipe has no effect with parallelism.pipeline=1"));
+  EXPECT_TRUE(notes({{"parallelism", {{"timeout_s", 30}}}}, 4).empty());
+  EXPECT_TRUE(any_contains(notes({{"parallelism", {{"timeout_s", 30}}}}, 1),
+                           "parallelism.timeout_s: no collectives to watch at 1 process"));
+
+  // Checkpoint keys: one line for those not yet in effect, naming only the ones given.
+  const std::vector<std::string> ckpt =
+      notes({{"checkpoint", {{"tag_validation", "Fail"}, {"use_node_local_storage", true}}}}, 4);
+  ASSERT_EQ(ckpt.size(), 1u);
+  EXPECT_EQ(ckpt[0],
+            "checkpoint.tag_validation/use_node_local_storage have no effect: no checkpoints are "
+            "saved or loaded yet");
 }
 
 TEST(Config, StrictJson) {

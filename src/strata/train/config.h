@@ -198,7 +198,13 @@ std::vector<std::string> model_preset_names();
 void finalize_model(ModelConfig& m);
 
 // Features that exist in the config but are not in effect at this layout/version: one line each,
-// printed at startup ("zero_optimization.stage=3 is honoured trivially at 1 process", ...).
+// printed at startup ("zero_optimization.stage=3 is honoured trivially at 1 process", ...). Every
+// key set to a value other than its default either changes what strata does or has a line here.
 std::vector<std::string> config_notices(const Config& c, int world_size);
+
+// Every key the config accepts, as the dotted path of a value ("zero_optimization.stage",
+// "checkpoint.parallel_write.pipeline_stage"): blocks are expanded into their keys, the legacy
+// "bfloat16" block is listed beside "bf16". In schema order.
+std::vector<std::string> config_schema_keys();
 
 }  // namespace strata

@@ -222,6 +222,32 @@ const Keys& keys_of(std::string_view path) {
   STRATA_FAIL("no config block '", std::string(path), "' in the schema");
 }
 
+}  // namespace strata::config_detail
+
+namespace strata {
+
+std::vector<std::string> config_schema_keys() {
+  using namespace config_detail;
+  const auto is_block = [](const std::string& path) {
+    for (const BlockSchema& b : schema()) {
+      if (b.path == path) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> out;
+  for (const BlockSchema& b : schema()) {
+    for (const std::string& key : *b.keys) {
+      const std::string path = join_path(b.path, key);
+      if (!is_block(path)) out.push_back(path);
+    }
+  }
+  return out;
+}
+
+}  // namespace strata
+
+namespace strata::config_detail {
+
 // ---- messages ----
 
 std::string lower(std::string_view s) {

@@ -1,0 +1,291 @@
+// The start-up notes for settings the config accepts that are not in effect: features of later
+// releases, DeepSpeed keys strata has no use for, and keys whose effect depends on the layout
+// (one process, the ZeRO stage). A key set to its default says nothing; any other value is never
+// silently ignored (tests/train/config_keys_test.cc walks the schema to keep it so).
+#include <initializer_list>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "strata/core/check.h"
+#include "strata/train/config.h"
+
+namespace strata {
+
+namespace {
+
+// "block.a/b/c" for the keys of `block` that are set (not at their default); "" when none.
+std::string keys_set(std::string_view block,
+                     std::initializer_list<std::pair<const char*, bool>> keys) {
+  std::string r;
+  for (const auto& [key, set] : keys) {
+    if (!set) continue;
+    r += r.empty() ? std::string(block) + "." : "/";
+    r += key;
+  }
+  return r;
+}
+
+// " has" or " have" for a keys_set() list.
+const char* has(const std::string& keys) {
+  return keys.find('/') == std::string::npos ? " has" : " have";
+}
+
+// The offload keys besides `device` that differ from their defaults.
+std::string offload_keys_set(std::string_view block, const OffloadConfig& o,
+                             const OffloadConfig& d) {
+  return keys_set(block, {{"nvme_path", o.nvme_path != d.nvme_path},
+                          {"buffer_count", o.buffer_count != d.buffer_count},
+                          {"buffer_size", o.buffer_size != d.buffer_size},
+                          {"max_in_cpu", o.max_in_cpu != d.max_in_cpu},
+                          {"pin_memory", o.pin_memory != d.pin_memory},
+                          {"pipeline_read", o.pipeline_read != d.pipeline_read},
+                          {"pipeline_write", o.pipeline_write != d.pipeline_write},
+                          {"fast_init", o.fast_init != d.fast_init},
+                          {"ratio", o.ratio != d.ratio}});
+}
+
+}  // namespace
+
+std::vector<std::string> config_notices(const Config& c, int world_size) {
+  std::vector<std::string> out;
+  const auto add = [&](auto&&... parts) { out.push_back(detail::concat(parts...)); };
+  const bool one = world_size == 1;
+
+  // ---- zero_optimization ----
+  const ZeroConfig& z = c.zero;
+  const ZeroConfig dz;
+  if (z.stage > 0 && one) {
+    add("zero_optimization.stage=", z.stage,
+        " is honoured trivially at 1 process: partitioning over one rank changes nothing");
+  }
+  if (z.mics_shard_size > 0 && z.stage == 0) {
+    add("zero_optimization.mics_shard_size=", z.mics_shard_size,
+        " has no effect at stage 0: nothing is sharded");
+  }
+  if (z.mics_shard_size > 0 && (z.stage == 1 || z.stage == 2) && !one) {
+    add("zero_optimization.mics_shard_size=", z.mics_shard_size, " at stage ", z.stage,
+        ": strata shards the stage-", z.stage, " states within groups of ", z.mics_shard_size,
+        " ranks and replicates them across groups (DeepSpeed applies MiCS at stage 3 only)");
+  }
+  if (z.stage >= 1 && !one) {
+    add("zero_optimization.reduce_bucket_size: at stage ", z.stage,
+        " each unit (embedding, block, head) is one reduce-scatter and one all-gather; the "
+        "bucket size applies at stage 0");
+  }
+  if (z.allgather_bucket_size != dz.allgather_bucket_size) {
+    add("zero_optimization.allgather_bucket_size has no effect: stage 0 all-gathers nothing and "
+        "stages 1-3 all-gather one unit (embedding, block, head) at a time");
+  }
+  if (!z.contiguous_gradients) {
+    add("zero_optimization.contiguous_gradients=false has no effect: strata's gradients are "
+        "always contiguous (one buffer at stages 0-1; at stages 2-3 each unit accumulates into a "
+        "unit-sized buffer that is reduce-scattered from there)");
+  }
+  if (!z.allgather_partitions) {
+    add("zero_optimization.allgather_partitions=false has no effect: updated partitions are "
+        "always all-gathered (DeepSpeed's false broadcasts them from each owner instead)");
+  }
+  if (!z.reduce_scatter) {
+    add("zero_optimization.reduce_scatter=false has no effect: at stages 1-3 gradients are always "
+        "reduce-scattered (all-reduced at stage 0)");
+  }
+  if (z.sub_group_size != dz.sub_group_size) {
+    add("zero_optimization.sub_group_size has no effect: the optimizer steps the whole partition "
+        "at once");
+  }
+  if (z.round_robin_gradients) {
+    add("zero_optimization.round_robin_gradients has no effect: it spreads gradient copies for "
+        "CPU offload, which is not in effect");
+  }
+  if (z.stage3_model_persistence_threshold != dz.stage3_model_persistence_threshold) {
+    add("zero_optimization.stage3_model_persistence_threshold has no effect: units stay whole by "
+        "stage3_param_persistence_threshold alone");
+  }
+  if (z.mics_hierarchical_params_gather) {
+    add("zero_optimization.mics_hierarchical_params_gather has no effect: stage-3 gathers stay "
+        "inside a shard group");
+  }
+  const std::string stage3_only = keys_set(
+      "zero_optimization",
+      {{"stage3_prefetch_bucket_size",
+        z.stage3_prefetch_bucket_size != dz.stage3_prefetch_bucket_size},
+       {"stage3_param_persistence_threshold",
+        z.stage3_param_persistence_threshold != dz.stage3_param_persistence_threshold},
+       {"stage3_max_live_parameters",
+        z.stage3_max_live_parameters != dz.stage3_max_live_parameters},
+       {"stage3_max_reuse_distance", z.stage3_max_reuse_distance != dz.stage3_max_reuse_distance}});
+  if (!stage3_only.empty() && z.stage != 3) {
+    add(stage3_only, has(stage3_only), " no effect at zero_optimization.stage=", z.stage,
+        ": stage 3 only");
+  }
+  const bool bucket_set = z.reduce_bucket_size != dz.reduce_bucket_size;
+  if (one && (z.stage > 0 || z.overlap_comm || bucket_set)) {
+    add("zero_optimization.overlap_comm/contiguous_gradients/reduce_bucket_size: nothing to "
+        "communicate at 1 process");
+  }
+  if (z.offload_param.device != "none") {
+    add("zero_optimization.offload_param.device=", z.offload_param.device,
+        " is not yet in effect: parameters stay in memory");
+  }
+  if (z.offload_optimizer.device != "none") {
+    add("zero_optimization.offload_optimizer.device=", z.offload_optimizer.device,
+        " is not yet in effect: optimizer states stay in memory");
+  }
+  for (const auto& [name, o, d] :
+       {std::tuple{"zero_optimization.offload_param", &z.offload_param, &dz.offload_param},
+        std::tuple{"zero_optimization.offload_optimizer", &z.offload_optimizer,
+                   &dz.offload_optimizer}}) {
+    const std::string keys = offload_keys_set(name, *o, *d);
+    if (!keys.empty()) add(keys, has(keys), " no effect: offload is not yet in effect");
+  }
+  if (z.stage3_gather_16bit_weights_on_model_save) {
+    add("zero_optimization.stage3_gather_16bit_weights_on_model_save is not yet in effect: no "
+        "checkpoints are written");
+  }
+
+  // ---- communication ----
+  if (one && c.communication_data_type) {
+    add("communication_data_type=", dtype_name(*c.communication_data_type),
+        ": nothing is communicated at 1 process");
+  }
+  if (c.prescale_gradients || c.gradient_predivide_factor != 1.0f) {
+    add(one ? "prescale_gradients/gradient_predivide_factor: no gradients are averaged over ranks "
+              "at 1 process"
+            : "prescale_gradients/gradient_predivide_factor are not needed: each rank's loss "
+              "gradient is already scaled by 1/(tokens of the global batch), so the sum over "
+              "ranks is the mean");
+  }
+
+  // ---- parallelism ----
+  const ParallelismConfig& p = c.parallelism;
+  const ParallelismConfig dp;
+  if (p.tensor > 1) {
+    add("parallelism.tensor=", p.tensor,
+        " is not yet in effect: every process holds and runs whole layers");
+  }
+  if (p.pipeline > 1) {
+    add("parallelism.pipeline=", p.pipeline, " (schedule ", p.schedule,
+        ") is not yet in effect: one stage runs every layer");
+  } else if (p.schedule != dp.schedule) {
+    add("parallelism.schedule=", p.schedule, " has no effect with parallelism.pipeline=1");
+  }
+  if (p.virtual_stages > 1) {
+    add("parallelism.virtual_stages=", p.virtual_stages, " is not yet in effect");
+  }
+  if (p.sequence_parallel) {
+    add("parallelism.sequence_parallel",
+        p.tensor == 1 ? " has no effect with parallelism.tensor=1" : " is not yet in effect");
+  }
+  if (p.order != dp.order) {
+    add("parallelism.order=", p.order,
+        " has no effect while tensor and pipeline parallelism are not in effect: every rank is a "
+        "data-parallel rank (`strata topology` shows the grid it would give)");
+  }
+  if (one && p.timeout_s != dp.timeout_s) {
+    add("parallelism.timeout_s: no collectives to watch at 1 process");
+  }
+
+  // ---- activation checkpointing ----
+  const ActivationCheckpointingConfig& a = c.activation_checkpointing;
+  const std::string ac =
+      keys_set("activation_checkpointing",
+               {{"partition_activations", a.partition_activations},
+                {"cpu_checkpointing", a.cpu_checkpointing},
+                {"contiguous_memory_optimization", a.contiguous_memory_optimization},
+                {"number_checkpoints", a.number_checkpoints.has_value()},
+                {"synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary},
+                {"profile", a.profile}});
+  if (!ac.empty()) add(ac, ": not yet in effect: activations are kept");
+
+  // ---- precision and optimizer ----
+  const Bf16Config& b = c.bf16;
+  if (b.immediate_grad_update) {
+    add("bf16.immediate_grad_update is not yet in effect: gradients are applied at the "
+        "accumulation boundary");
+  }
+  if (c.fp16_auto_cast) {
+    add("fp16.auto_cast is not yet in effect: the model runs in its parameter dtype");
+  }
+  const std::pair<const char*, bool> master[] = {
+      {"bf16.bf16_master_weights_and_grads", b.bf16_master_weights_and_grads},
+      {"bf16.bf16_optimizer_states", b.bf16_optimizer_states},
+      {"fp16.fp16_master_weights_and_grads", c.fp16_master_weights_and_grads}};
+  for (const auto& [name, on] : master) {
+    if (on) add(name, " is not yet in effect: the optimizer keeps an fp32 master copy");
+  }
+  if (!b.enabled && !b.check_grad_overflow) {
+    add("bf16.check_grad_overflow has no effect: bf16.enabled is false");
+  }
+  const Fp16Config& f = c.fp16;
+  const Fp16Config df;
+  const std::string scaling = keys_set(
+      "fp16", {{"loss_scale", f.loss_scale != df.loss_scale},
+               {"initial_scale_power", f.initial_scale_power != df.initial_scale_power},
+               {"loss_scale_window", f.loss_scale_window != df.loss_scale_window},
+               {"hysteresis", f.hysteresis != df.hysteresis},
+               {"consecutive_hysteresis", f.consecutive_hysteresis != df.consecutive_hysteresis},
+               {"min_loss_scale", f.min_loss_scale != df.min_loss_scale}});
+  if (!f.enabled && !scaling.empty()) {
+    add(scaling, has(scaling), " no effect: fp16.enabled is false");
+  }
+  if (c.optimizer_torch_adam) {
+    add("optimizer.params.torch_adam selects no other implementation: strata's Adam is the same "
+        "math as torch.optim's; it only makes AdamW's default weight_decay torch's 0.01");
+  }
+
+  // ---- elasticity, checkpoints, monitors ----
+  const ElasticityConfig& e = c.elasticity;
+  const ElasticityConfig de;
+  if (e.enabled) {
+    add("elasticity.enabled is not yet in effect: the batch comes from train_batch_size, "
+        "train_micro_batch_size_per_gpu and gradient_accumulation_steps");
+  }
+  const std::string elastic = keys_set(
+      "elasticity", {{"max_train_batch_size", e.max_train_batch_size != de.max_train_batch_size},
+                     {"micro_batch_sizes", e.micro_batch_sizes != de.micro_batch_sizes},
+                     {"min_gpus", e.min_gpus != de.min_gpus},
+                     {"max_gpus", e.max_gpus != de.max_gpus},
+                     {"min_time", e.min_time != de.min_time},
+                     {"version", e.version != de.version},
+                     {"ignore_non_elastic_batch_info",
+                      e.ignore_non_elastic_batch_info != de.ignore_non_elastic_batch_info},
+                     {"prefer_larger_batch", e.prefer_larger_batch != de.prefer_larger_batch},
+                     {"num_gpus_per_node", e.num_gpus_per_node != de.num_gpus_per_node},
+                     {"model_parallel_size", e.model_parallel_size != de.model_parallel_size}});
+  if (!elastic.empty()) add(elastic, has(elastic), " no effect: elasticity is not yet in effect");
+
+  const CheckpointConfig& k = c.checkpoint;
+  const CheckpointConfig dk;
+  if (!k.dir.empty() && k.interval > 0) {
+    add("checkpoint.dir=", k.dir, " and checkpoint.interval=", k.interval,
+        " are not yet in effect: no checkpoints are saved");
+  } else if (!k.dir.empty()) {
+    add("checkpoint.dir=", k.dir, " is not yet in effect: no checkpoints are saved");
+  }
+  if (k.load_universal) add("checkpoint.load_universal is not yet in effect: nothing is loaded");
+  const std::string ckpt =
+      keys_set("checkpoint", {{"tag_validation", k.tag_validation != dk.tag_validation},
+                              {"use_node_local_storage", k.use_node_local_storage},
+                              {"parallel_write.pipeline_stage", k.parallel_write_pipeline_stage}});
+  if (!ckpt.empty()) add(ckpt, has(ckpt), " no effect: no checkpoints are saved or loaded yet");
+
+  const MonitorConfig dm;
+  for (const auto& [name, m] :
+       {std::pair{"tensorboard", &c.tensorboard}, std::pair{"csv_monitor", &c.csv_monitor}}) {
+    if (m->enabled) add(name, ".enabled is not yet in effect: metrics go to train.run_dir only");
+    const std::string keys = keys_set(name, {{"output_path", m->output_path != dm.output_path},
+                                             {"job_name", m->job_name != dm.job_name}});
+    if (!keys.empty()) add(keys, has(keys), " no effect: metrics go to train.run_dir only");
+  }
+  const WandbConfig dw;
+  if (c.wandb.enabled) add("wandb.enabled is not yet in effect: metrics go to train.run_dir only");
+  const std::string wandb = keys_set("wandb", {{"group", c.wandb.group != dw.group},
+                                               {"team", c.wandb.team != dw.team},
+                                               {"project", c.wandb.project != dw.project}});
+  if (!wandb.empty()) add(wandb, has(wandb), " no effect: metrics go to train.run_dir only");
+  return out;
+}
+
+}  // namespace strata
