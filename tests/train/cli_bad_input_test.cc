@@ -1,14 +1,21 @@
-// `strata train` on each malformed config of tests/train/bad_configs exits with status 2 (bad
-// input) and prints the same message the parser test expects on stderr.
+// `strata` on bad input through the CLI: each malformed config of tests/train/bad_configs exits
+// with status 2 (bad input) and prints the message the parser test expects on stderr; a config
+// nested 100000 levels deep, an unreadable config and a missing data file exit 2 too, and a model
+// too large for memory exits 1. None of these messages shows a source location (".cc:"): those
+// are for broken invariants, not for what a user can fix.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "strata/data/llmc_shard.h"
+#include "strata/train/config.h"
 #include "tests/train/bad_configs.h"
 
 namespace strata {
@@ -16,13 +23,43 @@ namespace {
 
 using testing::BadConfig;
 
+std::string temp_dir() {
+  char tmpl[] = "/tmp/strata_cli_bad_input_XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  return tmpl;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct Result {
+  int code = -1;  // the exit status; -1 when a signal ended the process
+  std::string err;
+};
+
+// Runs `strata <args>` with stdout discarded.
+Result run_strata(const std::string& dir, const std::string& args) {
+  const std::string err = dir + "/stderr.txt";
+  const std::string cmd =
+      std::string("'") + STRATA_BINARY + "' " + args + " >/dev/null 2>'" + err + "'";
+  const int status = std::system(cmd.c_str());
+  Result r;
+  if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  r.err = read_text(err);
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
 class CliBadInputTest : public ::testing::TestWithParam<BadConfig> {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/strata_cli_bad_input_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = temp_dir(); }
   void TearDown() override {
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -32,21 +69,114 @@ class CliBadInputTest : public ::testing::TestWithParam<BadConfig> {
 
 TEST_P(CliBadInputTest, ExitsTwoWithTheMessageOnStderr) {
   const BadConfig& b = GetParam();
-  const std::string err = dir_ + "/stderr.txt";
-  const std::string cmd = std::string("'") + STRATA_BINARY + "' train --config '" + b.path +
-                          "' --steps 1 --run-dir '" + dir_ + "/run' >/dev/null 2>'" + err + "'";
-  const int status = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(status)) << cmd;
-  std::ifstream in(err);
-  std::stringstream text;
-  text << in.rdbuf();
-  EXPECT_EQ(WEXITSTATUS(status), 2) << cmd << "\nstderr: " << text.str();
-  EXPECT_NE(text.str().find(b.expect), std::string::npos)
-      << b.name << "\n  stderr: " << text.str() << "\n  expected: " << b.expect;
+  const Result r =
+      run_strata(dir_, "train --config '" + b.path + "' --steps 1 --run-dir '" + dir_ + "/run'");
+  EXPECT_EQ(r.code, 2) << b.name << "\nstderr: " << r.err;
+  EXPECT_TRUE(contains(r.err, b.expect))
+      << b.name << "\n  stderr: " << r.err << "\n  expected: " << b.expect;
+  EXPECT_FALSE(contains(r.err, ".cc:")) << b.name << " shows a source location: " << r.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Files, CliBadInputTest, ::testing::ValuesIn(testing::bad_configs()),
                          testing::bad_config_name);
+
+class CliInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = temp_dir();
+    std::vector<int32_t> tokens(2000);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i % 64);
+    data::write_llmc_shard(dir_ + "/tokens.bin", tokens, false);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::permissions(dir_ + "/locked.json", std::filesystem::perms::owner_all, ec);
+    std::filesystem::remove_all(dir_, ec);
+  }
+  void write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir_ + "/" + name, std::ios::binary) << text;
+  }
+  // `strata train` on config `name` (in the temp directory) with `extra` arguments.
+  Result train(const std::string& name, const std::string& extra = "") const {
+    return run_strata(dir_, "train --config '" + dir_ + "/" + name + "' --steps 1 --run-dir '" +
+                                dir_ + "/run' " + extra);
+  }
+  std::string dir_;
+};
+
+// 100000 levels of objects or arrays: the recursive parts of a JSON library (copying, printing,
+// destroying a tree) would overflow the stack; the parser stops at the limit first.
+TEST_F(CliInputTest, DeeplyNestedConfigExitsTwoNamingTheDepthLimit) {
+  const int levels = 100000;
+  std::string objects, arrays;
+  for (int i = 0; i < levels; ++i) objects += "{\"a\":", arrays += "[";
+  objects += "1", arrays += "1";
+  objects += std::string(levels, '}'), arrays += std::string(levels, ']');
+  write("objects.json", objects);
+  write("arrays.json", arrays);
+  write("model_arrays.json", "{\"train_micro_batch_size_per_gpu\": 1, \"model\": " + arrays + "}");
+  const std::string limit = "nests deeper than " + std::to_string(kMaxConfigDepth) + " levels";
+  for (const char* name : {"objects.json", "arrays.json", "model_arrays.json"}) {
+    const Result r = train(name);
+    EXPECT_EQ(r.code, 2) << name << " (-1: killed by a signal)\nstderr: " << r.err.substr(0, 500);
+    EXPECT_TRUE(contains(r.err, limit)) << name << ": " << r.err.substr(0, 500);
+    EXPECT_TRUE(contains(r.err, name)) << r.err.substr(0, 500);
+    EXPECT_FALSE(contains(r.err, ".cc:")) << r.err.substr(0, 500);
+  }
+  // A --set value is JSON too (50000 levels: one argument stays under Linux's 128 KiB).
+  write("ok.json", "{\"train_micro_batch_size_per_gpu\": 1}");
+  const std::string deep_set = std::string(50000, '[') + std::string(50000, ']');
+  const Result r = train("ok.json", "--set 'model=" + deep_set + "'");
+  EXPECT_EQ(r.code, 2) << r.err.substr(0, 500);
+  EXPECT_TRUE(contains(r.err, limit)) << r.err.substr(0, 500);
+}
+
+TEST_F(CliInputTest, FileErrorsExitTwoWithoutASourceLocation) {
+  write("tiny.json", R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "gpt2-tiny"}})");
+  std::filesystem::create_directory(dir_ + "/a_directory.json");
+  const Result dir_config = train("a_directory.json");
+  EXPECT_EQ(dir_config.code, 2) << dir_config.err;
+  EXPECT_TRUE(contains(dir_config.err, "a_directory.json is a directory")) << dir_config.err;
+  EXPECT_FALSE(contains(dir_config.err, ".cc:")) << dir_config.err;
+
+  const Result not_dir = train("tiny.json/inside.json");
+  EXPECT_EQ(not_dir.code, 2) << not_dir.err;
+  EXPECT_TRUE(contains(not_dir.err, "cannot read the config file")) << not_dir.err;
+  EXPECT_TRUE(contains(not_dir.err, "Not a directory")) << not_dir.err;
+  EXPECT_FALSE(contains(not_dir.err, ".cc:")) << not_dir.err;
+
+  const Result missing = train("tiny.json", "--data '" + dir_ + "/missing.bin'");
+  EXPECT_EQ(missing.code, 2) << missing.err;
+  EXPECT_TRUE(contains(missing.err, "missing.bin")) << missing.err;
+  EXPECT_FALSE(contains(missing.err, ".cc:")) << missing.err;
+
+  const Result dir_data = train("tiny.json", "--data '" + dir_ + "/a_directory.json'");
+  EXPECT_EQ(dir_data.code, 2) << dir_data.err;
+  EXPECT_FALSE(contains(dir_data.err, ".cc:")) << dir_data.err;
+
+  if (::geteuid() == 0) return;  // root reads files without read permission
+  write("locked.json", "{\"train_micro_batch_size_per_gpu\": 1}");
+  std::filesystem::permissions(dir_ + "/locked.json", std::filesystem::perms::none);
+  const Result locked = train("locked.json");
+  EXPECT_EQ(locked.code, 2) << locked.err;
+  EXPECT_TRUE(contains(locked.err, "cannot read the config file")) << locked.err;
+  EXPECT_TRUE(contains(locked.err, "Permission denied")) << locked.err;
+  EXPECT_FALSE(contains(locked.err, ".cc:")) << locked.err;
+}
+
+// 12·hidden² = 5·10^13 parameters: 192 TiB of fp32, more than any address space holds, so the
+// allocation fails whatever the machine (no page is touched). A runtime failure: exit 1.
+TEST_F(CliInputTest, ModelTooLargeForMemoryFailsWithWhatToChange) {
+  write("huge.json", R"({"train_micro_batch_size_per_gpu": 1, "steps_per_print": 0,
+      "model": {"family": "gpt2", "layers": 1, "hidden": 2097152, "heads": 1, "vocab": 64,
+                "seq_len": 16}})");
+  const Result r = train("huge.json", "--data '" + dir_ + "/tokens.bin'");
+  EXPECT_EQ(r.code, 1) << "(-1: killed by a signal)\nstderr: " << r.err;
+  EXPECT_TRUE(contains(r.err, "out of memory")) << r.err;
+  EXPECT_TRUE(contains(r.err, "train_micro_batch_size_per_gpu")) << r.err;
+  EXPECT_TRUE(contains(r.err, "zero_optimization.stage")) << r.err;
+  EXPECT_FALSE(contains(r.err, ".cc:")) << r.err;
+}
 
 }  // namespace
 }  // namespace strata

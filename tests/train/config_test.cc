@@ -33,6 +33,16 @@ std::string error_of(const json& j, const std::vector<std::string>& overrides = 
   return "";
 }
 
+// The InputError message of parse_json_strict on `text`; "" when it parses.
+std::string error_of_text(const std::string& text) {
+  try {
+    parse_json_strict(text, "cfg.json");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
@@ -706,6 +716,44 @@ TEST(Config, StrictJson) {
   } catch (const InputError& e) {
     EXPECT_TRUE(contains(e.what(), "cannot read the config file /nonexistent/strata.json"));
   }
+}
+
+// Nesting is refused past kMaxConfigDepth, before a recursive copy, dump or destructor could
+// overflow the stack: in text, in a tree built in code, and where --set values deepen a file.
+TEST(Config, NestingDepthIsLimited) {
+  const int n = kMaxConfigDepth;
+  const std::string limit = "nests deeper than " + std::to_string(n) + " levels";
+  const auto nested = [](int levels) {
+    return std::string(size_t(levels), '[') + std::string(size_t(levels), ']');
+  };
+  EXPECT_EQ(parse_json_strict(nested(n), "x").size(), 1u);
+  for (const std::string& text : {nested(n + 1), nested(100000), "{\"a\":" + nested(n) + "}"}) {
+    try {
+      parse_json_strict(text, "cfg.json");
+      ADD_FAILURE() << text.size();
+    } catch (const InputError& e) {
+      EXPECT_TRUE(contains(e.what(), "cfg.json: the JSON " + limit)) << e.what();
+      EXPECT_FALSE(contains(e.what(), "invalid JSON")) << e.what();
+    }
+  }
+  // A deep object names where it is.
+  std::string objects;
+  for (int i = 0; i < 1000; ++i) objects += "{\"zero_optimization\":";
+  objects += "1" + std::string(1000, '}');
+  EXPECT_TRUE(contains(error_of_text(objects), "(at zero_optimization.zero_optimization"));
+
+  json deep = 1;  // built by moves: a copy would recurse once per level
+  for (int i = 0; i < 100000; ++i) {
+    json outer = json::array();
+    outer.push_back(std::move(deep));
+    deep = std::move(outer);
+  }
+  EXPECT_TRUE(contains(error_of(deep), "the config: the JSON " + limit));
+
+  // The file's root object is level 1, so a --set value under "model" may nest n - 1 levels.
+  EXPECT_FALSE(contains(error_of(kMinimal, {"model=" + nested(n - 1)}), limit));
+  EXPECT_TRUE(contains(error_of(kMinimal, {"model=" + nested(n)}),
+                       "the config with its --set overrides: the JSON " + limit));
 }
 
 TEST(Config, UnknownKeySuggestions) {

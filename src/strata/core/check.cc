@@ -10,4 +10,8 @@ void throw_input_error(const std::string& msg) {
   throw InputError(msg);
 }
 
+void throw_runtime_error(const std::string& msg) {
+  throw Error(msg);
+}
+
 }  // namespace strata::detail

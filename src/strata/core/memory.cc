@@ -52,11 +52,17 @@ void MemoryTracker::reset_peaks() {
 
 Buffer::Buffer(MemCategory category, size_t bytes) : bytes_(bytes), category_(category) {
   if (bytes == 0) return;
-  size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = std::aligned_alloc(64, rounded);
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = rounded >= bytes ? std::aligned_alloc(64, rounded) : nullptr;  // no wrap-around
   if (data_ == nullptr) {
-    STRATA_FAIL("out of memory allocating ", format_bytes(bytes), " for ",
-                mem_category_name(category), "; reduce the micro-batch, the model or enable ZeRO");
+    // The user's model or batch does not fit: what to change, not where strata noticed.
+    const size_t held = MemoryTracker::instance().current_total();
+    STRATA_RUNTIME_FAIL("out of memory: cannot allocate ", format_bytes(bytes), " of ",
+                        mem_category_name(category),
+                        held > 0 ? " with " + format_bytes(held) + " allocated already" : "",
+                        "; reduce train_micro_batch_size_per_gpu, model.seq_len or the model, or "
+                        "run on several ranks with zero_optimization.stage 1-3 to shard the model "
+                        "states");
   }
   std::memset(data_, 0, rounded);
   MemoryTracker::instance().on_alloc(category, bytes);

@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -13,11 +14,13 @@ namespace strata {
 
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides) {
   using namespace config_detail;
+  check_json_depth(j, "the config");  // before anything copies or prints the tree
   if (!j.is_object() && !j.is_null()) {
     STRATA_INPUT_FAIL("the config must be a JSON object, got ", show(j));
   }
   json root = j.is_null() ? json::object() : j;
   for (const std::string& o : overrides) apply_override(root, o);
+  if (!overrides.empty()) check_json_depth(root, "the config with its --set overrides");
   Block top(&root, "", keys_of(""));
   top.nullable({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "steps_per_print", "communication_data_type", "optimizer", "scheduler"});
@@ -35,10 +38,19 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  STRATA_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "the config file ", path,
+                     " is a directory; give the path of a JSON file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) STRATA_INPUT_FAIL("cannot read the config file ", path, ": ", std::strerror(errno));
+  if (!in) {
+    STRATA_INPUT_FAIL("cannot read the config file ", path, ": ", std::strerror(errno),
+                      "; check the path and its permissions");
+  }
   std::ostringstream text;
   text << in.rdbuf();
+  if (in.bad()) {
+    STRATA_INPUT_FAIL("cannot read the config file ", path, ": ", std::strerror(errno));
+  }
   return parse_config(parse_json_strict(text.str(), path), overrides);
 }
 

@@ -177,12 +177,16 @@ struct Config {
   DType comm_dtype() const { return communication_data_type.value_or(param_dtype()); }
 };
 
+// The deepest nesting of objects and arrays a config may have (its own blocks nest at most 4).
+inline constexpr int kMaxConfigDepth = 64;
+
 // Parses and validates a whole config. `overrides` are "a.b.c=value" strings applied to the JSON
 // before validation (value parsed as JSON, else taken as a string). Throws InputError.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {});
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Parses JSON text strictly: a duplicate key anywhere is an InputError naming its path; invalid
-// JSON names the line and column. `origin` (a file name) starts the messages.
+// JSON names the line and column; nesting deeper than kMaxConfigDepth (objects and arrays) is
+// refused before it is built. `origin` (a file name) starts the messages.
 nlohmann::json parse_json_strict(std::string_view text, std::string_view origin);
 
 // Resolves the batch triangle for a data-parallel size as DeepSpeed does (floor division when

@@ -107,6 +107,10 @@ void parse_layout_blocks(const Block& top, Config& c);   // parallelism, data, t
 // Checks that span blocks (ZeRO with the optimizer, precision with data_types, ...).
 void check_cross_block(Config& c);
 
+// Throws the InputError of parse_json_strict when `j` nests deeper than kMaxConfigDepth (a tree
+// built in code, or a file's tree with --set values inside it).
+void check_json_depth(const json& j, std::string_view origin);
+
 // Applies one "--set a.b.c=value" to the tree.
 void apply_override(json& root, const std::string& spec);
 

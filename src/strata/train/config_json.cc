@@ -1,4 +1,5 @@
-// The block reader with its typed getters, JSON text without duplicate keys, and --set overrides.
+// The block reader with its typed getters, JSON text without duplicate keys or runaway nesting,
+// and --set overrides.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -17,6 +18,14 @@ std::string fmt_num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.9g", v);
   return buf;
+}
+
+// The message for a config nesting past kMaxConfigDepth; `at` locates it ("" when unknown).
+std::string too_deep_message(std::string_view at) {
+  return detail::concat("the JSON nests deeper than ", kMaxConfigDepth, " levels",
+                        at.empty() ? "" : " (at ", at, at.empty() ? "" : ")",
+                        "; strata's configs nest 4 levels at most (optimizer.params.betas): look "
+                        "for runaway brackets");
 }
 
 }  // namespace
@@ -217,6 +226,7 @@ class StrictDom : public nlohmann::json_sax<json> {
   bool string(string_t& v) override { return put(json(v)) != nullptr; }
   bool binary(binary_t& v) override { return put(json::binary(v)) != nullptr; }
   bool start_object(std::size_t) override {
+    if (too_deep()) return false;
     frames_.push_back({put(json::object()), {}, {}});
     return true;
   }
@@ -234,6 +244,7 @@ class StrictDom : public nlohmann::json_sax<json> {
     return true;
   }
   bool start_array(std::size_t) override {
+    if (too_deep()) return false;
     frames_.push_back({put(json::array()), {}, {}});
     return true;
   }
@@ -247,11 +258,13 @@ class StrictDom : public nlohmann::json_sax<json> {
     std::string what = ex.what();
     const size_t p = what.find("] ");
     error_ = p == std::string::npos ? what : what.substr(p + 2);
+    invalid_ = true;
     return false;
   }
 
   json root;
   std::string error_;
+  bool invalid_ = false;  // the text is not JSON (else valid JSON that strata refuses)
 
  private:
   struct Frame {
@@ -273,6 +286,16 @@ class StrictDom : public nlohmann::json_sax<json> {
     json& slot = (*f.value)[f.key];
     slot = std::move(v);
     return &slot;
+  }
+
+  // Stops the parse before a container opens past the depth limit: the DOM is built without
+  // recursion, but copying or dumping a tree recurses once per level.
+  bool too_deep() {
+    if (frames_.size() < size_t(kMaxConfigDepth)) return false;
+    std::string at = path();
+    if (at.size() > 40) at = at.substr(0, 40) + "...";
+    error_ = too_deep_message(at);
+    return true;
   }
 
   // The path of the innermost open value: object keys and array indices.
@@ -301,16 +324,26 @@ namespace strata {
 nlohmann::json parse_json_strict(std::string_view text, std::string_view origin) {
   config_detail::StrictDom dom;
   const bool ok = nlohmann::json::sax_parse(text.begin(), text.end(), &dom);
-  if (!ok) {
-    const bool duplicate = dom.error_.rfind("duplicate key", 0) == 0;
-    STRATA_INPUT_FAIL(origin, ": ", duplicate ? "" : "invalid JSON: ", dom.error_);
-  }
+  if (!ok) STRATA_INPUT_FAIL(origin, ": ", dom.invalid_ ? "invalid JSON: " : "", dom.error_);
   return std::move(dom.root);
 }
 
 }  // namespace strata
 
 namespace strata::config_detail {
+
+void check_json_depth(const json& j, std::string_view origin) {
+  // Recursion bounded by the limit: it returns at the first level past it.
+  const auto depth_ok = [](const auto& self, const json& v, int depth) -> bool {
+    if (!v.is_structured()) return true;
+    if (depth >= kMaxConfigDepth) return false;
+    for (const json& child : v) {
+      if (!self(self, child, depth + 1)) return false;
+    }
+    return true;
+  };
+  STRATA_INPUT_CHECK(depth_ok(depth_ok, j, 0), origin, ": ", too_deep_message(""));
+}
 
 void apply_override(json& root, const std::string& spec) {
   const size_t eq = spec.find('=');
