@@ -1,0 +1,71 @@
+// Heap allocation counting for tests that claim a step allocates nothing. alloc_hooks.cc replaces
+// malloc, calloc, realloc, free, aligned_alloc, posix_memalign, memalign, valloc, pvalloc and
+// every replaceable operator new and delete in the binary that links it (the executable's
+// definitions interpose glibc's for the whole process, shared libraries included) and forwards
+// them to glibc's (__libc_malloc and friends). While a window is open, each allocation on any
+// thread is counted under the origin of its call stack, and the bytes it keeps live are tracked
+// until it is freed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace strata::test {
+
+// Where an allocation comes from: the module of the first frame of its call stack outside the
+// allocation plumbing (libc, libstdc++, libgcc_s, the dynamic loader), so that libstdc++ code
+// called by strata counts as strata's and libstdc++ code called by oneDNN as oneDNN's.
+enum class AllocOrigin : int {
+  Strata,  // the executable: strata's static libraries and the test itself
+  OneDnn,  // libdnnl
+  OpenMp,  // libgomp
+  Mpi,     // libmpi, libopen-pal, libopen-rte, their plugins and the libraries only they use
+  Other,   // any other module, or a stack that could not be attributed
+};
+inline constexpr int kNumAllocOrigins = 5;
+const char* alloc_origin_name(AllocOrigin o);
+
+struct AllocCounts {
+  int64_t calls = 0;  // allocating calls; realloc counts once
+  int64_t bytes = 0;  // bytes requested
+};
+
+struct AllocReport {
+  // [origin][0: the thread that opened the window; 1: every other thread]
+  std::array<std::array<AllocCounts, 2>, kNumAllocOrigins> counts{};
+  // Per origin, the most bytes allocated inside the window and not yet freed at any moment of
+  // it. Blocks that existed before the window are not subtracted when freed, so a step that
+  // frees an old block and allocates a new one still shows the new one.
+  std::array<int64_t, kNumAllocOrigins> peak_live{};
+  std::array<int64_t, kNumAllocOrigins> live_at_end{};
+  // The return addresses of the first few allocations per origin, innermost first.
+  std::array<std::vector<std::vector<uintptr_t>>, kNumAllocOrigins> stacks;
+  bool table_full = false;  // too many blocks to track: peaks are not reliable
+
+  const AllocCounts& on_this_thread(AllocOrigin o) const { return counts[int(o)][0]; }
+  const AllocCounts& on_other_threads(AllocOrigin o) const { return counts[int(o)][1]; }
+  int64_t calls(AllocOrigin o) const { return counts[int(o)][0].calls + counts[int(o)][1].calls; }
+  int64_t peak(AllocOrigin o) const { return peak_live[int(o)]; }
+  // A line per origin with allocations ("strata: 3 calls (2 on this thread), 96 B, peak live
+  // 64 B, live at end 0 B"), then the recorded stacks of the origins asked for, symbolised
+  // (addr2line for the executable's frames).
+  std::string describe(const std::vector<AllocOrigin>& with_stacks = {}) const;
+};
+
+// The verdict on a steady-state training step: nothing attributed to strata (its code on any
+// thread: the compute thread, the communication thread, OpenMP's workers) nor to an unknown
+// module; what oneDNN, libgomp and OpenMPI allocate internally is exempt within the limits that
+// alloc_hooks.cc justifies. The failure message lists the origins and the offending stacks.
+::testing::AssertionResult allocates_nothing_of_its_own(const AllocReport& r);
+
+// Opens a counting window; the calling thread is "this thread" of the report. One window at a
+// time. Modules loaded later (dlopen) count as Other until the next window.
+void start_counting();
+// Closes the window and reports on it.
+AllocReport stop_counting();
+
+}  // namespace strata::test

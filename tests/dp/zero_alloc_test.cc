@@ -1,0 +1,81 @@
+// ZeRO under mpirun at dp = 2: after warm-up steps, a step allocates nothing in strata's code on
+// any thread (the compute thread, the communication thread that runs the collectives, OpenMP's
+// workers), and no tracked buffer peaks above its level before the step. Counted with
+// tests/alloc_hooks.h, which says what oneDNN, libgomp and OpenMPI may allocate themselves.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+#include "strata/core/memory.h"
+#include "strata/train/config.h"
+#include "strata/train/engine.h"
+#include "strata/zero/zero_sync.h"
+#include "tests/alloc_hooks.h"
+
+namespace strata {
+namespace {
+
+using test::AllocOrigin;
+using test::AllocReport;
+
+TEST(ZeroAllocations, SteadyStateStepAllocatesNothing) {
+  comm::Communicator world(MPI_COMM_WORLD, "dp");
+  MemoryTracker& tracker = MemoryTracker::instance();
+  const std::vector<nlohmann::json> layouts = {
+      {{"stage", 2}, {"overlap_comm", true}, {"reduce_bucket_size", 3000}},
+      {{"stage", 3}, {"overlap_comm", true}},
+      // Every unit gathered, with prefetch.
+      {{"stage", 3},
+       {"overlap_comm", true},
+       {"stage3_param_persistence_threshold", 0},
+       {"stage3_prefetch_bucket_size", 40000}},
+  };
+  for (const nlohmann::json& zero : layouts) {
+    SCOPED_TRACE(zero.dump());
+    nlohmann::json j = {{"train_batch_size", 8},
+                        {"train_micro_batch_size_per_gpu", 2},
+                        {"steps_per_print", 0},
+                        {"model", {{"preset", "gpt2-tiny"}}}};
+    j["zero_optimization"] = zero;
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, world.size());
+    Engine engine(cfg, nullptr, &world);
+    ASSERT_NE(engine.zero(), nullptr);
+    const int64_t local = cfg.train_batch_size / world.size();
+    std::vector<int32_t> tokens(size_t(local * cfg.model.seq_len));
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = int32_t((i * 5 + size_t(world.rank())) % 64);
+    }
+    for (int i = 0; i < 3; ++i) engine.train_batch_on(tokens.data(), tokens.data());
+    for (int step = 0; step < 3; ++step) {
+      std::array<size_t, kNumMemCategories> level{};
+      for (int c = 0; c < kNumMemCategories; ++c) {
+        level[size_t(c)] = tracker.current(MemCategory(c));
+      }
+      test::start_counting();
+      const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
+      const AllocReport r = test::stop_counting();
+      if (step == 0 && world.rank() == 0) {
+        std::printf("%s, allocations in a step on rank 0:\n%s", zero.dump().c_str(),
+                    r.describe().c_str());
+      }
+      EXPECT_FALSE(engine.zero()->in_flight());
+      EXPECT_TRUE(test::allocates_nothing_of_its_own(r))
+          << "rank " << world.rank() << " step " << step;
+      for (int c = 0; c < kNumMemCategories; ++c) {
+        const char* name = mem_category_name(MemCategory(c));
+        EXPECT_EQ(tracker.peak(MemCategory(c)), level[size_t(c)]) << name;
+        EXPECT_EQ(m.peak_bytes[size_t(c)], level[size_t(c)]) << name;
+        EXPECT_EQ(tracker.current(MemCategory(c)), level[size_t(c)]) << name;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace strata
