@@ -20,7 +20,7 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
-#include "strata/zero/grad_sync.h"
+#include "strata/zero/grad_reducer.h"
 #include "strata/zero/zero_sync.h"
 
 namespace strata {
@@ -28,6 +28,7 @@ namespace {
 
 constexpr int kSteps = 20;
 constexpr int kGlobalBatch = 64;
+constexpr int kWideVocab = 1000;
 
 class DataParallel : public ::testing::Test {
  protected:
@@ -44,11 +45,32 @@ class DataParallel : public ::testing::Test {
     }
     data::write_llmc_shard(path_, tokens, false);
     dataset_ = data::open_dataset(path_, "llmc");
+    // Tokens over a 1000-word vocabulary: every vocabulary unit of the wide models sees some,
+    // in a learnable pattern.
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = rng_uniform(key, i + (2u << 24)) < 0.3f
+                      ? int32_t(rng_uniform(key, i + (3u << 24)) * kWideVocab) % kWideVocab
+                      : int32_t((i * 37) % 997);
+    }
+    wide_path_ = path_ + ".wide";
+    data::write_llmc_shard(wide_path_, tokens, false);
+    wide_dataset_ = data::open_dataset(wide_path_, "llmc");
   }
   static void TearDownTestSuite() {
     dataset_.reset();
+    wide_dataset_.reset();
     std::filesystem::remove(path_);
+    std::filesystem::remove(wide_path_);
     world_.reset();
+  }
+
+  // A tiny model with a 1000-word vocabulary: its (V, C) matrices span several vocabulary units
+  // (gpt2-tiny: 256, 256, 256, 232 rows, a unit holding at most the largest sublayer, 8416
+  // elements; llama-tiny: five of 192 rows and one of 40, at most 6176 elements).
+  static nlohmann::json wide_config(const std::string& preset) {
+    nlohmann::json j = config(preset);
+    j["model"]["vocab"] = kWideVocab;
+    return j;
   }
 
   static nlohmann::json config(const std::string& preset) {
@@ -62,11 +84,15 @@ class DataParallel : public ::testing::Test {
         {"model", {{"preset", preset}}}};
   }
 
+  static const data::TokenDataset* dataset_for(const Config& cfg) {
+    return cfg.model.vocab == kWideVocab ? wide_dataset_.get() : dataset_.get();
+  }
+
   // Losses of kSteps steps; dp = nullptr is the single-process run.
   static std::vector<double> losses(nlohmann::json j, comm::Communicator* dp) {
     Config cfg = parse_config(j);
     resolve_batch(cfg, dp ? dp->size() : 1);
-    Engine engine(cfg, dataset_.get(), dp);
+    Engine engine(cfg, dataset_for(cfg), dp);
     std::vector<double> out;
     for (int i = 0; i < kSteps; ++i) out.push_back(engine.train_batch().loss);
     return out;
@@ -77,7 +103,7 @@ class DataParallel : public ::testing::Test {
                                           int steps = kSteps) {
     Config cfg = parse_config(j);
     resolve_batch(cfg, dp ? dp->size() : 1);
-    Engine engine(cfg, dataset_.get(), dp);
+    Engine engine(cfg, dataset_for(cfg), dp);
     std::vector<StepMetrics> out;
     for (int i = 0; i < steps; ++i) {
       out.push_back(engine.train_batch());
@@ -89,13 +115,13 @@ class DataParallel : public ::testing::Test {
   }
 
   static std::unique_ptr<comm::Communicator> world_;
-  static std::string path_;
-  static std::unique_ptr<data::TokenDataset> dataset_;
+  static std::string path_, wide_path_;
+  static std::unique_ptr<data::TokenDataset> dataset_, wide_dataset_;
 };
 
 std::unique_ptr<comm::Communicator> DataParallel::world_;
-std::string DataParallel::path_;
-std::unique_ptr<data::TokenDataset> DataParallel::dataset_;
+std::string DataParallel::path_, DataParallel::wide_path_;
+std::unique_ptr<data::TokenDataset> DataParallel::dataset_, DataParallel::wide_dataset_;
 
 TEST_F(DataParallel, EveryLayoutGivesTheSingleProcessLosses) {
   const int dp = world_->size();
@@ -161,6 +187,39 @@ TEST_F(DataParallel, ZeroStagesGiveTheSingleProcessLosses) {
         for (int s = 0; s < kSteps; ++s) {
           EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
               << preset << " dp=" << dp << " gas=" << gas << " " << zero.dump() << " step " << s;
+        }
+      }
+    }
+  }
+}
+
+// Vocabulary matrices held as several units: the embedding's and the output projection's units
+// are gathered and reduced one at a time; a tied unit's gradient is reduced twice per backward at
+// stages 2-3 (after the output projection, then after the embedding), once at stages 0-1.
+TEST_F(DataParallel, VocabularyUnitsGiveTheSingleProcessLosses) {
+  const int dp = world_->size();
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    auto j = wide_config(preset);
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
+    const ModelSpec spec = build_model_spec(parse_config(j).model, dp);
+    const bool gpt2 = std::string(preset) == "gpt2-tiny";
+    EXPECT_EQ(spec.units_of(UnitKind::Vocab).size(), gpt2 ? 4u : 6u);
+    EXPECT_EQ(spec.units_of(UnitKind::Output).size(), gpt2 ? 0u : 6u);
+    const std::vector<double> ref = losses(j, nullptr);
+    EXPECT_LT(ref.back(), ref.front());
+    std::vector<nlohmann::json> layouts = {{{"stage", 0}, {"reduce_bucket_size", 3000}}};
+    for (const nlohmann::json& z : zero_layouts()) layouts.push_back(z);
+    for (int gas : {1, 4}) {
+      for (const nlohmann::json& zero : layouts) {
+        auto k = wide_config(preset);
+        k["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * gas);
+        k["gradient_accumulation_steps"] = gas;
+        k["zero_optimization"] = zero;
+        const std::vector<StepMetrics> got = metrics(k, world_.get());
+        for (int s = 0; s < kSteps; ++s) {
+          EXPECT_NEAR(got[size_t(s)].loss, ref[size_t(s)], 1e-5 * ref[size_t(s)])
+              << preset << " V=1000 dp=" << dp << " gas=" << gas << " " << zero.dump() << " step "
+              << s;
         }
       }
     }
@@ -308,10 +367,11 @@ TEST_F(DataParallel, ZeroStage3SettingsNeverChangeTheMath) {
     auto k = config(preset);
     k["model"]["layers"] = 1 + int(rng_uniform(key, uint64_t(trial) * 8) * 5);
     const ModelSpec spec = build_model_spec(parse_config(k).model, dp);
-    const int64_t blk = spec.units[1].numel, emb = spec.units.front().numel,
-                  head = spec.units.back().numel;
-    const int64_t scale[] = {0,       1,       blk / 2, blk,        blk + 1,
-                             2 * blk, 3 * blk, emb,     emb + head, 100000000};
+    const int64_t attn = spec.units[size_t(spec.units_of(UnitKind::Attention).front())].numel;
+    const int64_t mlp = spec.units[size_t(spec.units_of(UnitKind::Mlp).front())].numel;
+    const int64_t emb = spec.units.front().numel;
+    const int64_t scale[] = {0,       1,       attn / 2, attn,       mlp + 1,
+                             2 * mlp, 3 * mlp, emb,      emb + attn, 100000000};
     const auto pick = [&](int i) {
       return scale[int(rng_uniform(key, uint64_t(trial) * 8 + uint64_t(i)) * 10) % 10];
     };
@@ -367,90 +427,87 @@ TEST_F(DataParallel, ZeroKeepsPaddingZeroAndRanksIdentical) {
   }
 }
 
-// Per-rank model-state bytes read from the tracking allocator equal the ZeRO paper's formula
-// for bf16 parameters with bf16 or fp32 gradients and AdamW (K = 12: fp32 master, m, v), with
-// Ψ the padded parameter count, plus ZeRO's explicitly counted buffers; and a step allocates no
-// model-state memory beyond that (the per-step peaks equal the start-up prediction).
-TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
+// Per-rank model-state bytes read from the tracking allocator equal byte counts computed by hand
+// for one fixed model: the ZeRO paper's formula (bf16 parameters with bf16 or fp32 gradients and
+// AdamW, K = 12: fp32 master, m, v; fp32 parameters are their own master, K = 8) plus ZeRO's
+// buffers; and a step allocates no model-state memory beyond that (the per-step peaks equal it).
+//
+// The model: gpt2-tiny with a 1000-word vocabulary (C 32, F 128, 2 layers, 16 positions).
+//   vocabulary units: rows 256, 256, 256, 232 of wte (8192, 8192, 8192, 7424 elements)
+//   position: wpe 16·32 = 512; per block: attention 2·32 + 96·32 + 96 + 32·32 + 32 = 4288,
+//   MLP 2·32 + 128·32 + 128 + 32·128 + 32 = 8416; final norm 64.
+//   Ψ = 32000 + 512 + 2·(4288 + 8416) + 64 = 57984, no padding up to 8 ranks (every unit is a
+//   multiple of 8).
+// Buffers (persistence threshold 600: position and final norm, 576 elements, stay whole;
+// prefetch 10000 elements):
+//   stage 2: one gradient buffer of the largest unit (8416 elements; overlap_comm off);
+//   stage 3: two gradient buffers (overlap_comm on), the persistent 576 parameters, and
+//            1 + ⌈10000 / 8416⌉ = 3 gathered-unit buffers of 8416 parameters.
+TEST_F(DataParallel, ModelStateMemoryMatchesHandComputedBytes) {
   const int dp = world_->size();
   MemoryTracker& mem = MemoryTracker::instance();
   const MemCategory states[] = {MemCategory::Params, MemCategory::MasterParams, MemCategory::Grads,
                                 MemCategory::OptimizerState};
+  constexpr size_t kPsi = 57984, kLargest = 8416, kPersistent = 576;
   // Shard groups: all dp ranks, and (MiCS) groups of dp/2 replicated across two groups.
   std::vector<int> groups = {dp};
   if (dp >= 2) groups.push_back(dp / 2);
   for (const int group : groups) {
-    // Parameter and gradient dtypes: bf16/bf16 (the 16Ψ family), bf16 with fp32
-    // accumulation, and fp32 (its own master copy: K = 8 for Adam's m and v).
     for (auto [bf16_params, grad_dtype] :
          {std::pair{true, "bf16"}, std::pair{true, "fp32"}, std::pair{false, "fp32"}}) {
       const size_t p = bf16_params ? 2 : 4, k = bf16_params ? 12 : 8;
       const size_t g = std::string(grad_dtype) == "bf16" ? 2 : 4;
       for (int stage : {0, 1, 2, 3}) {
-        auto j = config("gpt2-tiny");
+        auto j = wide_config("gpt2-tiny");
         j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
         if (bf16_params) {
           j["bf16"] = {{"enabled", true}};
           j["data_types"] = {{"grad_accum_dtype", grad_dtype}};
         }
         j["zero_optimization"] = {{"stage", stage},
-                                  {"stage3_param_persistence_threshold", 2000},
+                                  {"overlap_comm", stage == 3},
+                                  {"stage3_param_persistence_threshold", 600},
+                                  {"stage3_prefetch_bucket_size", 10000},
                                   {"mics_shard_size", group}};
         Config cfg = parse_config(j);
         resolve_batch(cfg, dp);
         std::array<size_t, kNumMemCategories> before{};
         for (MemCategory c : states) before[size_t(c)] = mem.current(c);
-        Engine engine(cfg, dataset_.get(), world_.get());
-        const ModelSpec& spec = engine.spec();
-        const size_t N = stage == 0 ? 1 : size_t(group);
-        const MemoryPrediction pred = predict_memory(cfg, spec, int(N));
+        Engine engine(cfg, wide_dataset_.get(), world_.get());
         const std::string what = "stage " + std::to_string(stage) + " dp " + std::to_string(dp) +
                                  " shard group " + std::to_string(group) + " params " +
                                  (bf16_params ? "bf16" : "fp32") + " grads " + grad_dtype;
-        size_t measured = 0;
+        ASSERT_EQ(size_t(engine.spec().numel), kPsi) << what;
+        const size_t N = stage == 0 ? 1 : size_t(group);
+        std::array<size_t, kNumMemCategories> want{};
+        auto at = [&](MemCategory c) -> size_t& { return want[size_t(c)]; };
+        const size_t master = bf16_params ? 4 : 0;
+        at(MemCategory::Params) =
+            stage == 3 ? kPsi / N * p + kPersistent * p + 3 * kLargest * p : kPsi * p;
+        at(MemCategory::MasterParams) = (stage >= 1 ? kPsi / N : kPsi) * master;
+        at(MemCategory::Grads) = stage == 3   ? kPsi / N * g + 2 * kLargest * g
+                                 : stage == 2 ? kPsi / N * g + kLargest * g
+                                              : kPsi * g;
+        at(MemCategory::OptimizerState) = (stage >= 1 ? kPsi / N : kPsi) * 8;
         for (MemCategory c : states) {
-          const size_t got = mem.current(c) - before[size_t(c)];
-          EXPECT_EQ(got, pred.bytes[size_t(c)]) << what << " " << mem_category_name(c);
-          measured += got;
+          EXPECT_EQ(mem.current(c) - before[size_t(c)], want[size_t(c)])
+              << what << " " << mem_category_name(c);
         }
-        const size_t psi = size_t(spec.numel);
-        size_t formula = 0;
-        switch (stage) {
-          case 0:
-            formula = (p + g + k) * psi;
-            break;  // 16Ψ with bf16 parameters and gradients
-          case 1:
-            formula = (p + g) * psi + k * psi / N;
-            break;  // 4Ψ + 12Ψ/N
-          case 2:
-            formula = p * psi + (g + k) * psi / N;
-            break;  // 2Ψ + 14Ψ/N
-          default:
-            formula = (p + g + k) * psi / N;
-            break;  // 16Ψ/N
-        }
+        // The prediction printed at start-up says the same, split into formula and buffers.
+        const MemoryPrediction pred = predict_memory(cfg, engine.spec(), int(N));
+        const size_t formula = stage == 0   ? (p + g + k) * kPsi
+                               : stage == 1 ? (p + g) * kPsi + k * kPsi / N
+                               : stage == 2 ? p * kPsi + (g + k) * kPsi / N
+                                            : (p + g + k) * kPsi / N;
+        const size_t buffers = stage == 3   ? (2 * g + 3 * p) * kLargest + kPersistent * p
+                               : stage == 2 ? kLargest * g
+                                            : 0;
         EXPECT_EQ(pred.formula, formula) << what;
-        EXPECT_EQ(measured, formula + pred.buffers) << what;
-        // The buffers: none below stage 2; then per-unit gradient buffers (embedding, head,
-        // blocks); at stage 3 also the gathered-unit buffers and the persistent units.
-        const int64_t emb = spec.units.front().numel, head = spec.units.back().numel;
-        const int64_t block = spec.units[1].numel;
-        // Two block buffers alternate under overlap_comm (DeepSpeed's default: on at stage 3).
-        const int64_t block_bufs = stage == 3 ? 2 : 1;
-        const size_t grad_bufs = size_t(emb + head + block_bufs * block) * g;
-        if (stage < 2) {
-          EXPECT_EQ(pred.buffers, 0u) << what;
-        } else if (stage == 2) {
-          EXPECT_EQ(pred.buffers, grad_bufs) << what;
-        } else {
-          EXPECT_GE(pred.buffers, grad_bufs + size_t(emb + block) * p) << what;
-          EXPECT_LE(pred.buffers, grad_bufs + size_t(spec.numel) * p) << what;
-        }
-        // Padding costs at most align-1 elements per unit.
-        EXPECT_LT(psi - size_t(spec.param_numel), spec.units.size() * N) << what;
+        EXPECT_EQ(pred.buffers, buffers) << what;
+        EXPECT_EQ(pred.bytes, want) << what;
         const StepMetrics s = engine.train_batch();
         for (MemCategory c : states) {
-          EXPECT_EQ(s.peak_bytes[size_t(c)] - before[size_t(c)], pred.bytes[size_t(c)])
+          EXPECT_EQ(s.peak_bytes[size_t(c)] - before[size_t(c)], want[size_t(c)])
               << what << " step peak of " << mem_category_name(c);
         }
       }
@@ -460,24 +517,23 @@ TEST_F(DataParallel, ModelStateMemoryMatchesTheZeroFormula) {
 
 TEST_F(DataParallel, ZeroStage3HonoursMaxLiveParameters) {
   const int dp = world_->size();
-  auto j = config("gpt2-tiny");
+  auto j = wide_config("gpt2-tiny");
   j["train_micro_batch_size_per_gpu"] = kGlobalBatch / dp;
   const ModelSpec spec = build_model_spec(parse_config(j).model, dp);
-  const int64_t block = spec.units[1].numel;
-  const int64_t emb = spec.units.front().numel, head = spec.units.back().numel;
+  int64_t largest = 0;
+  for (const UnitSpec& u : spec.units) largest = std::max(largest, u.numel);
   int64_t peak[2] = {0, 0};
   double loss[2] = {0, 0};
   for (int limited : {0, 1}) {
-    // The least max_live can be: one block, or embedding and head together (the tied output
-    // projection reads both).
-    const int64_t max_live = limited ? std::max(emb + head, block) : int64_t(1) << 40;
+    // The least max_live can be: the largest unit (one unit is read at a time).
+    const int64_t max_live = limited ? largest : int64_t(1) << 40;
     j["zero_optimization"] = {{"stage", 3},
                               {"stage3_param_persistence_threshold", 0},
-                              {"stage3_prefetch_bucket_size", 4 * block},
+                              {"stage3_prefetch_bucket_size", 4 * largest},
                               {"stage3_max_live_parameters", max_live}};
     Config cfg = parse_config(j);
     resolve_batch(cfg, dp);
-    Engine engine(cfg, dataset_.get(), world_.get());
+    Engine engine(cfg, wide_dataset_.get(), world_.get());
     loss[limited] = engine.train_batch().loss;
     engine.train_batch();
     peak[limited] = engine.zero()->peak_live_elements();
@@ -549,9 +605,12 @@ TEST_F(DataParallel, BucketsTileTheGradientBufferFromTheEnd) {
   Config cfg = parse_config(config("llama-tiny"));
   const ModelSpec spec = build_model_spec(cfg.model);
   std::vector<float> grads(size_t(spec.numel));
-  GradSync sync(*world_, spec, grads.data(), DType::F32, DType::F32, 1000, true);
+  ZeroOptions o;
+  o.stage = 0;
+  o.bucket_elems = 1000;
+  GradReducer sync(*world_, spec, nullptr, o, ZeroBuffers{}, grads.data(), nullptr, nullptr);
   int64_t expect_end = spec.numel;
-  for (const GradSync::Bucket& b : sync.buckets()) {
+  for (const GradReducer::Range& b : sync.ranges()) {
     EXPECT_EQ(b.end, expect_end);
     EXPECT_LE(b.end - b.begin, 1000);
     EXPECT_GT(b.end - b.begin, 0);

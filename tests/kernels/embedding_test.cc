@@ -11,6 +11,30 @@ using test::rel_err;
 
 constexpr int B = 3, T = 5, C = 70, V = 11;  // C > 64: two channel blocks in backward
 
+// The table in pieces of whole rows, as the model holds a vocabulary split into units; the
+// helpers below cut it in three (one of a single row).
+constexpr int64_t kCuts[] = {0, 4, 9, V};
+
+template <typename S>
+void forward_pieces(S* out, const std::vector<int32_t>& tok, const S* wte, const S* wpe, int Bb,
+                    int Tb, int Cb, int Vb) {
+  const int64_t cuts[] = {0, Vb / 3, Vb / 3 + 1, Vb};
+  for (int k = 0; k < 3; ++k) {
+    embedding_forward(out, tok.data(), wte + cuts[k] * Cb, cuts[k], cuts[k + 1], Bb, Tb, Cb);
+  }
+  if (wpe != nullptr) position_forward(out, wpe, Bb, Tb, Cb);
+}
+
+template <typename S, typename G>
+void backward_pieces(G* dwte, G* dwpe, const S* dout, const std::vector<int32_t>& tok, int Bb,
+                     int Tb, int Cb, int Vb) {
+  const int64_t cuts[] = {0, Vb / 3, Vb / 3 + 1, Vb};
+  for (int k = 3; k-- > 0;) {
+    embedding_backward(dwte + cuts[k] * Cb, cuts[k], cuts[k + 1], dout, tok.data(), Bb, Tb, Cb);
+  }
+  if (dwpe != nullptr) position_backward(dwpe, dout, Bb, Tb, Cb);
+}
+
 std::vector<double> reference(const std::vector<int32_t>& tok, const std::vector<float>& wte,
                               const std::vector<float>* wpe) {
   std::vector<double> out(size_t(B) * T * C);
@@ -28,10 +52,39 @@ void check_forward(double tol) {
   auto wpe = test::rounded<S>(test::randn(T * C, "wpe"));
   auto twte = test::to_dtype<S>(wte), twpe = test::to_dtype<S>(wpe);
   std::vector<S> out(B * T * C);
-  embedding_forward(out.data(), tok.data(), twte.data(), twpe.data(), B, T, C);
+  forward_pieces(out.data(), tok, twte.data(), twpe.data(), B, T, C, V);
   EXPECT_LT(rel_err(out, reference(tok, wte, &wpe)), tol);
-  embedding_forward(out.data(), tok.data(), twte.data(), static_cast<const S*>(nullptr), B, T, C);
+  forward_pieces(out.data(), tok, twte.data(), static_cast<const S*>(nullptr), B, T, C, V);
   EXPECT_EQ(rel_err(out, reference(tok, wte, nullptr)), 0.0);  // a copy: exact
+}
+
+// A piece writes the positions whose token it holds and no other; its backward touches only its
+// own rows.
+TEST(Embedding, PieceTouchesOnlyItsRows) {
+  auto tok = test::randint(B * T, "tok", V);
+  auto wte = test::randn(V * C, "wte");
+  const float sentinel = 12345.0f;
+  std::vector<float> out(B * T * C, sentinel);
+  embedding_forward(out.data(), tok.data(), wte.data() + kCuts[1] * C, kCuts[1], kCuts[2], B, T, C);
+  for (int bt = 0; bt < B * T; ++bt) {
+    const bool mine = tok[bt] >= kCuts[1] && tok[bt] < kCuts[2];
+    for (int c = 0; c < C; ++c) {
+      const float want = mine ? wte[size_t(tok[bt]) * C + c] : sentinel;
+      ASSERT_EQ(out[size_t(bt) * C + c], want) << "position " << bt;
+    }
+  }
+  auto dout = test::randn(B * T * C, "dout");
+  std::vector<float> rows(size_t(kCuts[2] - kCuts[1]) * C + 7, 0.0f);
+  rows.back() = sentinel;  // just past the piece
+  embedding_backward(rows.data(), kCuts[1], kCuts[2], dout.data(), tok.data(), B, T, C);
+  EXPECT_EQ(rows.back(), sentinel);
+  std::vector<double> ref(rows.size() - 7, 0.0);
+  for (int bt = 0; bt < B * T; ++bt) {
+    if (tok[bt] < kCuts[1] || tok[bt] >= kCuts[2]) continue;
+    for (int c = 0; c < C; ++c) ref[size_t(tok[bt] - kCuts[1]) * C + c] += dout[size_t(bt) * C + c];
+  }
+  rows.resize(ref.size());
+  EXPECT_LT(rel_err(rows, ref), 1e-6);
 }
 
 TEST(Embedding, ForwardAgainstReference) {
@@ -49,11 +102,11 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   auto w = test::randn(B * T * C, "w");
   std::vector<float> out(B * T * C);
   auto loss = [&] {
-    embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    forward_pieces(out.data(), tok, wte.data(), wpe.data(), B, T, C, V);
     return test::weighted_sum(w, out.data(), out.size());
   };
   std::vector<float> dwte(V * C, 0.0f), dwpe(T * C, 0.0f);
-  embedding_backward(dwte.data(), dwpe.data(), w.data(), tok.data(), B, T, C);
+  backward_pieces(dwte.data(), dwpe.data(), w.data(), tok, B, T, C, V);
   auto iwte = test::sample_indices(wte.size(), 300, "iwte");
   auto iwpe = test::sample_indices(wpe.size(), 300, "iwpe");
   EXPECT_LT(rel_err(test::gather(dwte, iwte), test::numeric_grad(wte, loss, 1e-2f, iwte)), 1e-3);
@@ -62,10 +115,10 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   // Accumulation: a second call adds the same gradient again (up to the order of the sums of
   // repeated tokens), and dwpe may be null.
   auto dwte1 = dwte, dwpe1 = dwpe;
-  embedding_backward(dwte.data(), dwpe.data(), w.data(), tok.data(), B, T, C);
+  backward_pieces(dwte.data(), dwpe.data(), w.data(), tok, B, T, C, V);
   EXPECT_LT(rel_err(dwte, test::scaled(dwte1, 2.0)), 1e-6);
   EXPECT_LT(rel_err(dwpe, test::scaled(dwpe1, 2.0)), 1e-6);
-  embedding_backward(dwte.data(), static_cast<float*>(nullptr), w.data(), tok.data(), B, T, C);
+  backward_pieces(dwte.data(), static_cast<float*>(nullptr), w.data(), tok, B, T, C, V);
   EXPECT_LT(rel_err(dwte, test::scaled(dwte1, 3.0)), 1e-6);
 }
 
@@ -75,7 +128,7 @@ void check_half_backward(double tol) {
   auto dout = test::rounded<S>(test::randn(B * T * C, "dout"));
   auto tdout = test::to_dtype<S>(dout);
   std::vector<G> dwte(V * C, from_f32<G>(0.0f)), dwpe(T * C, from_f32<G>(0.0f));
-  embedding_backward(dwte.data(), dwpe.data(), tdout.data(), tok.data(), B, T, C);
+  backward_pieces(dwte.data(), dwpe.data(), tdout.data(), tok, B, T, C, V);
   std::vector<double> rwte(V * C, 0.0), rwpe(T * C, 0.0);
   for (int bt = 0; bt < B * T; ++bt)
     for (int c = 0; c < C; ++c) {
@@ -101,7 +154,7 @@ TEST(Embedding, BackwardDeterministic) {
   auto dout = test::randn(Bb * Tb * Cb, "dout");
   auto run = [&] {
     std::vector<float> dwte(Vb * Cb, 0.0f), dwpe(Tb * Cb, 0.0f);
-    embedding_backward(dwte.data(), dwpe.data(), dout.data(), tok.data(), Bb, Tb, Cb);
+    backward_pieces(dwte.data(), dwpe.data(), dout.data(), tok, Bb, Tb, Cb, Vb);
     dwte.insert(dwte.end(), dwpe.begin(), dwpe.end());
     return dwte;
   };

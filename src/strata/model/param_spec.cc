@@ -1,6 +1,8 @@
 #include "strata/model/param_spec.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
@@ -20,6 +22,14 @@ const ParamSpec& ModelSpec::param(const std::string& name) const {
   STRATA_FAIL("the model has no parameter named ", name);
 }
 
+std::vector<int> ModelSpec::units_of(UnitKind kind) const {
+  std::vector<int> out;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].kind == kind) out.push_back(int(u));
+  }
+  return out;
+}
+
 namespace {
 
 struct Builder {
@@ -30,12 +40,16 @@ struct Builder {
     spec.units.back().numel += pad;
     spec.numel += pad;
   }
-  void begin_unit(std::string name) {
+  void begin_unit(std::string name, UnitKind kind, int layer = -1) {
     end_unit();
-    spec.units.push_back({std::move(name), spec.numel, 0, {}});
+    UnitSpec u;
+    u.name = std::move(name), u.offset = spec.numel, u.kind = kind, u.layer = layer;
+    spec.units.push_back(std::move(u));
   }
-  void add(std::string name, std::vector<int64_t> shape, InitKind init, float std = 0.0f) {
-    ParamSpec p{std::move(name), std::move(shape), init, std, init == InitKind::Normal, spec.numel};
+  void add(std::string name, std::vector<int64_t> shape, ParamRole role, InitKind init,
+           float std = 0.0f, int layer = -1) {
+    ParamSpec p{std::move(name),          std::move(shape), role, layer, init, std,
+                init == InitKind::Normal, spec.numel};
     if (p.shape.size() < 2) p.decay = false;
     spec.numel += p.numel();
     spec.param_numel += p.numel();
@@ -43,7 +57,31 @@ struct Builder {
     spec.units.back().params.push_back(int(spec.params.size()));
     spec.params.push_back(std::move(p));
   }
+  // A (V, C) matrix as units of `rows` whole rows each: "<unit>.0", "<unit>.1", ...
+  void add_rows(const std::string& unit, UnitKind kind, std::string name, int64_t V, int64_t C,
+                ParamRole role, float std, int64_t rows) {
+    const int index = int(spec.params.size());
+    for (int64_t r = 0, k = 0; r < V; r += rows, ++k) {
+      begin_unit(unit + "." + std::to_string(k), kind);  // pads the unit before
+      if (k == 0) {
+        spec.params.push_back({name, {V, C}, role, -1, InitKind::Normal, std, true, spec.numel});
+        spec.param_numel += V * C;
+      }
+      UnitSpec& u = spec.units.back();
+      u.row_begin = r, u.row_end = std::min(V, r + rows);
+      u.numel = (u.row_end - r) * C;
+      u.params.push_back(index);
+      spec.numel += u.numel;
+    }
+  }
 };
+
+// Rows per vocabulary unit: as many as fit in `cap` elements, a multiple of 8 and of
+// align/gcd(align, C) (then rows·C is a multiple of align and no padding splits the matrix).
+int64_t vocab_rows(int64_t cap, int64_t C, int64_t align) {
+  const int64_t step = std::lcm(int64_t(8), align / std::gcd(align, C));
+  return std::max(step, cap / C / step * step);
+}
 
 }  // namespace
 
@@ -57,48 +95,61 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align) {
   const float s = m.init_std;
   const float s_resid = s / std::sqrt(2.0f * float(L));  // GPT-2: residual projections scaled
   const bool gpt2 = m.family == "gpt2";
-  b.begin_unit("embedding");
+  const int64_t qkv = gpt2 ? 3 * C : (m.heads + 2 * int64_t(m.kv_heads)) * hd;
+  const int64_t fch = gpt2 ? F : 2 * F;
+  // The largest sublayer bounds a vocabulary unit.
+  const int64_t attn = gpt2 ? 2 * C + qkv * C + qkv + C * C + C : C + qkv * C + C * m.heads * hd;
+  const int64_t mlp = gpt2 ? 2 * C + fch * C + fch + C * F + C : C + fch * C + C * F;
+  const int64_t rows = vocab_rows(std::max(attn, mlp), C, align);
+
+  b.add_rows("embedding", UnitKind::Vocab, gpt2 ? "wte" : "embed_tokens", V, C,
+             ParamRole::TokenEmbedding, s, rows);
   if (gpt2) {
-    b.add("wte", {V, C}, InitKind::Normal, s);
-    b.add("wpe", {m.seq_len, C}, InitKind::Normal, s);
-  } else {
-    b.add("embed_tokens", {V, C}, InitKind::Normal, s);
+    b.begin_unit("position", UnitKind::Position);
+    b.add("wpe", {m.seq_len, C}, ParamRole::PositionEmbedding, InitKind::Normal, s);
   }
-  for (int64_t l = 0; l < L; ++l) {
-    b.begin_unit("block." + std::to_string(l));
+  for (int l = 0; l < int(L); ++l) {
+    const std::string u = "block." + std::to_string(l);
+    using R = ParamRole;
     if (gpt2) {
-      std::string p = "h." + std::to_string(l) + ".";
-      b.add(p + "ln_1.weight", {C}, InitKind::Ones);
-      b.add(p + "ln_1.bias", {C}, InitKind::Zeros);
-      b.add(p + "attn.c_attn.weight", {3 * C, C}, InitKind::Normal, s);
-      b.add(p + "attn.c_attn.bias", {3 * C}, InitKind::Zeros);
-      b.add(p + "attn.c_proj.weight", {C, C}, InitKind::Normal, s_resid);
-      b.add(p + "attn.c_proj.bias", {C}, InitKind::Zeros);
-      b.add(p + "ln_2.weight", {C}, InitKind::Ones);
-      b.add(p + "ln_2.bias", {C}, InitKind::Zeros);
-      b.add(p + "mlp.c_fc.weight", {F, C}, InitKind::Normal, s);
-      b.add(p + "mlp.c_fc.bias", {F}, InitKind::Zeros);
-      b.add(p + "mlp.c_proj.weight", {C, F}, InitKind::Normal, s_resid);
-      b.add(p + "mlp.c_proj.bias", {C}, InitKind::Zeros);
+      const std::string p = "h." + std::to_string(l) + ".";
+      b.begin_unit(u + ".attn", UnitKind::Attention, l);
+      b.add(p + "ln_1.weight", {C}, R::Norm1W, InitKind::Ones, 0.0f, l);
+      b.add(p + "ln_1.bias", {C}, R::Norm1B, InitKind::Zeros, 0.0f, l);
+      b.add(p + "attn.c_attn.weight", {qkv, C}, R::QkvW, InitKind::Normal, s, l);
+      b.add(p + "attn.c_attn.bias", {qkv}, R::QkvB, InitKind::Zeros, 0.0f, l);
+      b.add(p + "attn.c_proj.weight", {C, C}, R::ProjW, InitKind::Normal, s_resid, l);
+      b.add(p + "attn.c_proj.bias", {C}, R::ProjB, InitKind::Zeros, 0.0f, l);
+      b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
+      b.add(p + "ln_2.weight", {C}, R::Norm2W, InitKind::Ones, 0.0f, l);
+      b.add(p + "ln_2.bias", {C}, R::Norm2B, InitKind::Zeros, 0.0f, l);
+      b.add(p + "mlp.c_fc.weight", {F, C}, R::FcW, InitKind::Normal, s, l);
+      b.add(p + "mlp.c_fc.bias", {F}, R::FcB, InitKind::Zeros, 0.0f, l);
+      b.add(p + "mlp.c_proj.weight", {C, F}, R::Fc2W, InitKind::Normal, s_resid, l);
+      b.add(p + "mlp.c_proj.bias", {C}, R::Fc2B, InitKind::Zeros, 0.0f, l);
     } else {
-      std::string p = "layers." + std::to_string(l) + ".";
-      const int64_t qkv = (m.heads + 2 * int64_t(m.kv_heads)) * hd;
-      b.add(p + "input_layernorm.weight", {C}, InitKind::Ones);
-      b.add(p + "self_attn.qkv_proj.weight", {qkv, C}, InitKind::Normal, s);
-      b.add(p + "self_attn.o_proj.weight", {C, m.heads * hd}, InitKind::Normal, s_resid);
-      b.add(p + "post_attention_layernorm.weight", {C}, InitKind::Ones);
-      b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, InitKind::Normal, s);
-      b.add(p + "mlp.down_proj.weight", {C, F}, InitKind::Normal, s_resid);
+      const std::string p = "layers." + std::to_string(l) + ".";
+      b.begin_unit(u + ".attn", UnitKind::Attention, l);
+      b.add(p + "input_layernorm.weight", {C}, R::Norm1W, InitKind::Ones, 0.0f, l);
+      b.add(p + "self_attn.qkv_proj.weight", {qkv, C}, R::QkvW, InitKind::Normal, s, l);
+      b.add(p + "self_attn.o_proj.weight", {C, m.heads * hd}, R::ProjW, InitKind::Normal, s_resid,
+            l);
+      b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
+      b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, InitKind::Ones, 0.0f, l);
+      b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, R::FcW, InitKind::Normal, s, l);
+      b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, InitKind::Normal, s_resid, l);
     }
   }
-  b.begin_unit("head");
+  b.begin_unit("final_norm", UnitKind::FinalNorm);
   if (gpt2) {
-    b.add("ln_f.weight", {C}, InitKind::Ones);
-    b.add("ln_f.bias", {C}, InitKind::Zeros);
+    b.add("ln_f.weight", {C}, ParamRole::FinalNormW, InitKind::Ones);
+    b.add("ln_f.bias", {C}, ParamRole::FinalNormB, InitKind::Zeros);
   } else {
-    b.add("norm.weight", {C}, InitKind::Ones);
+    b.add("norm.weight", {C}, ParamRole::FinalNormW, InitKind::Ones);
   }
-  if (!m.tied_embeddings) b.add("lm_head.weight", {V, C}, InitKind::Normal, s);
+  if (!m.tied_embeddings) {
+    b.add_rows("output", UnitKind::Output, "lm_head.weight", V, C, ParamRole::OutputW, s, rows);
+  }
   b.end_unit();
   return std::move(b.spec);
 }

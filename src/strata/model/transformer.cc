@@ -1,6 +1,7 @@
 #include "strata/model/transformer.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -53,24 +54,28 @@ struct BlockParams {
     *fc2_w = nullptr, *fc2_b = nullptr;
 };
 
-// Element offsets of one block's parameters relative to the block unit's first element; -1 where
-// the family has no such parameter.
-struct BlockOffsets {
-  int64_t ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1,
-          ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+// Where each of one block's parameters sits: the unit holding it (its attention or MLP
+// sublayer) and its element offset from that unit's first element; unit -1 where the family has
+// no such parameter.
+struct ParamPlace {
+  int unit = -1;
+  int64_t offset = 0;
 };
+using BlockPlaces = std::array<ParamPlace, kNumParamRoles>;
 
+// The block's parameters (or gradients) with its sublayer units at attn and mlp (either may be
+// null when that sublayer is not being computed).
 template <typename P>
-P* at_offset(P* base, int64_t off) {
-  return off < 0 ? nullptr : base + off;
-}
-
-template <typename P>
-BlockParams<P> bind_block(const BlockOffsets& o, P* base) {
-  return {at_offset(base, o.ln1_w), at_offset(base, o.ln1_b),  at_offset(base, o.qkv_w),
-          at_offset(base, o.qkv_b), at_offset(base, o.proj_w), at_offset(base, o.proj_b),
-          at_offset(base, o.ln2_w), at_offset(base, o.ln2_b),  at_offset(base, o.fc_w),
-          at_offset(base, o.fc_b),  at_offset(base, o.fc2_w),  at_offset(base, o.fc2_b)};
+BlockParams<P> bind_block(const BlockPlaces& o, int attn_unit, P* attn, P* mlp) {
+  auto at = [&](ParamRole r) -> P* {
+    const ParamPlace& pl = o[size_t(r)];
+    if (pl.unit < 0) return nullptr;
+    P* base = pl.unit == attn_unit ? attn : mlp;
+    return base == nullptr ? nullptr : base + pl.offset;
+  };
+  using R = ParamRole;
+  return {at(R::Norm1W), at(R::Norm1B), at(R::QkvW), at(R::QkvB), at(R::ProjW), at(R::ProjB),
+          at(R::Norm2W), at(R::Norm2B), at(R::FcW),  at(R::FcB),  at(R::Fc2W),  at(R::Fc2B)};
 }
 
 // Saved activations of one block for the micro-batch; N = B*T rows.
@@ -133,28 +138,31 @@ class TransformerImpl final : public Transformer {
     if (hook) hook->release_params(unit);
   }
   G* grads_of(UnitHook* hook, int unit);
-  void layout();
-  void block_forward(int l, const BlockParams<T>& p, const T* x);
-  void block_backward(int l, const BlockParams<T>& p, const BlockParams<G>& g, const T* x, T* dres);
-
-  // Offset of a parameter inside its unit, which begins at unit_offset.
-  int64_t rel(const std::string& name, int64_t unit_offset) const {
-    return spec_.param(name).offset - unit_offset;
+  void done(UnitHook* hook, int unit, bool final) {
+    if (hook) hook->unit_done(unit, final);
   }
+  void layout();
+  void attention_forward_part(int l, const BlockParams<T>& p, const T* x);
+  void mlp_forward_part(int l, const BlockParams<T>& p);
+  void mlp_backward_part(int l, const BlockParams<T>& p, const BlockParams<G>& g, T* dres);
+  void attention_backward_part(int l, const BlockParams<T>& p, const BlockParams<G>& g, const T* x,
+                               T* dres);
+  const std::vector<int>& output_units() const { return tied_ ? vocab_ : output_; }
 
   const ModelSpec& spec_;
   ModelConfig cfg_;
   int B_, T_;
   int64_t N_;
-  bool gpt2_ = true;
+  bool gpt2_ = true, tied_ = true;
   int C_ = 0, V_ = 0, F_ = 0, L_ = 0, NH_ = 0, KVH_ = 0, HD_ = 0, QKV_ = 0, FCH_ = 0;
 
   T* P_;  // flat parameters, or nullptr (every pass places them through its hook)
   G* D_;  // flat gradients, or nullptr
-  // Offsets inside each unit: embedding (wte, wpe), head (final norm, untied output matrix; a
-  // tied output matrix is wte of the embedding unit), blocks.
-  int64_t o_wte_ = -1, o_wpe_ = -1, o_lnf_w_ = -1, o_lnf_b_ = -1, o_head_w_ = -1;
-  std::vector<BlockOffsets> bo_;
+  // Units by kind (ModelSpec order) and where each block parameter sits.
+  std::vector<int> vocab_, output_, attn_, mlp_;
+  int position_ = -1, final_ = -1;
+  std::vector<BlockPlaces> places_;
+  int64_t o_lnf_w_ = -1, o_lnf_b_ = -1;  // inside the final-norm unit
 
   Arena acts_, work_;
   int32_t *inputs_ = nullptr, *targets_ = nullptr;
@@ -166,38 +174,36 @@ class TransformerImpl final : public Transformer {
   float* losses_ = nullptr;  // (N)
   // Backward workspace.
   T *dres_ = nullptr, *dc_ = nullptr, *dbig_ = nullptr, *dbig2_ = nullptr;
+  float* dlnf_ = nullptr;  // (N, C) the final norm's output gradient, summed over vocab units
   float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;
   int64_t counted_ = 0;
 };
 
 template <typename T, typename G>
 void TransformerImpl<T, G>::offsets() {
-  const int64_t emb = spec_.units.front().offset, head = spec_.units.back().offset;
-  o_wte_ = rel(gpt2_ ? "wte" : "embed_tokens", emb);
-  if (gpt2_) o_wpe_ = rel("wpe", emb);
-  o_lnf_w_ = rel(gpt2_ ? "ln_f.weight" : "norm.weight", head);
-  if (gpt2_) o_lnf_b_ = rel("ln_f.bias", head);
-  if (!cfg_.tied_embeddings) o_head_w_ = rel("lm_head.weight", head);
-  bo_.resize(size_t(L_));
-  for (int l = 0; l < L_; ++l) {
-    const int64_t u = spec_.units[size_t(l + 1)].offset;
-    BlockOffsets& b = bo_[size_t(l)];
-    if (gpt2_) {
-      std::string h = "h." + std::to_string(l) + ".";
-      b.ln1_w = rel(h + "ln_1.weight", u), b.ln1_b = rel(h + "ln_1.bias", u);
-      b.qkv_w = rel(h + "attn.c_attn.weight", u), b.qkv_b = rel(h + "attn.c_attn.bias", u);
-      b.proj_w = rel(h + "attn.c_proj.weight", u), b.proj_b = rel(h + "attn.c_proj.bias", u);
-      b.ln2_w = rel(h + "ln_2.weight", u), b.ln2_b = rel(h + "ln_2.bias", u);
-      b.fc_w = rel(h + "mlp.c_fc.weight", u), b.fc_b = rel(h + "mlp.c_fc.bias", u);
-      b.fc2_w = rel(h + "mlp.c_proj.weight", u), b.fc2_b = rel(h + "mlp.c_proj.bias", u);
-    } else {
-      std::string h = "layers." + std::to_string(l) + ".";
-      b.ln1_w = rel(h + "input_layernorm.weight", u);
-      b.qkv_w = rel(h + "self_attn.qkv_proj.weight", u);
-      b.proj_w = rel(h + "self_attn.o_proj.weight", u);
-      b.ln2_w = rel(h + "post_attention_layernorm.weight", u);
-      b.fc_w = rel(h + "mlp.gate_up_proj.weight", u);
-      b.fc2_w = rel(h + "mlp.down_proj.weight", u);
+  tied_ = cfg_.tied_embeddings;
+  vocab_ = spec_.units_of(UnitKind::Vocab);
+  output_ = spec_.units_of(UnitKind::Output);
+  attn_ = spec_.units_of(UnitKind::Attention);
+  mlp_ = spec_.units_of(UnitKind::Mlp);
+  const std::vector<int> pos = spec_.units_of(UnitKind::Position);
+  position_ = pos.empty() ? -1 : pos.front();
+  final_ = spec_.units_of(UnitKind::FinalNorm).front();
+  STRATA_CHECK(int(attn_.size()) == L_ && int(mlp_.size()) == L_ && !vocab_.empty() &&
+                   (tied_ || output_.size() == vocab_.size()),
+               "the model spec's units do not match the model config");
+  places_.assign(size_t(L_), BlockPlaces{});
+  for (size_t u = 0; u < spec_.units.size(); ++u) {
+    const UnitSpec& unit = spec_.units[u];
+    for (int i : unit.params) {
+      const ParamSpec& p = spec_.params[size_t(i)];
+      if (unit.kind == UnitKind::Attention || unit.kind == UnitKind::Mlp) {
+        places_[size_t(p.layer)][size_t(p.role)] = {int(u), p.offset - unit.offset};
+      } else if (p.role == ParamRole::FinalNormW) {
+        o_lnf_w_ = p.offset - unit.offset;
+      } else if (p.role == ParamRole::FinalNormB) {
+        o_lnf_b_ = p.offset - unit.offset;
+      }
     }
   }
 }
@@ -255,13 +261,14 @@ void TransformerImpl<T, G>::layout() {
   dc_ = work_.take<T>(N * C);
   dbig_ = work_.take<T>(N * big);
   dbig2_ = work_.take<T>(N * std::max<int64_t>(F_, C));
+  dlnf_ = work_.take<float>(N * C);
   norm_scratch_ = work_.take<float>(int64_t(norm_backward_scratch_floats(int(N), C_)));
   att_scratch_ =
       work_.take<float>(int64_t(attention_backward_scratch_floats(B_, T_, NH_, KVH_, HD_)));
 }
 
 template <typename T, typename G>
-void TransformerImpl<T, G>::block_forward(int l, const BlockParams<T>& p, const T* x) {
+void TransformerImpl<T, G>::attention_forward_part(int l, const BlockParams<T>& p, const T* x) {
   BlockActs<T>& a = ba_[size_t(l)];
   const int N = int(N_), C = C_;
   const float eps = cfg_.norm_eps;
@@ -275,6 +282,13 @@ void TransformerImpl<T, G>::block_forward(int l, const BlockParams<T>& p, const 
   attention_forward(a.atty, a.att, a.qkv, B_, T_, NH_, KVH_, HD_);
   linear_forward(a.res2, a.atty, p.proj_w, p.proj_b, N, NH_ * HD_, C);
   add_inplace(a.res2, x, N_ * C);
+}
+
+template <typename T, typename G>
+void TransformerImpl<T, G>::mlp_forward_part(int l, const BlockParams<T>& p) {
+  BlockActs<T>& a = ba_[size_t(l)];
+  const int N = int(N_), C = C_;
+  const float eps = cfg_.norm_eps;
   if (gpt2_) {
     layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, p.ln2_w, p.ln2_b, N, C, eps);
     linear_forward(a.fch, a.ln2, p.fc_w, p.fc_b, N, C, F_);
@@ -288,13 +302,13 @@ void TransformerImpl<T, G>::block_forward(int l, const BlockParams<T>& p, const 
   add_inplace(a.res3, a.res2, N_ * C);
 }
 
-// dres (N, C): on entry the gradient of the block's output; on exit that of its input x.
+// dres (N, C): on entry the gradient of the block's output; on exit that of the MLP's input res2
+// (the MLP branch's gradient plus, unchanged, the residual's).
 template <typename T, typename G>
-void TransformerImpl<T, G>::block_backward(int l, const BlockParams<T>& p, const BlockParams<G>& g,
-                                           const T* x, T* dres) {
+void TransformerImpl<T, G>::mlp_backward_part(int l, const BlockParams<T>& p,
+                                              const BlockParams<G>& g, T* dres) {
   const BlockActs<T>& a = ba_[size_t(l)];
   const int N = int(N_), C = C_;
-  // MLP branch: dres flows into fc2's output and, unchanged, along the residual.
   linear_backward(dbig2_, g.fc2_w, g.fc2_b, dres, a.fch_act, p.fc2_w, N, F_, C);
   if (gpt2_) {
     gelu_backward(dbig_, a.fch, dbig2_, size_t(N_) * F_);
@@ -308,7 +322,14 @@ void TransformerImpl<T, G>::block_backward(int l, const BlockParams<T>& p, const
   } else {
     rmsnorm_backward(dres, g.ln2_w, norm_scratch_, dc_, a.res2, p.ln2_w, a.ln2_rstd, N, C);
   }
-  // Attention branch.
+}
+
+// dres (N, C): on entry the gradient of res2; on exit that of the block's input x.
+template <typename T, typename G>
+void TransformerImpl<T, G>::attention_backward_part(int l, const BlockParams<T>& p,
+                                                    const BlockParams<G>& g, const T* x, T* dres) {
+  const BlockActs<T>& a = ba_[size_t(l)];
+  const int N = int(N_), C = C_;
   linear_backward(dc_, g.proj_w, g.proj_b, dres, a.atty, p.proj_w, N, NH_ * HD_, C);
   attention_backward(dbig_, att_scratch_, dc_, a.qkv, a.att, B_, T_, NH_, KVH_, HD_);
   if (!gpt2_) rope_backward(dbig_, B_, T_, NH_ + KVH_, HD_, QKV_, cfg_.rope_theta);
@@ -321,10 +342,15 @@ void TransformerImpl<T, G>::block_backward(int l, const BlockParams<T>& p, const
   }
 }
 
+namespace {
+const int64_t kNoBatch[2] = {1, 1};
+}
+
 template <typename T, typename G>
 double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targets, float dloss,
                                       bool train, UnitHook* hook) {
   const int N = int(N_), C = C_;
+  constexpr DType t = dtype_of<T>();
   counted_ = 0;
   for (int64_t i = 0; i < N_; ++i) {
     STRATA_CHECK(inputs[i] >= 0 && inputs[i] < V_, "token id ", inputs[i],
@@ -334,28 +360,41 @@ double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targ
     counted_ += targets[i] >= 0;
   }
   if (hook) hook->begin_pass(UnitHook::Pass::Forward);
-  const T* pe = acquire(hook, 0);
-  embedding_forward(encoded_, inputs_, pe + o_wte_, at_offset(pe, o_wpe_), B_, T_, C);
-  release(hook, 0);
+  for (int u : vocab_) {
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    embedding_forward(encoded_, inputs_, acquire(hook, u), unit.row_begin, unit.row_end, B_, T_, C);
+    release(hook, u);
+  }
+  if (position_ >= 0) {
+    position_forward(encoded_, acquire(hook, position_), B_, T_, C);
+    release(hook, position_);
+  }
   const T* x = encoded_;
   for (int l = 0; l < L_; ++l) {
-    T* pb = acquire(hook, l + 1);
-    block_forward(l, bind_block(bo_[size_t(l)], pb), x);
-    release(hook, l + 1);
+    const BlockPlaces& pl = places_[size_t(l)];
+    const int ua = attn_[size_t(l)], um = mlp_[size_t(l)];
+    attention_forward_part(l, bind_block(pl, ua, acquire(hook, ua), static_cast<T*>(nullptr)), x);
+    release(hook, ua);
+    mlp_forward_part(l, bind_block(pl, ua, static_cast<T*>(nullptr), acquire(hook, um)));
+    release(hook, um);
     x = ba_[size_t(l)].res3;
   }
-  const int head = L_ + 1;
-  const T* ph = acquire(hook, head);
-  const T* head_w = cfg_.tied_embeddings ? acquire(hook, 0) + o_wte_ : ph + o_head_w_;
+  const T* pf = acquire(hook, final_);
   if (gpt2_) {
-    layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, ph + o_lnf_w_, ph + o_lnf_b_, N, C,
+    layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, x, pf + o_lnf_w_, pf + o_lnf_b_, N, C,
                       cfg_.norm_eps);
   } else {
-    rmsnorm_forward(lnf_, lnf_rstd_, x, ph + o_lnf_w_, N, C, cfg_.norm_eps);
+    rmsnorm_forward(lnf_, lnf_rstd_, x, pf + o_lnf_w_, N, C, cfg_.norm_eps);
   }
-  linear_forward(logits_, lnf_, head_w, static_cast<const T*>(nullptr), N, C, V_);
-  if (cfg_.tied_embeddings) release(hook, 0);
-  release(hook, head);
+  release(hook, final_);
+  // logits[:, rows] (N, rows) = lnf (N, C) · W[rows]ᵀ, one vocabulary unit at a time.
+  for (int u : output_units()) {
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    matmul({logits_ + unit.row_begin, t, V_}, {lnf_, t, C, 1}, {acquire(hook, u), t, 1, C}, N_,
+           rows, C, kNoBatch);
+    release(hook, u);
+  }
   if (train) {
     cross_entropy_forward_backward(losses_, logits_, targets_, N, V_, dloss);
   } else {
@@ -369,54 +408,100 @@ double TransformerImpl<T, G>::forward(const int32_t* inputs, const int32_t* targ
 template <typename T, typename G>
 void TransformerImpl<T, G>::backward(UnitHook* hook) {
   const int N = int(N_), C = C_;
-  const int head = L_ + 1;
-  const bool tied = cfg_.tied_embeddings;
+  constexpr DType t = dtype_of<T>();
   if (hook) hook->begin_pass(UnitHook::Pass::Backward);
-  const T* ph = acquire(hook, head);
-  const T* head_w = tied ? acquire(hook, 0) + o_wte_ : ph + o_head_w_;
-  G* gh = grads_of(hook, head);
-  G* ge = tied ? grads_of(hook, 0) : nullptr;  // the tied weight's gradient starts here
-  G* dhead_w = tied ? ge + o_wte_ : gh + o_head_w_;
-  // logits_ holds dlogits (N, V) after a training forward.
-  linear_backward(dc_, dhead_w, static_cast<G*>(nullptr), logits_, lnf_, head_w, N, C, V_);
+  // Output projection, last vocabulary unit first (descending offsets): logits_ holds dlogits
+  // (N, V). dlnf (N, C) fp32 = Σ_units dlogits[:, rows] · W[rows], rounded once below;
+  // dW[rows] += dlogits[:, rows]ᵀ · lnf. A tied unit's gradient is not final yet: the embedding
+  // adds to it at the end of backward.
+  const std::vector<int>& out = output_units();
+  for (size_t k = out.size(); k-- > 0;) {
+    const int u = out[k];
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    const T* w = acquire(hook, u);
+    G* dw = grads_of(hook, u);
+    const T* dlogits = logits_ + unit.row_begin;
+    matmul({dlnf_, DType::F32, C}, {dlogits, t, V_, 1}, {w, t, C, 1}, N_, C, rows, kNoBatch, 1.0f,
+           k + 1 != out.size());
+    matmul({dw, dtype_of<G>(), C}, {dlogits, t, 1, V_}, {lnf_, t, C, 1}, rows, C, N_, kNoBatch,
+           1.0f, true);
+    release(hook, u);
+    done(hook, u, !tied_);
+  }
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < N_ * C; ++i) dc_[i] = from_f32<T>(dlnf_[i]);
   std::fill(dres_, dres_ + N_ * C, from_f32<T>(0.0f));
   const T* x_last = L_ > 0 ? ba_[size_t(L_ - 1)].res3 : encoded_;
+  const T* pf = acquire(hook, final_);
+  G* gf = grads_of(hook, final_);
   if (gpt2_) {
-    layernorm_backward(dres_, gh + o_lnf_w_, gh + o_lnf_b_, norm_scratch_, dc_, x_last,
-                       ph + o_lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+    layernorm_backward(dres_, gf + o_lnf_w_, gf + o_lnf_b_, norm_scratch_, dc_, x_last,
+                       pf + o_lnf_w_, lnf_mean_, lnf_rstd_, N, C);
   } else {
-    rmsnorm_backward(dres_, gh + o_lnf_w_, norm_scratch_, dc_, x_last, ph + o_lnf_w_, lnf_rstd_, N,
+    rmsnorm_backward(dres_, gf + o_lnf_w_, norm_scratch_, dc_, x_last, pf + o_lnf_w_, lnf_rstd_, N,
                      C);
   }
-  if (tied) release(hook, 0);
-  release(hook, head);
-  if (hook) hook->unit_done(head);
+  release(hook, final_);
+  done(hook, final_, true);
   for (int l = L_ - 1; l >= 0; --l) {
+    const BlockPlaces& pl = places_[size_t(l)];
+    const int ua = attn_[size_t(l)], um = mlp_[size_t(l)];
+    T* const no_t = nullptr;
+    G* const no_g = nullptr;
+    const T* pm = acquire(hook, um);
+    mlp_backward_part(l, bind_block(pl, ua, no_t, const_cast<T*>(pm)),
+                      bind_block(pl, ua, no_g, grads_of(hook, um)), dres_);
+    release(hook, um);
+    done(hook, um, true);
     const T* x = l > 0 ? ba_[size_t(l - 1)].res3 : encoded_;
-    T* pb = acquire(hook, l + 1);
-    G* gb = grads_of(hook, l + 1);
-    block_backward(l, bind_block(bo_[size_t(l)], pb), bind_block(bo_[size_t(l)], gb), x, dres_);
-    release(hook, l + 1);
-    if (hook) hook->unit_done(l + 1);
+    const T* pa = acquire(hook, ua);
+    attention_backward_part(l, bind_block(pl, ua, const_cast<T*>(pa), no_t),
+                            bind_block(pl, ua, grads_of(hook, ua), no_g), x, dres_);
+    release(hook, ua);
+    done(hook, ua, true);
   }
-  if (!tied) ge = grads_of(hook, 0);
-  embedding_backward(ge + o_wte_, at_offset(ge, o_wpe_), dres_, inputs_, B_, T_, C);
-  if (hook) hook->unit_done(0);
+  // The embedding reads no parameters: position (the higher offsets) first, then the vocabulary
+  // units in descending order.
+  if (position_ >= 0) {
+    position_backward(grads_of(hook, position_), dres_, B_, T_, C);
+    done(hook, position_, true);
+  }
+  for (size_t k = vocab_.size(); k-- > 0;) {
+    const int u = vocab_[k];
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    embedding_backward(grads_of(hook, u), unit.row_begin, unit.row_end, dres_, inputs_, B_, T_, C);
+    done(hook, u, true);
+  }
 }
 
 }  // namespace
 
 std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass) {
-  const int L = int(spec.config.layers), head = L + 1;
-  const bool tied = spec.config.tied_embeddings;
+  const std::vector<int> vocab = spec.units_of(UnitKind::Vocab);
+  const std::vector<int> pos = spec.units_of(UnitKind::Position);
+  const std::vector<int> attn = spec.units_of(UnitKind::Attention);
+  const std::vector<int> mlp = spec.units_of(UnitKind::Mlp);
+  const int fin = spec.units_of(UnitKind::FinalNorm).front();
+  const std::vector<int> out =
+      spec.config.tied_embeddings ? vocab : spec.units_of(UnitKind::Output);
   std::vector<int> t;
   if (pass == UnitHook::Pass::Forward) {
-    for (int u = 0; u <= head; ++u) t.push_back(u);
-    if (tied) t.push_back(0);
+    t = vocab;
+    t.insert(t.end(), pos.begin(), pos.end());
+    for (size_t l = 0; l < attn.size(); ++l) {
+      t.push_back(attn[l]);
+      t.push_back(mlp[l]);
+    }
+    t.push_back(fin);
+    t.insert(t.end(), out.begin(), out.end());
   } else {
-    t.push_back(head);
-    if (tied) t.push_back(0);
-    for (int u = L; u >= 1; --u) t.push_back(u);
+    t.assign(out.rbegin(), out.rend());
+    t.push_back(fin);
+    for (size_t l = attn.size(); l-- > 0;) {
+      t.push_back(mlp[l]);
+      t.push_back(attn[l]);
+    }
   }
   return t;
 }

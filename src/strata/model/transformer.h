@@ -13,17 +13,21 @@
 namespace strata {
 
 // Where a unit's parameters and gradients live during a step, and when its gradients are final.
-// Units are 0 = embedding, 1..L = blocks, L+1 = head (ModelSpec::units order). Without a hook, or
-// where a method returns nullptr, the model uses its own flat buffers; ZeRO stage 2 hands out a
-// gradient buffer per unit, stage 3 gathers each unit's parameters just before they are read.
+// Units are ModelSpec::units (param_spec.h). Without a hook, or where a method returns nullptr,
+// the model uses its own flat buffers; ZeRO stages 2-3 hand out a gradient buffer per unit, stage
+// 3 gathers each unit's parameters just before they are read.
 //
 // The calls come in a static order that depends only on the model (param_trace()), so every
-// data-parallel rank makes the same ones: forward acquires embedding, blocks 1..L, head and (tied
-// embeddings) the embedding again for the output projection; backward acquires the head (and
-// the tied embedding), then blocks L..1 — the embedding's backward reads no parameters. Each
-// acquire is paired with a release once the model is done reading. Backward asks grads_for()
-// once per unit before it first accumulates (+=) into the unit, and reports unit_done() when
-// the unit's gradients are final: head, blocks L..1, embedding (which holds the tied weight).
+// data-parallel rank makes the same ones: forward acquires the vocabulary units, the position
+// unit, each block's attention and MLP units, the final norm and the output units (with tied
+// embeddings: the vocabulary units again); backward acquires the output units in reverse, the
+// final norm, then each block's MLP and attention units from the last block down — the
+// embedding's backward reads no parameters. Each acquire is paired with a release once the model
+// is done reading. Backward asks grads_for() before it accumulates (+=) into a unit and reports
+// unit_done() right after, in descending flat offsets among final reports: output units, final
+// norm, blocks, position, vocabulary units. A tied vocabulary unit is reported twice: after the
+// output projection added its part (final = false) and after the embedding added the rest
+// (final = true); grads_for() is asked before each.
 class UnitHook {
  public:
   enum class Pass { Forward, Backward };
@@ -34,7 +38,8 @@ class UnitHook {
   virtual void release_params(int /*unit*/) {}
   // Where backward accumulates the unit's gradients (its first element), or nullptr.
   virtual void* grads_for(int /*unit*/) { return nullptr; }
-  virtual void unit_done(int /*unit*/) {}
+  // The gradients asked for last are added; final: no more will be added in this backward.
+  virtual void unit_done(int /*unit*/, bool /*final*/) {}
 };
 
 // The units acquire_params() sees, in order, in a forward or a backward pass of `spec`.

@@ -33,11 +33,4 @@ void LossScaler::update(bool overflow) {
   ++iter_;
 }
 
-void LossScaler::set_state(const State& s) {
-  scale_ = s.scale;
-  iter_ = s.iter;
-  last_overflow_iter_ = s.last_overflow_iter;
-  hysteresis_left_ = s.hysteresis_left;
-}
-
 }  // namespace strata

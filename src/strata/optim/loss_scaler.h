@@ -19,15 +19,6 @@ class LossScaler {
   // Records the outcome of a step: overflow = the gradients held Inf or NaN.
   void update(bool overflow);
 
-  // Resumable state.
-  struct State {
-    float scale;
-    int64_t iter, last_overflow_iter;
-    int hysteresis_left;
-  };
-  State state() const { return {scale_, iter_, last_overflow_iter_, hysteresis_left_}; }
-  void set_state(const State& s);
-
  private:
   bool dynamic_ = false;
   float scale_ = 1.0f, min_scale_ = 1.0f;

@@ -51,12 +51,6 @@ class Optimizer {
   // Where range r's fp32 master values live (r as given to the constructor, or any range inside
   // one): the parameters themselves for fp32 parameters, else the partitioned master copy.
   float* master_of(const ParamRange& r);
-  float* moment1() { return m_.as<float>(); }
-  float* moment2() { return v_.as<float>(); }
-  int64_t numel() const { return numel_; }
-  // Elements of master and of each moment: numel() unless partitioned.
-  int64_t state_numel() const { return state_numel_; }
-  bool partitioned() const { return partitioned_; }
   const std::vector<ParamRange>& ranges() const { return ranges_; }
 
  private:

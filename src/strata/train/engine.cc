@@ -11,7 +11,6 @@
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/optimizer.h"
 #include "strata/optim/lr_schedule.h"
-#include "strata/zero/grad_sync.h"
 #include "strata/zero/zero_sync.h"
 
 namespace strata {
@@ -45,6 +44,7 @@ ZeroOptions zero_options(const Config& cfg) {
   o.grad_dtype = cfg.fp16.enabled || cfg.bf16.enabled ? cfg.grad_accum_dtype : DType::F32;
   o.wire = cfg.comm_dtype();
   o.overlap = z.overlap_comm;
+  o.bucket_elems = z.reduce_bucket_size;
   o.prefetch_elems = z.stage3_prefetch_bucket_size;
   o.persistence_threshold = z.stage3_param_persistence_threshold;
   o.max_live = z.stage3_max_live_parameters;
@@ -142,12 +142,12 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     }
     // The master and moments hold only the owned chunks; each rank initialises its owned
     // elements (a pure function of seed, name and index), then the units are gathered.
-    zero_ = std::make_unique<ZeroSync>(*shard_, replica_comm_.get(), spec_, zero_options(cfg_),
+    sync_ = std::make_unique<ZeroSync>(*shard_, replica_comm_.get(), spec_, zero_options(cfg_),
                                        params_.data(), grads_.data());
-    const std::vector<ParamRange>& owned = zero_->owned_ranges();
+    const ZeroPartition& part = sync_->partition();
     optimizer_ =
-        std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, zero_->optimizer_params(), spec_.numel,
-                                    owned, zero_->owned_numel(), zero_->packed());
+        std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, sync_->optimizer_params(), spec_.numel,
+                                    part.owned_ranges(), part.owned_numel(), sync_->packed());
     size_t pi = 0;
     for (const ParamRange& r : optimizer_->ranges()) {
       while (spec_.params[pi].offset + spec_.params[pi].numel() <= r.offset) ++pi;
@@ -155,7 +155,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
       init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, r.offset - p.offset, r.numel);
     }
     optimizer_->publish();
-    zero_->after_step();
+    sync_->after_step();
   } else {
     std::vector<ParamRange> ranges;
     for (const ParamSpec& p : spec_.params) ranges.push_back({p.offset, p.numel(), p.decay});
@@ -177,29 +177,30 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   inputs_ = Buffer(MemCategory::Activations, batch_bytes);
   targets_ = Buffer(MemCategory::Activations, batch_bytes);
   flops_per_token_ = train_flops_per_token(spec_);
-  if (dp_size_ > 1 && !zero_) {
-    grad_sync_ = std::make_unique<GradSync>(*dp_, spec_, grads_.data(), gt, cfg_.comm_dtype(),
-                                            cfg_.zero.reduce_bucket_size, cfg_.zero.overlap_comm);
+  if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
+    ZeroOptions o = zero_options(cfg_);
+    o.stage = 0;
+    sync_ = std::make_unique<ZeroSync>(*dp_, nullptr, spec_, o, params_.data(), grads_.data());
   }
 }
 
 Engine::~Engine() {
   // An error mid-step can leave buckets queued on the communication thread, which would go on
   // writing into the gradients: leave that memory to it; the job is being aborted.
-  if ((grad_sync_ && grad_sync_->in_flight()) || (zero_ && zero_->in_flight())) {
+  if (sync_ && sync_->in_flight()) {
     grads_.leak();
     params_.leak();
-    (void)zero_.release();  // its buffers too
+    (void)sync_.release();  // its buffers too
   }
 }
 
 void Engine::zero_grads() {
   if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.bytes());
-  if (zero_) zero_->zero_grads();
+  if (sync_) sync_->zero_grads();
 }
 
 void Engine::gather_params(void* out) {
-  if (zero_) return zero_->gather_all_params(out);
+  if (sync_) return sync_->gather_all_params(out);
   std::memcpy(out, params_.data(), params_.bytes());
 }
 
@@ -245,28 +246,22 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   double loss_sum = 0.0, forward_s = 0.0, backward_s = 0.0;
   const uint64_t bytes0 = wire_bytes();
   const uint64_t cross0 = replica_comm_ ? replica_comm_->wire_bytes() : 0;
-  UnitHook* hook = zero_ ? static_cast<UnitHook*>(zero_.get()) : grad_sync_.get();
-  if (zero_) zero_->begin_step();
+  if (sync_) sync_->begin_step();
   for (int64_t k = 0; k < gas; ++k) {
     const int64_t at = k * mb * T;
-    const bool boundary = k == gas - 1;
-    if (zero_) zero_->begin_micro(boundary);
+    if (sync_) sync_->begin_micro(k == gas - 1);
     auto f0 = clock::now();
-    loss_sum += model_->forward(inputs + at, targets + at, dloss, true, hook);
+    loss_sum += model_->forward(inputs + at, targets + at, dloss, true, sync_.get());
     auto f1 = clock::now();
-    if (boundary && grad_sync_) grad_sync_->begin_boundary();
-    model_->backward(hook);
+    model_->backward(sync_.get());
     forward_s += std::chrono::duration<double>(f1 - f0).count();
     backward_s += std::chrono::duration<double>(clock::now() - f1).count();
   }
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
-  if (grad_sync_) {
-    grad_sync_->finish();
-    comm_exposed_s = grad_sync_->exposed_seconds();
-  } else if (zero_) {
-    zero_->finish();
-    comm_exposed_s = zero_->reduce_wait_seconds();
-    gather_exposed_s = zero_->gather_wait_seconds();
+  if (sync_) {
+    sync_->finish();
+    comm_exposed_s = sync_->reduce_wait_seconds();
+    gather_exposed_s = sync_->gather_wait_seconds();
   }
   if (dp_ != nullptr && dp_size_ > 1) {
     float loss = float(loss_sum);  // the logged loss: this rank's sum, summed over the group
@@ -283,8 +278,8 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.loss_scale = scaler_.scale();
   // Under ZeRO each rank holds the reduced gradients of its owned chunks only: Σ g² over them,
   // summed over the shard group.
-  const double sumsq = zero_
-                           ? zero_->sum_squares()
+  const double sumsq = sync_
+                           ? sync_->sum_squares()
                            : kernels::sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
   s.grad_norm = std::sqrt(sumsq) / scaler_.scale();
   const bool overflow = !std::isfinite(sumsq);
@@ -296,11 +291,11 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     if (cfg_.gradient_clipping > 0.0f && s.grad_norm > cfg_.gradient_clipping) {
       clip = float(cfg_.gradient_clipping / (s.grad_norm + 1e-6));  // torch's clip_grad_norm_
     }
-    optimizer_->step(zero_ ? zero_->optimizer_grads() : grads_.data(), s.lr,
+    optimizer_->step(sync_ ? sync_->optimizer_grads() : grads_.data(), s.lr,
                      clip / scaler_.scale());
   }
   // Every rank takes the same skip decision (the norm is global); gather regardless.
-  if (zero_) zero_->after_step();
+  if (sync_) sync_->after_step();
   if (cfg_.fp16.enabled) scaler_.update(overflow);
   zero_grads();
 

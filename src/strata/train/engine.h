@@ -24,7 +24,6 @@ class Sampler;
 namespace comm {
 class Communicator;
 }  // namespace comm
-class GradSync;
 class ZeroSync;
 
 struct StepMetrics {
@@ -71,7 +70,7 @@ class Engine {
   const void* params() const { return params_.data(); }
   void gather_params(void* out);
   // ZeRO (stages 1-3 with a data-parallel communicator), or nullptr: stage 0.
-  ZeroSync* zero() { return zero_.get(); }
+  ZeroSync* zero() { return shard_ != nullptr ? sync_.get() : nullptr; }
   Transformer& model() { return *model_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
@@ -93,11 +92,12 @@ class Engine {
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
   comm::Communicator* dp_ = nullptr;
   int dp_rank_ = 0, dp_size_ = 1;
-  std::unique_ptr<GradSync> grad_sync_;  // stage 0 with dp > 1
-  // ZeRO: the groups the states are sharded over and (MiCS) replicated across, then the sync.
+  // ZeRO: the groups the states are sharded over and (MiCS) replicated across (shard_ is null
+  // at stage 0).
   std::unique_ptr<comm::Communicator> shard_comm_, replica_comm_;
   comm::Communicator* shard_ = nullptr;
-  std::unique_ptr<ZeroSync> zero_;
+  // Data parallelism at every stage (null for one process without ZeRO): the model's hook.
+  std::unique_ptr<ZeroSync> sync_;
   int64_t consumed_samples_ = 0;
   int64_t step_ = 0;
   double flops_per_token_ = 0.0;

@@ -14,36 +14,51 @@ constexpr int kChannelBlock = 64;
 }  // namespace
 
 template <typename S>
-void embedding_forward(S* out, const int32_t* tokens, const S* wte, const S* wpe, int B, int T,
-                       int C) {
+void embedding_forward(S* out, const int32_t* tokens, const S* rows, int64_t row_begin,
+                       int64_t row_end, int B, int T, int C) {
 #pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
   for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-    S* o = out + bt * C;                         // (C)
-    const S* e = wte + int64_t(tokens[bt]) * C;  // (C)
-    if (wpe != nullptr) {
-      const S* p = wpe + (bt % T) * C;  // (C)
+    const int64_t r = tokens[bt];
+    if (r < row_begin || r >= row_end) continue;
+    std::memcpy(out + bt * C, rows + (r - row_begin) * C, sizeof(S) * size_t(C));
+  }
+}
+
+template <typename S>
+void position_forward(S* out, const S* wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
+  for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
+    S* o = out + bt * C;              // (C)
+    const S* p = wpe + (bt % T) * C;  // (C)
 #pragma omp simd
-      for (int c = 0; c < C; ++c) o[c] = store<S>(load(e[c]) + load(p[c]));
-    } else {
-      std::memcpy(o, e, sizeof(S) * size_t(C));
+    for (int c = 0; c < C; ++c) o[c] = store<S>(load(o[c]) + load(p[c]));
+  }
+}
+
+template <typename S, typename G>
+void embedding_backward(G* drows, int64_t row_begin, int64_t row_end, const S* dout,
+                        const int32_t* tokens, int B, int T, int C) {
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
+      const int64_t r = tokens[bt];
+      if (r < row_begin || r >= row_end) continue;
+      const S* d = dout + bt * C;          // (C)
+      G* g = drows + (r - row_begin) * C;  // (C)
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) g[c] = store<G>(load(g[c]) + load(d[c]));
     }
   }
 }
 
 template <typename S, typename G>
-void embedding_backward(G* dwte, G* dwpe, const S* dout, const int32_t* tokens, int B, int T,
-                        int C) {
-  int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+void position_backward(G* dwpe, const S* dout, int B, int T, int C) {
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
   for (int blk = 0; blk < nblocks; ++blk) {
-    int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
-    for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-      const S* d = dout + bt * C;             // (C)
-      G* g = dwte + int64_t(tokens[bt]) * C;  // (C)
-#pragma omp simd
-      for (int c = c0; c < c1; ++c) g[c] = store<G>(load(g[c]) + load(d[c]));
-    }
-    if (dwpe == nullptr) continue;
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
     for (int t = 0; t < T; ++t) {
       G* g = dwpe + int64_t(t) * C;  // (C)
       float acc[kChannelBlock];
@@ -60,10 +75,14 @@ void embedding_backward(G* dwte, G* dwpe, const S* dout, const int32_t* tokens, 
   }
 }
 
-#define INSTANTIATE_S(S) \
-  template void embedding_forward<S>(S*, const int32_t*, const S*, const S*, int, int, int);
-#define INSTANTIATE_SG(S, G) \
-  template void embedding_backward<S, G>(G*, G*, const S*, const int32_t*, int, int, int);
+#define INSTANTIATE_S(S)                                                                       \
+  template void embedding_forward<S>(S*, const int32_t*, const S*, int64_t, int64_t, int, int, \
+                                     int);                                                     \
+  template void position_forward<S>(S*, const S*, int, int, int);
+#define INSTANTIATE_SG(S, G)                                                                       \
+  template void embedding_backward<S, G>(G*, int64_t, int64_t, const S*, const int32_t*, int, int, \
+                                         int);                                                     \
+  template void position_backward<S, G>(G*, const S*, int, int, int);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 

@@ -8,16 +8,24 @@
 
 namespace strata::kernels {
 
-// out (B,T,C) = wte[tokens[b,t]] + (wpe ? wpe[t] : 0); tokens (B,T) in [0, V); wte (V,C);
-// wpe (maxT,C) with maxT >= T, or null (rotary models).
+// Rows [row_begin, row_end) of the token embedding at a time, so that the (V, C) table can be
+// held one piece at a time.
+// out[b,t] (C) = rows[tokens[b,t] - row_begin] where that token lies in the range; other
+// positions are untouched. rows (row_end - row_begin, C); tokens (B,T); out (B,T,C).
 template <typename S>
-void embedding_forward(S* out, const int32_t* tokens, const S* wte, const S* wpe, int B, int T,
-                       int C);
+void embedding_forward(S* out, const int32_t* tokens, const S* rows, int64_t row_begin,
+                       int64_t row_end, int B, int T, int C);
+// out (B,T,C) += wpe[t] (one rounding of the sum: out holds a token row exactly).
+template <typename S>
+void position_forward(S* out, const S* wpe, int B, int T, int C);
 
-// dwte (V,C) += dout[b,t] at row tokens[b,t]; dwpe (maxT,C) row t += Σ_b dout[b,t] (dwpe may be
-// null); dout (B,T,C). Threads own channel ranges, so repeated tokens add in a fixed order.
+// drows (row_end - row_begin, C) += dout[b,t] at row tokens[b,t] - row_begin for tokens in the
+// range; dout (B,T,C). Threads own channel ranges, so repeated tokens add in a fixed order.
 template <typename S, typename G>
-void embedding_backward(G* dwte, G* dwpe, const S* dout, const int32_t* tokens, int B, int T,
-                        int C);
+void embedding_backward(G* drows, int64_t row_begin, int64_t row_end, const S* dout,
+                        const int32_t* tokens, int B, int T, int C);
+// dwpe (maxT,C) row t += Σ_b dout[b,t].
+template <typename S, typename G>
+void position_backward(G* dwpe, const S* dout, int B, int T, int C);
 
 }  // namespace strata::kernels

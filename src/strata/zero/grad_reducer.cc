@@ -1,0 +1,163 @@
+#include "strata/zero/grad_reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "strata/core/check.h"
+
+namespace strata {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+template <typename G>
+void add_into(G* dst, const G* src, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<G>(to_f32(dst[i]) + to_f32(src[i]));
+}
+
+// dst += src, n elements of dtype t.
+void accumulate(void* dst, const void* src, DType t, int64_t n) {
+  switch (t) {
+    case DType::F32:
+      return add_into(static_cast<float*>(dst), static_cast<const float*>(src), n);
+    case DType::BF16:
+      return add_into(static_cast<bf16*>(dst), static_cast<const bf16*>(src), n);
+    case DType::F16:
+      return add_into(static_cast<f16*>(dst), static_cast<const f16*>(src), n);
+  }
+  STRATA_FAIL("no gradient accumulation for ", dtype_name(t));
+}
+
+}  // namespace
+
+GradReducer::GradReducer(comm::Communicator& group, const ModelSpec& spec,
+                         const ZeroPartition* part, const ZeroOptions& o, const ZeroBuffers& bufs,
+                         void* flat, void* partition, void* slots)
+    : group_(group),
+      part_(part),
+      stage_(o.stage),
+      grad_(o.grad_dtype),
+      wire_(o.wire),
+      overlap_(o.overlap),
+      gs_(dtype_size(o.grad_dtype)),
+      units_(spec.units),
+      flat_(static_cast<char*>(flat)),
+      partition_(static_cast<char*>(partition)) {
+  STRATA_CHECK((part_ == nullptr) == (stage_ == 0), "a partition exactly at stages 1-3");
+  STRATA_CHECK((flat_ != nullptr) == (stage_ <= 1), "flat gradients exactly at stages 0-1");
+  if (stage_ == 0) {
+    STRATA_CHECK(o.bucket_elems > 0, "reduce_bucket_size must be positive");
+    for (int64_t end = spec.numel; end > 0;) {
+      const int64_t begin = std::max<int64_t>(0, end - o.bucket_elems);
+      ranges_.push_back({begin, end, -1});
+      end = begin;
+    }
+  } else if (stage_ == 1) {
+    for (int u = int(units_.size()) - 1; u >= 0; --u) {
+      ranges_.push_back(
+          {units_[size_t(u)].offset, units_[size_t(u)].offset + units_[size_t(u)].numel, u});
+    }
+  } else {
+    char* at = static_cast<char*>(slots);
+    for (int k = 0; k < bufs.grad_slot_count; ++k) {
+      slots_.push_back({at, -1, {}});
+      at += size_t(bufs.grad_slot_elems) * gs_;
+    }
+    slot_of_.assign(units_.size(), -1);
+  }
+  pending_.resize(ranges_.size());
+}
+
+void GradReducer::begin_micro(bool boundary) {
+  armed_ = boundary;
+  if (boundary) {
+    next_ = 0;
+    done_floor_ = units_.back().offset + units_.back().numel;  // nothing final yet
+  }
+}
+
+void GradReducer::issue(size_t r) {
+  const Range& k = ranges_[r];
+  char* begin = flat_ + size_t(k.begin) * gs_;
+  if (stage_ == 0) {
+    pending_[r] = group_.all_reduce_async(begin, size_t(k.end - k.begin), grad_, wire_);
+  } else {
+    pending_[r] =
+        group_.reduce_scatter_async(begin, flat_ + size_t(part_->chunk_begin(k.unit)) * gs_,
+                                    size_t(part_->chunk(k.unit)), grad_, wire_);
+  }
+}
+
+void* GradReducer::grads_for(int unit) {
+  if (stage_ <= 1) return nullptr;
+  const int k = next_slot_;
+  next_slot_ = (k + 1) % int(slots_.size());
+  Slot& s = slots_[size_t(k)];
+  settle(s);
+  slot_of_[size_t(unit)] = k;
+  std::memset(s.data, 0, size_t(units_[size_t(unit)].numel) * gs_);
+  return s.data;
+}
+
+void GradReducer::issue_slot(int unit) {
+  Slot& s = slots_[size_t(slot_of_[size_t(unit)])];
+  STRATA_CHECK(s.unit == -1, "ZeRO: ", units_[size_t(unit)].name,
+               " reported done without asking for gradients");
+  const int64_t c = part_->chunk(unit);
+  s.unit = unit;
+  s.pending = group_.reduce_scatter_async(s.data, s.data + size_t(part_->rank() * c) * gs_,
+                                          size_t(c), grad_, wire_);
+  if (!overlap_) settle(s);
+}
+
+// Waits for the slot's reduction and adds the owned chunk into the gradient partition.
+void GradReducer::settle(Slot& s) {
+  if (s.unit < 0) return;
+  const auto t0 = clock_type::now();
+  s.pending.wait();
+  wait_s_ += seconds_since(t0);
+  const int64_t c = part_->chunk(s.unit);
+  accumulate(partition_ + size_t(part_->packed_offset(s.unit)) * gs_,
+             s.data + size_t(part_->rank() * c) * gs_, grad_, c);
+  s.unit = -1;
+}
+
+void GradReducer::unit_done(int unit, bool final) {
+  if (stage_ >= 2) return issue_slot(unit);  // every contribution, on every micro-batch
+  if (!armed_ || !final) return;
+  done_floor_ = std::min(done_floor_, units_[size_t(unit)].offset);
+  if (!overlap_) return;
+  while (next_ < ranges_.size() && ranges_[next_].begin >= done_floor_) issue(next_++);
+}
+
+void GradReducer::finish() {
+  STRATA_CHECK(armed_, "gradient reduction finished outside the accumulation boundary");
+  const auto t0 = clock_type::now();
+  if (stage_ <= 1) {
+    while (next_ < ranges_.size()) issue(next_++);
+    for (comm::Handle& h : pending_) h.wait();
+    wait_s_ += seconds_since(t0);
+  } else {
+    for (Slot& s : slots_) settle(s);
+  }
+  armed_ = false;
+}
+
+bool GradReducer::in_flight() const {
+  for (const comm::Handle& h : pending_) {
+    if (!h.done()) return true;
+  }
+  for (const Slot& s : slots_) {
+    if (!s.pending.done()) return true;
+  }
+  return false;
+}
+
+}  // namespace strata

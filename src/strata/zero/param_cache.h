@@ -1,0 +1,80 @@
+// ZeRO stage 3's parameter cache (DESIGN.md §5): which units are gathered, into which buffer,
+// and when. Decisions depend only on the model's static acquire order (param_trace()) and the
+// settings, so every rank of a shard group issues the same gathers in the same order; the
+// gathers themselves go through a callback, so the cache can be tested without MPI.
+//
+// A unit's parameters are gathered into a buffer before forward or backward reads them and
+// released after. Every acquire is checked against the static order (ranks cannot diverge into a
+// hang). Gathers of the next units in that order are issued ahead while compute runs, up to
+// stage3_prefetch_bucket_size elements; a released unit stays resident when its next use is
+// within stage3_max_reuse_distance elements, until its buffer is needed for a unit used sooner;
+// at most stage3_max_live_parameters elements are resident, except that the unit being acquired
+// is always gathered (also past the limit, when nothing else can be released). Persistent units
+// (persistent_unit()) are never gathered here: the owner keeps them whole.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+#include "strata/model/transformer.h"
+#include "strata/zero/partition.h"
+
+namespace strata {
+
+class ParamCache {
+ public:
+  // Starts gathering `unit` into dst (the unit's numel elements); returns its completion.
+  using Gather = std::function<comm::Handle(int unit, void* dst)>;
+
+  // slots: bufs.param_slot_count buffers of bufs.param_slot_elems elements of elem_bytes each.
+  // persistent: per unit, its whole copy or nullptr.
+  ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBuffers& bufs,
+             size_t elem_bytes, char* slots, std::vector<char*> persistent, Gather gather);
+
+  void begin_pass(UnitHook::Pass pass);
+  // The unit's parameters, gathered (waiting for its gather if needed).
+  const void* acquire(int unit);
+  void release(int unit);
+  // End of the step: every unit is released; gathered units are dropped (they change).
+  void drop_all();
+
+  bool in_flight() const;
+  double wait_seconds() const { return wait_s_; }
+  void reset_wait() { wait_s_ = 0.0; }
+  // Most elements of gathered units resident at once since creation.
+  int64_t peak_live_elements() const { return peak_live_; }
+
+ private:
+  struct State {
+    int slot = -1;  // buffer while gathered or gathering
+    bool gathering = false, prefetched = false;
+    int refs = 0;
+    comm::Handle gather;
+  };
+
+  char* slot_data(const State& st) const;
+  int next_use(int unit, size_t from) const;  // trace position, or -1
+  int64_t distance(size_t from, size_t to) const;
+  bool make_room(int unit, int64_t use_at, bool must);
+  void evict(int unit);
+  void gather(int unit);
+  void prefetch();
+
+  std::vector<UnitSpec> units_;
+  ZeroOptions o_;
+  size_t ps_;
+  int64_t slot_elems_;
+  char* slots_;
+  std::vector<char*> persistent_;
+  Gather issue_;
+  std::vector<State> state_;
+  std::vector<int> free_slots_;
+  std::vector<int> trace_;
+  size_t forward_len_ = 0, pos_ = 0;
+  int64_t live_ = 0, peak_live_ = 0;
+  double wait_s_ = 0.0;
+};
+
+}  // namespace strata

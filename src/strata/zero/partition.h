@@ -1,0 +1,75 @@
+// ZeRO's partition arithmetic, without communication (DESIGN.md §5): which chunk of each unit a
+// rank of a shard group of G ranks owns, where the chunks sit in the rank's packed partition, and
+// how many bytes each stage's buffers take. The model spec is built with align = G, so every
+// unit's flat range splits into G equal contiguous chunks and rank r owns chunk r of every unit.
+// Packed, the owned chunks of all units form a partition of numel/G elements; unit u's chunk sits
+// at u.offset/G in it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/model/param_spec.h"
+#include "strata/optim/optimizer.h"
+
+namespace strata {
+
+struct ZeroOptions {
+  int stage = 1;
+  DType param_dtype = DType::F32, grad_dtype = DType::F32, wire = DType::F32;
+  bool overlap = true;
+  int64_t bucket_elems = 500000000;  // stage 0: reduce_bucket_size
+  int64_t prefetch_elems = 50000000;
+  int64_t persistence_threshold = 100000;
+  int64_t max_live = 1000000000;
+  int64_t max_reuse_distance = 1000000000;
+};
+
+// Bytes of each buffer ZeRO allocates on one rank, for the start-up prediction and the tests.
+struct ZeroBuffers {
+  int64_t param_partition = 0;   // stage 3: numel/G elements of the parameter dtype
+  int64_t persistent = 0;        // stage 3: whole persistent units
+  int64_t param_slots = 0;       // stage 3: buffers units are gathered into
+  int64_t grad_partition = 0;    // stages 2-3: numel/G elements of the gradient dtype
+  int64_t grad_slots = 0;        // stages 2-3: gradient buffers units accumulate in
+  int64_t grad_slot_elems = 0;   // stages 2-3: elements of one (the largest unit)
+  int grad_slot_count = 0;       // stages 2-3: 2 with overlap_comm, else 1
+  int64_t param_slot_elems = 0;  // stage 3: elements of one gathered-unit buffer (the largest
+                                 // non-persistent unit)
+  int param_slot_count = 0;      // stage 3: units resident at once: 1 + ⌈prefetch / slot⌉, at
+                                 // most max_live / slot (at least 1)
+};
+ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOptions& o);
+
+// Stage 3 keeps units of at most stage3_param_persistence_threshold elements whole on every rank
+// (DeepSpeed applies the threshold per parameter; strata's unit of gathering is the unit).
+bool persistent_unit(const UnitSpec& u, const ZeroOptions& o);
+
+class ZeroPartition {
+ public:
+  // The partition of rank `rank` in a shard group of `size`; spec built with align = size.
+  ZeroPartition(const ModelSpec& spec, int rank, int size);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Elements of every rank's chunk of the unit.
+  int64_t chunk(int unit) const { return units_[size_t(unit)].numel / size_; }
+  // Flat offset of this rank's chunk of the unit.
+  int64_t chunk_begin(int unit) const { return units_[size_t(unit)].offset + rank_ * chunk(unit); }
+  // Offset of the unit's chunk in the packed partition.
+  int64_t packed_offset(int unit) const { return units_[size_t(unit)].offset / size_; }
+  // Every parameter's part inside an owned chunk, with state_offset its place in the packed
+  // partition (padding belongs to no range): the Optimizer's ranges.
+  const std::vector<ParamRange>& owned_ranges() const { return owned_ranges_; }
+  int64_t owned_numel() const { return owned_numel_; }
+  const std::vector<UnitSpec>& units() const { return units_; }
+
+ private:
+  int rank_, size_;
+  std::vector<UnitSpec> units_;
+  std::vector<ParamRange> owned_ranges_;
+  int64_t owned_numel_ = 0;
+};
+
+}  // namespace strata

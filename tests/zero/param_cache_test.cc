@@ -1,0 +1,165 @@
+// ZeRO's partition arithmetic and stage-3 parameter cache without MPI: gathers are copies from a
+// whole parameter buffer, completed at once.
+#include "strata/zero/param_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "strata/model/param_spec.h"
+#include "strata/model/transformer.h"
+#include "strata/zero/partition.h"
+
+namespace strata {
+namespace {
+
+ModelConfig wide_gpt2() {
+  ModelConfig m;
+  m.family = "gpt2";
+  m.layers = 2, m.hidden = 32, m.heads = 4, m.ffn_hidden = 128, m.vocab = 1000, m.seq_len = 16;
+  return m;
+}
+
+// Every element of the model belongs to exactly one rank's owned chunk, each parameter element to
+// exactly one owned range, and the ranges sit in the packed partition where packed_offset says.
+TEST(ZeroPartition, ChunksTileEveryUnit) {
+  const int G = 4;
+  const ModelSpec spec = build_model_spec(wide_gpt2(), G);
+  std::vector<int> owner(size_t(spec.numel), -1);
+  int64_t params = 0;
+  for (int r = 0; r < G; ++r) {
+    const ZeroPartition part(spec, r, G);
+    EXPECT_EQ(part.owned_numel(), spec.numel / G);
+    for (int u = 0; u < int(spec.units.size()); ++u) {
+      for (int64_t i = part.chunk_begin(u); i < part.chunk_begin(u) + part.chunk(u); ++i) {
+        EXPECT_EQ(owner[size_t(i)], -1);
+        owner[size_t(i)] = r;
+      }
+    }
+    for (const ParamRange& pr : part.owned_ranges()) {
+      params += pr.numel;
+      int u = 0;
+      while (spec.units[size_t(u)].offset + spec.units[size_t(u)].numel <= pr.offset) ++u;
+      EXPECT_EQ(pr.state_offset, part.packed_offset(u) + (pr.offset - part.chunk_begin(u)));
+    }
+  }
+  EXPECT_EQ(std::count(owner.begin(), owner.end(), -1), 0);
+  EXPECT_EQ(params, spec.param_numel);
+}
+
+struct Harness {
+  ModelSpec spec = build_model_spec(wide_gpt2(), 1);
+  ZeroOptions o;
+  std::vector<float> whole, slots, persistent;
+  std::vector<int> gathered;  // units, in the order their gathers were issued
+  std::unique_ptr<ParamCache> cache;
+
+  explicit Harness(ZeroOptions opts) : o(opts) {
+    o.stage = 3;
+    whole.resize(size_t(spec.numel));
+    for (size_t i = 0; i < whole.size(); ++i) whole[i] = float(i);
+    const ZeroBuffers b = zero_buffers(spec, 1, o);
+    slots.assign(size_t(b.param_slot_count * b.param_slot_elems), -1.0f);
+    persistent.resize(size_t(b.persistent / 4));
+    std::vector<char*> pers(spec.units.size(), nullptr);
+    size_t at = 0;
+    for (size_t u = 0; u < spec.units.size(); ++u) {
+      if (!persistent_unit(spec.units[u], o)) continue;
+      pers[u] = reinterpret_cast<char*>(persistent.data() + at);
+      std::memcpy(persistent.data() + at, whole.data() + spec.units[u].offset,
+                  size_t(spec.units[u].numel) * 4);
+      at += size_t(spec.units[u].numel);
+    }
+    cache = std::make_unique<ParamCache>(
+        spec, o, b, 4, reinterpret_cast<char*>(slots.data()), pers, [this](int unit, void* dst) {
+          gathered.push_back(unit);
+          std::memcpy(dst, whole.data() + spec.units[size_t(unit)].offset,
+                      size_t(spec.units[size_t(unit)].numel) * 4);
+          return comm::Handle{};
+        });
+  }
+
+  // One forward and one backward pass as the model makes them; every acquire must see the
+  // unit's own values.
+  void step() {
+    for (UnitHook::Pass pass : {UnitHook::Pass::Forward, UnitHook::Pass::Backward}) {
+      cache->begin_pass(pass);
+      for (int u : param_trace(spec, pass)) {
+        const float* p = static_cast<const float*>(cache->acquire(u));
+        const UnitSpec& unit = spec.units[size_t(u)];
+        ASSERT_EQ(p[0], whole[size_t(unit.offset)]) << unit.name;
+        ASSERT_EQ(p[unit.numel - 1], whole[size_t(unit.offset + unit.numel - 1)]) << unit.name;
+        cache->release(u);
+      }
+    }
+    cache->drop_all();
+  }
+};
+
+TEST(ParamCache, EveryAcquireSeesItsUnit) {
+  for (int64_t prefetch : {int64_t(1), int64_t(10000), int64_t(1) << 40}) {
+    for (int64_t reuse : {int64_t(0), int64_t(1) << 40}) {
+      ZeroOptions o;
+      o.prefetch_elems = prefetch, o.max_reuse_distance = reuse, o.persistence_threshold = 600;
+      Harness h(o);
+      h.step();
+      h.step();
+      EXPECT_FALSE(h.cache->in_flight());
+    }
+  }
+}
+
+// Gathers run ahead of the acquires by up to the prefetch bucket, and every gathered unit is
+// gathered in a step (the order may skip a unit still resident when the prefetch passes it).
+TEST(ParamCache, GathersFollowTheTraceAndRunAheadByThePrefetchBucket) {
+  ZeroOptions o;
+  o.prefetch_elems = 20000, o.max_reuse_distance = 0, o.persistence_threshold = 600;
+  Harness h(o);
+  std::vector<int> want;
+  for (UnitHook::Pass pass : {UnitHook::Pass::Forward, UnitHook::Pass::Backward}) {
+    for (int u : param_trace(h.spec, pass)) {
+      if (!persistent_unit(h.spec.units[size_t(u)], o)) want.push_back(u);
+    }
+  }
+  h.cache->begin_pass(UnitHook::Pass::Forward);
+  const int first = param_trace(h.spec, UnitHook::Pass::Forward).front();
+  h.cache->acquire(first);
+  // The first unit (8192 elements) plus what fits in 20000 elements ahead: two more units.
+  EXPECT_EQ(h.gathered.size(), 3u);
+  h.cache->release(first);
+  h.cache->begin_pass(UnitHook::Pass::Forward);
+  h.gathered.clear();
+  h.cache->drop_all();
+  h.step();
+  for (int u : want)
+    EXPECT_NE(std::find(h.gathered.begin(), h.gathered.end(), u), h.gathered.end());
+}
+
+TEST(ParamCache, MaxLiveBoundsResidentUnits) {
+  ZeroOptions o;
+  o.prefetch_elems = int64_t(1) << 40, o.persistence_threshold = 0;
+  int64_t largest = 0;
+  const ModelSpec spec = build_model_spec(wide_gpt2(), 1);
+  for (const UnitSpec& u : spec.units) largest = std::max(largest, u.numel);
+  o.max_live = largest;
+  Harness h(o);
+  h.step();
+  EXPECT_LE(h.cache->peak_live_elements(), largest);
+  ZeroOptions unlimited = o;
+  unlimited.max_live = int64_t(1) << 40;
+  Harness u(unlimited);
+  u.step();
+  EXPECT_GT(u.cache->peak_live_elements(), largest);
+}
+
+TEST(ParamCache, RefusesAcquiresOutOfOrder) {
+  Harness h(ZeroOptions{});
+  h.cache->begin_pass(UnitHook::Pass::Forward);
+  const std::vector<int> trace = param_trace(h.spec, UnitHook::Pass::Forward);
+  EXPECT_THROW(h.cache->acquire(trace[1]), std::exception);
+}
+
+}  // namespace
+}  // namespace strata
