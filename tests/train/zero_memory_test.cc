@@ -2,7 +2,9 @@
 // per-rank model-state bytes predicted for it (the same arithmetic the tracking allocator is
 // checked against under mpirun in tests/dp), by hand.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include "strata/core/check.h"
 #include "strata/model/param_spec.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
@@ -11,14 +13,13 @@ namespace strata {
 namespace {
 
 Config gpt2_124m_stage3(int64_t prefetch, bool overlap) {
-  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
-                      {"gradient_accumulation_steps", 16},
-                      {"bf16", {{"enabled", true}}},
-                      {"model", {{"preset", "gpt2-124M"}}},
-                      {"zero_optimization",
-                       {{"stage", 3},
-                        {"overlap_comm", overlap},
-                        {"stage3_prefetch_bucket_size", prefetch}}}};
+  nlohmann::json j = {
+      {"train_micro_batch_size_per_gpu", 1},
+      {"gradient_accumulation_steps", 16},
+      {"bf16", {{"enabled", true}}},
+      {"model", {{"preset", "gpt2-124M"}}},
+      {"zero_optimization",
+       {{"stage", 3}, {"overlap_comm", overlap}, {"stage3_prefetch_bucket_size", prefetch}}}};
   Config cfg = parse_config(j);
   resolve_batch(cfg, 8);
   return cfg;
@@ -62,6 +63,30 @@ TEST(ZeroMemory, Gpt2_124MStage3AtDp8StaysWithinAQuarterOfTheFormula) {
   const Config deflt = gpt2_124m_stage3(50000000, true);
   const MemoryPrediction d = predict_memory(deflt, spec, 8);
   EXPECT_EQ(d.buffers, 37791744u + 3072u + 12u * 4723968u * 2u);
+}
+
+// A model whose every buffer fits in memory but whose model states together do not (gpt2 with
+// hidden 12288: 1.8e9 parameters, 16 bytes each in fp32 with Adam, about 29 GB) is refused before
+// the engine allocates (its pages would be committed at first touch and the process killed).
+TEST(ZeroMemory, ModelStatesBeyondTheHostAreRefused) {
+  nlohmann::json j = {{"train_micro_batch_size_per_gpu", 1},
+                      {"model",
+                       {{"family", "gpt2"},
+                        {"layers", 1},
+                        {"hidden", 12288},
+                        {"heads", 1},
+                        {"vocab", 64},
+                        {"seq_len", 16}}}};
+  Config cfg = parse_config(j);
+  resolve_batch(cfg, 1);
+  const ModelSpec spec = build_model_spec(cfg.model, 1);
+  const size_t host = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+  if (16 * size_t(spec.numel) <= host) GTEST_SKIP() << "this host holds 29 GB";
+  EXPECT_THROW(check_fits_in_memory(cfg, spec, 0), InputError);
+  j["model"]["hidden"] = 256;
+  Config small = parse_config(j);
+  resolve_batch(small, 1);
+  EXPECT_NO_THROW(check_fits_in_memory(small, build_model_spec(small.model, 1), 0));
 }
 
 }  // namespace

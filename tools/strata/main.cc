@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <new>
 #include <string>
 
 #include "strata/comm/mpi_runtime.h"
@@ -54,6 +55,11 @@ int main(int argc, char** argv) {
     return fail(2, "error: ", e.what());  // a path the user gave cannot be used
   } catch (const strata::InputError& e) {
     return fail(2, "error: ", e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(1, "failed: ",
+                "out of memory; reduce train_micro_batch_size_per_gpu, model.seq_len or the "
+                "model, or run on several ranks with zero_optimization.stage 1-3 to shard the "
+                "model states");
   } catch (const std::exception& e) {
     return fail(1, "failed: ", e.what());
   }

@@ -449,14 +449,14 @@ void TransformerImpl<T, G>::backward(UnitHook* hook) {
     const int ua = attn_[size_t(l)], um = mlp_[size_t(l)];
     T* const no_t = nullptr;
     G* const no_g = nullptr;
-    const T* pm = acquire(hook, um);
-    mlp_backward_part(l, bind_block(pl, ua, no_t, const_cast<T*>(pm)),
-                      bind_block(pl, ua, no_g, grads_of(hook, um)), dres_);
+    T* pm = acquire(hook, um);
+    mlp_backward_part(l, bind_block(pl, ua, no_t, pm), bind_block(pl, ua, no_g, grads_of(hook, um)),
+                      dres_);
     release(hook, um);
     done(hook, um, true);
     const T* x = l > 0 ? ba_[size_t(l - 1)].res3 : encoded_;
-    const T* pa = acquire(hook, ua);
-    attention_backward_part(l, bind_block(pl, ua, const_cast<T*>(pa), no_t),
+    T* pa = acquire(hook, ua);
+    attention_backward_part(l, bind_block(pl, ua, pa, no_t),
                             bind_block(pl, ua, grads_of(hook, ua), no_g), x, dres_);
     release(hook, ua);
     done(hook, ua, true);

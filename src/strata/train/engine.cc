@@ -1,8 +1,11 @@
 #include "strata/train/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "strata/comm/communicator.h"
@@ -53,6 +56,21 @@ ZeroOptions zero_options(const Config& cfg) {
 }
 
 }  // namespace
+
+// The model states of every rank on this host must fit in its memory: pages are committed only
+// when first touched, so a model that does not fit would otherwise be killed by the kernel
+// mid-initialisation instead of failing with a message.
+void check_fits_in_memory(const Config& cfg, const ModelSpec& spec, int shard) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const size_t ranks = local != nullptr ? size_t(std::max(1, std::atoi(local))) : 1;
+  const size_t host = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+  const MemoryPrediction m = predict_memory(cfg, spec, shard);
+  if (m.model_states * ranks <= host) return;
+  STRATA_INPUT_FAIL("the model states need ", format_bytes(m.model_states), " per rank x ", ranks,
+                    " rank(s) on this host, more than its ", format_bytes(host),
+                    " of memory; use a smaller model, bf16, or more ranks with "
+                    "zero_optimization.stage 1-3 to shard the model states");
+}
 
 MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard) {
   const ZeroOptions o = zero_options(cfg);
@@ -125,6 +143,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
 
   const bool zero = zero_in_effect(cfg_, dp_);
   const int stage = zero ? cfg_.zero.stage : 0;
+  check_fits_in_memory(cfg_, spec_, zero ? int(spec_.align) : 0);
   if (stage < 3) params_ = Buffer(MemCategory::Params, size_t(spec_.numel) * dtype_size(pt));
   if (stage < 2) grads_ = Buffer(MemCategory::Grads, size_t(spec_.numel) * dtype_size(gt));
   if (zero) {

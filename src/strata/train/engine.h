@@ -116,5 +116,8 @@ struct MemoryPrediction {
 };
 MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard);
 std::string describe_memory(const MemoryPrediction& m);
+// An input error when the predicted model states of this host's ranks (OMPI_COMM_WORLD_LOCAL_SIZE)
+// exceed its physical memory.
+void check_fits_in_memory(const Config& cfg, const ModelSpec& spec, int shard);
 
 }  // namespace strata
