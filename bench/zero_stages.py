@@ -201,8 +201,8 @@ def compare(a):
           f"{a.reps} runs per side per stage, interleaved strata/DeepSpeed")
     print(f"## zero_optimization given to both (plus \"stage\"): {json.dumps(zero)}")
     print("## semantics that still differ: stage3_param_persistence_threshold is per parameter "
-          "in DeepSpeed (biases and LayerNorms stay whole) and per unit in strata (a block, the "
-          "embedding, the head); DeepSpeed's CPU accelerator is a 'synchronized device' with no "
+          "in DeepSpeed (biases and LayerNorms stay whole) and per unit in strata (a sublayer, a "
+          "vocabulary piece, the final norm); DeepSpeed's CPU accelerator is a 'synchronized device' with no "
           "side stream, so its overlap_comm does not overlap gradient reductions with backward "
           "(they run inside backward's hooks); strata's runs them on a communication thread.")
     results = {}
