@@ -139,6 +139,7 @@ void run_native(const MatOut& c, const MatOperand& a, const MatOperand& b, int64
 // Grows to the largest shape seen (the first step), then is reused.
 struct Widen {
   Buffer a, b, c;
+  Buffer dout;  // linear_backward: dout widened once for both of its products
 };
 Widen& widen_buffers() {
   static Widen w;
@@ -274,9 +275,15 @@ template <typename T, typename G>
 void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t M, int64_t K, int64_t N) {
   constexpr DType t = dtype_of<T>();
-  if (dinp != nullptr) matmul({dinp, t, K}, {dout, t, N, 1}, {weight, t, K, 1}, M, K, N, kNoBatch);
-  matmul({dweight, dtype_of<G>(), K}, {dout, t, 1, N}, {inp, t, K, 1}, N, K, M, kNoBatch, 1.0f,
-         true);
+  // Where half operands are widened, dout would be widened by each product: widen it once.
+  MatOperand dy{dout, t, N, 1};
+  if (t != DType::F32 && !runs_native(t, t, t)) {
+    dy = widen(reserve(widen_buffers().dout, size_t(M * N)), dy, M, N, kNoBatch);
+  }
+  if (dinp != nullptr) matmul({dinp, t, K}, dy, {weight, t, K, 1}, M, K, N, kNoBatch);
+  MatOperand dyt = dy;  // (N, M): the transposed view of the same memory
+  std::swap(dyt.row_stride, dyt.col_stride);
+  matmul({dweight, dtype_of<G>(), K}, dyt, {inp, t, K, 1}, N, K, M, kNoBatch, 1.0f, true);
   if (dbias != nullptr) {
     // Column blocks, each summed over all rows in row order: rows are read contiguously and the
     // result does not depend on the thread count.
