@@ -634,7 +634,7 @@ TEST(Config, NoticesFollowTheLayout) {
   };
   EXPECT_TRUE(notes(json::object(), 4).empty());
 
-  // contiguous_gradients: always on in effect (unit-sized buffers at stages 2-3).
+  // contiguous_gradients: always on in effect (contiguous unit buffers at stages 2-3).
   const json contiguous_off = {
       {"zero_optimization", {{"stage", 2}, {"contiguous_gradients", false}}}};
   EXPECT_TRUE(any_contains(notes(contiguous_off, 4), "contiguous_gradients=false has no effect"));
