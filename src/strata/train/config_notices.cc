@@ -71,12 +71,14 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   }
   if (z.stage >= 1 && !one) {
     add("zero_optimization.reduce_bucket_size: at stage ", z.stage,
-        " each unit (a vocabulary piece, a sublayer, the final norm) is one reduce-scatter and one all-gather; the "
+        " each unit (a vocabulary piece, a sublayer, the final norm) is one reduce-scatter and one "
+        "all-gather; the "
         "bucket size applies at stage 0");
   }
   if (z.allgather_bucket_size != dz.allgather_bucket_size) {
     add("zero_optimization.allgather_bucket_size has no effect: stage 0 all-gathers nothing and "
-        "stages 1-3 all-gather one unit (a vocabulary piece, a sublayer, the final norm) at a time");
+        "stages 1-3 all-gather one unit (a vocabulary piece, a sublayer, the final norm) at a "
+        "time");
   }
   if (!z.contiguous_gradients) {
     add("zero_optimization.contiguous_gradients=false has no effect: strata's gradients are "
