@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/memory.h"
+
 namespace strata::test {
 
 // Where an allocation comes from: the module of the first frame of its call stack outside the
@@ -61,6 +63,28 @@ struct AllocReport {
 // module; what oneDNN, libgomp and OpenMPI allocate internally is exempt within the limits that
 // alloc_hooks.cc justifies. The failure message lists the origins and the offending stacks.
 ::testing::AssertionResult allocates_nothing_of_its_own(const AllocReport& r);
+
+// The tracking allocator's current bytes per category, before a step.
+inline std::array<size_t, kNumMemCategories> tracker_levels() {
+  std::array<size_t, kNumMemCategories> level{};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    level[size_t(c)] = MemoryTracker::instance().current(MemCategory(c));
+  }
+  return level;
+}
+
+// After a steady-state step: no tracked category peaked above, or ended away from, its level
+// before the step, by the tracker and by the step's own peak report.
+inline void expect_tracker_back_at(const std::array<size_t, kNumMemCategories>& level,
+                                   const std::array<size_t, kNumMemCategories>& step_peaks) {
+  const MemoryTracker& tracker = MemoryTracker::instance();
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    const char* name = mem_category_name(MemCategory(c));
+    EXPECT_EQ(tracker.peak(MemCategory(c)), level[size_t(c)]) << name;
+    EXPECT_EQ(step_peaks[size_t(c)], level[size_t(c)]) << name;
+    EXPECT_EQ(tracker.current(MemCategory(c)), level[size_t(c)]) << name;
+  }
+}
 
 // Opens a counting window; the calling thread is "this thread" of the report. One window at a
 // time. Modules loaded later (dlopen) count as Other until the next window.

@@ -25,7 +25,6 @@ using test::AllocReport;
 
 TEST(ZeroAllocations, SteadyStateStepAllocatesNothing) {
   comm::Communicator world(MPI_COMM_WORLD, "dp");
-  MemoryTracker& tracker = MemoryTracker::instance();
   const std::vector<nlohmann::json> layouts = {
       {{"stage", 2}, {"overlap_comm", true}, {"reduce_bucket_size", 3000}},
       {{"stage", 3}, {"overlap_comm", true}},
@@ -53,10 +52,7 @@ TEST(ZeroAllocations, SteadyStateStepAllocatesNothing) {
     }
     for (int i = 0; i < 3; ++i) engine.train_batch_on(tokens.data(), tokens.data());
     for (int step = 0; step < 3; ++step) {
-      std::array<size_t, kNumMemCategories> level{};
-      for (int c = 0; c < kNumMemCategories; ++c) {
-        level[size_t(c)] = tracker.current(MemCategory(c));
-      }
+      const std::array<size_t, kNumMemCategories> level = test::tracker_levels();
       test::start_counting();
       const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
       const AllocReport r = test::stop_counting();
@@ -67,12 +63,7 @@ TEST(ZeroAllocations, SteadyStateStepAllocatesNothing) {
       EXPECT_FALSE(engine.zero()->in_flight());
       EXPECT_TRUE(test::allocates_nothing_of_its_own(r))
           << "rank " << world.rank() << " step " << step;
-      for (int c = 0; c < kNumMemCategories; ++c) {
-        const char* name = mem_category_name(MemCategory(c));
-        EXPECT_EQ(tracker.peak(MemCategory(c)), level[size_t(c)]) << name;
-        EXPECT_EQ(m.peak_bytes[size_t(c)], level[size_t(c)]) << name;
-        EXPECT_EQ(tracker.current(MemCategory(c)), level[size_t(c)]) << name;
-      }
+      test::expect_tracker_back_at(level, m.peak_bytes);
     }
   }
 }

@@ -116,7 +116,6 @@ TEST(AllocHooks, AttributeThroughLibstdcxxAndExemptOnlyOneDnn) {
 }
 
 TEST(StepAllocations, SteadyStateStepAllocatesNothing) {
-  MemoryTracker& tracker = MemoryTracker::instance();
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     for (const char* precision : {"fp32", "bf16", "fp16"}) {
       SCOPED_TRACE(std::string(preset) + " " + precision);
@@ -132,22 +131,14 @@ TEST(StepAllocations, SteadyStateStepAllocatesNothing) {
       for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 5 % 64);
       for (int i = 0; i < 2; ++i) engine.train_batch_on(tokens.data(), tokens.data());
       for (int step = 0; step < 3; ++step) {
-        std::array<size_t, kNumMemCategories> level{};
-        for (int c = 0; c < kNumMemCategories; ++c) {
-          level[size_t(c)] = tracker.current(MemCategory(c));
-        }
+        const std::array<size_t, kNumMemCategories> level = test::tracker_levels();
         test::start_counting();
         const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
         const AllocReport r = test::stop_counting();
         if (step == 0)
           std::printf("%s %s, allocations in a step:\n%s", preset, precision, r.describe().c_str());
         EXPECT_TRUE(test::allocates_nothing_of_its_own(r)) << "step " << step;
-        for (int c = 0; c < kNumMemCategories; ++c) {
-          const char* name = mem_category_name(MemCategory(c));
-          EXPECT_EQ(tracker.peak(MemCategory(c)), level[size_t(c)]) << name;
-          EXPECT_EQ(m.peak_bytes[size_t(c)], level[size_t(c)]) << name;
-          EXPECT_EQ(tracker.current(MemCategory(c)), level[size_t(c)]) << name;
-        }
+        test::expect_tracker_back_at(level, m.peak_bytes);
       }
     }
   }

@@ -40,6 +40,9 @@ class ParamCache {
   // End of the step: every unit is released; gathered units are dropped (they change).
   void drop_all();
 
+  // The unit's whole copy when it is persistent, else nullptr.
+  char* persistent(int unit) const { return persistent_[size_t(unit)]; }
+
   bool in_flight() const;
   double wait_seconds() const { return wait_s_; }
   void reset_wait() { wait_s_ = 0.0; }

@@ -41,15 +41,15 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
   STRATA_CHECK((full_grads_ != nullptr) == (stage_ <= 1),
                "ZeRO: flat gradients are given exactly at stages 0-1");
   if (stage_ < 3) return;
-  persistent_at_.assign(spec.units.size(), nullptr);
+  std::vector<char*> persistent(spec.units.size(), nullptr);  // per unit, its whole copy
   char* pers = persistent_buf_.as<char>();
   for (size_t u = 0; u < spec.units.size(); ++u) {
     if (!persistent_unit(spec.units[u], o_)) continue;
-    persistent_at_[u] = pers;
+    persistent[u] = pers;
     pers += size_t(spec.units[u].numel) * ps_;
   }
   cache_ = std::make_unique<ParamCache>(
-      spec, o_, bufs_, ps_, param_slot_buf_.as<char>(), persistent_at_,
+      spec, o_, bufs_, ps_, param_slot_buf_.as<char>(), std::move(persistent),
       [this](int unit, void* dst) {
         const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(unit)) * ps_;
         return shard_.all_gather_async(mine, dst, size_t(part_->chunk(unit)), o_.param_dtype);
@@ -135,9 +135,9 @@ void ZeroSync::after_step() {
       char* out = full_params_ + size_t(units[u].offset) * ps_;
       gathers_[u] = shard_.all_gather_async(full_params_ + size_t(part_->chunk_begin(int(u))) * ps_,
                                             out, size_t(c), o_.param_dtype);
-    } else if (persistent_at_[u] != nullptr) {
+    } else if (char* whole = cache_->persistent(int(u))) {
       const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(int(u))) * ps_;
-      gathers_[u] = shard_.all_gather_async(mine, persistent_at_[u], size_t(c), o_.param_dtype);
+      gathers_[u] = shard_.all_gather_async(mine, whole, size_t(c), o_.param_dtype);
     }
   }
   if (cache_) cache_->drop_all();

@@ -97,7 +97,6 @@ class ZeroSync final : public UnitHook {
   char* full_grads_;
   Buffer grad_part_buf_, grad_slot_buf_;                     // stages 2-3
   Buffer param_part_buf_, persistent_buf_, param_slot_buf_;  // stage 3
-  std::vector<char*> persistent_at_;                         // per unit, nullptr unless persistent
   GradReducer reducer_;
   std::unique_ptr<ParamCache> cache_;  // stage 3
   std::vector<comm::Handle> gathers_;  // parameter gathers and replica all-reduces, per unit
