@@ -56,7 +56,8 @@ TEST_P(Golden, MatchesPyTorch) {
 
   // Logits at the initial weights.
   engine.model().forward(inputs.data(), targets.data(), 1.0f, false);
-  auto logits = to_f32(engine.model().logits(), cfg.param_dtype(), 0, int64_t(inputs.size()) * V);
+  auto logits =
+      to_f32(engine.model().logits(0).data, cfg.param_dtype(), 0, int64_t(inputs.size()) * V);
   SafetensorView rl = ref.get("logits", "F32");
   ASSERT_EQ(rl.numel(), int64_t(logits.size()));
   const float* rlp = static_cast<const float*>(rl.data);
@@ -75,7 +76,9 @@ TEST_P(Golden, MatchesPyTorch) {
   for (const ParamSpec& p : engine.spec().params) {
     SafetensorView rg = ref.get("grad." + p.name, "F32");
     ASSERT_EQ(rg.numel(), p.numel()) << p.name;
-    auto g = to_f32(engine.grads(), gt, p.offset, p.numel());
+    const auto strata_order = to_f32(engine.grads(), gt, p.offset, p.numel());
+    std::vector<float> g(strata_order.size());  // PyTorch's (Hugging Face) row order
+    to_canonical(p, strata_order.data(), g.data());
     const float* r = static_cast<const float*>(rg.data);
     double gmax = 0, worst = 0;
     for (int64_t i = 0; i < p.numel(); ++i) gmax = std::max(gmax, double(std::fabs(r[i])));

@@ -67,7 +67,7 @@ TEST(SwiGlu, ForwardAgainstReference) {
   std::vector<double> ref(N * F);
   for (int n = 0; n < N; ++n)
     for (int f = 0; f < F; ++f)
-      ref[n * F + f] = silu_ref(x[2 * n * F + f]) * double(x[2 * n * F + F + f]);
+      ref[n * F + f] = silu_ref(x[2 * (n * F + f)]) * double(x[2 * (n * F + f) + 1]);
   EXPECT_LT(rel_err(out, ref), 1e-6);
 }
 

@@ -21,15 +21,18 @@ std::ostream& operator<<(std::ostream& os, const Config& c) {
   return os << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " KVH=" << c.KVH << " hd=" << c.hd;
 }
 
-// MHA, GQA with two and one kv heads, and sequences longer than one query block (64).
-const Config kConfigs[] = {
-    {2, 5, 4, 4, 8}, {2, 6, 4, 2, 8}, {2, 5, 4, 1, 8}, {1, 70, 2, 1, 4}, {1, 130, 2, 2, 4}};
+// MHA, GQA with two and four query heads per kv head (one group among them), and sequences
+// longer than one query block (64).
+const Config kConfigs[] = {{2, 5, 4, 4, 8}, {2, 6, 4, 2, 8},  {2, 5, 4, 1, 8},
+                           {1, 9, 8, 2, 4}, {1, 70, 2, 1, 4}, {1, 130, 2, 2, 4}};
 
 struct Ref {
   std::vector<double> out, att;
 };
 
-// Straightforward causal attention in double; query head h reads kv head h / (NH/KVH).
+// Straightforward causal attention in double over the grouped layout: query head h = g·rep + r
+// is at column (g·(rep+2) + r)·hd, and reads the group's key head at (g·(rep+2) + rep)·hd and
+// value head at (g·(rep+2) + rep + 1)·hd.
 Ref reference(const std::vector<float>& qkv, const Config& c) {
   const int64_t row = (c.NH + 2 * c.KVH) * c.hd;
   const int rep = c.NH / c.KVH;
@@ -38,11 +41,11 @@ Ref reference(const std::vector<float>& qkv, const Config& c) {
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.NH; ++h)
       for (int t = 0; t < c.T; ++t) {
-        const int g = h / rep;
-        const float* q = &qkv[(int64_t(b) * c.T + t) * row + h * c.hd];
+        const int g = h / rep, hr = h % rep;
+        const float* q = &qkv[(int64_t(b) * c.T + t) * row + (g * (rep + 2) + hr) * c.hd];
         double mx = -1e300, sum = 0.0;
         for (int j = 0; j <= t; ++j) {
-          const float* k = &qkv[(int64_t(b) * c.T + j) * row + (c.NH + g) * c.hd];
+          const float* k = &qkv[(int64_t(b) * c.T + j) * row + (g * (rep + 2) + rep) * c.hd];
           double s = 0.0;
           for (int d = 0; d < c.hd; ++d) s += double(q[d]) * k[d];
           p[j] = s / std::sqrt(double(c.hd));
@@ -52,7 +55,7 @@ Ref reference(const std::vector<float>& qkv, const Config& c) {
         for (int j = 0; j <= t; ++j) {
           p[j] /= sum;
           r.att[((int64_t(b) * c.NH + h) * c.T + t) * c.T + j] = p[j];
-          const float* v = &qkv[(int64_t(b) * c.T + j) * row + (c.NH + c.KVH + g) * c.hd];
+          const float* v = &qkv[(int64_t(b) * c.T + j) * row + (g * (rep + 2) + rep + 1) * c.hd];
           for (int d = 0; d < c.hd; ++d)
             r.out[(int64_t(b) * c.T + t) * c.NH * c.hd + h * c.hd + d] += p[j] * v[d];
         }

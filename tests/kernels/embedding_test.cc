@@ -22,7 +22,7 @@ void forward_pieces(S* out, const std::vector<int32_t>& tok, const S* wte, const
   for (int k = 0; k < 3; ++k) {
     embedding_forward(out, tok.data(), wte + cuts[k] * Cb, cuts[k], cuts[k + 1], Bb, Tb, Cb);
   }
-  if (wpe != nullptr) position_forward(out, wpe, Bb, Tb, Cb);
+  if (wpe != nullptr) position_forward(out, wpe, int64_t(Bb) * Tb, Tb, Cb, 0);
 }
 
 template <typename S, typename G>
@@ -32,7 +32,7 @@ void backward_pieces(G* dwte, G* dwpe, const S* dout, const std::vector<int32_t>
   for (int k = 3; k-- > 0;) {
     embedding_backward(dwte + cuts[k] * Cb, cuts[k], cuts[k + 1], dout, tok.data(), Bb, Tb, Cb);
   }
-  if (dwpe != nullptr) position_backward(dwpe, dout, Bb, Tb, Cb);
+  if (dwpe != nullptr) position_backward(dwpe, dout, int64_t(Bb) * Tb, Tb, Cb, 0);
 }
 
 std::vector<double> reference(const std::vector<int32_t>& tok, const std::vector<float>& wte,

@@ -9,45 +9,47 @@ namespace {
 
 using test::rel_err;
 
-// Rows of a fused qkv buffer: q (NH heads) then k (KVH heads) then v, rope on q and on k.
-constexpr int B = 2, T = 7, NH = 3, KVH = 2, hd = 8;
-constexpr int64_t kRow = (NH + 2 * KVH) * hd;
+// Rows of a fused qkv buffer in the grouped layout: per kv group, rep query heads, the key head,
+// the value head. Rope rotates the first rep + 1 heads of every group.
+constexpr int B = 2, T = 7, KVH = 2, rep = 2, hd = 8;
+constexpr int64_t kGroup = (rep + 2) * hd, kRow = KVH * kGroup;
 constexpr float kTheta = 10000.0f;
 
-// Hugging Face Llama rotate_half, in double.
-std::vector<double> reference(const std::vector<float>& x, int64_t col0, int nheads) {
+// Hugging Face Llama rotate_half, in double, on the query and key heads of every group.
+std::vector<double> reference(const std::vector<float>& x) {
   std::vector<double> out(x.begin(), x.end());
   int half = hd / 2;
   for (int b = 0; b < B; ++b)
     for (int t = 0; t < T; ++t)
-      for (int h = 0; h < nheads; ++h)
-        for (int i = 0; i < half; ++i) {
-          double angle = t * std::pow(double(kTheta), -2.0 * i / hd);
-          int64_t lo = (int64_t(b) * T + t) * kRow + col0 + int64_t(h) * hd + i, hi = lo + half;
-          out[lo] = x[lo] * std::cos(angle) - x[hi] * std::sin(angle);
-          out[hi] = x[hi] * std::cos(angle) + x[lo] * std::sin(angle);
-        }
+      for (int g = 0; g < KVH; ++g)
+        for (int h = 0; h <= rep; ++h)
+          for (int i = 0; i < half; ++i) {
+            double angle = t * std::pow(double(kTheta), -2.0 * i / hd);
+            int64_t lo = (int64_t(b) * T + t) * kRow + g * kGroup + int64_t(h) * hd + i;
+            int64_t hi = lo + half;
+            out[lo] = x[lo] * std::cos(angle) - x[hi] * std::sin(angle);
+            out[hi] = x[hi] * std::cos(angle) + x[lo] * std::sin(angle);
+          }
   return out;
 }
 
 template <typename S>
 void apply(std::vector<S>& x) {
-  rope_forward(x.data(), B, T, NH, hd, kRow, kTheta);
-  rope_forward(x.data() + NH * hd, B, T, KVH, hd, kRow, kTheta);
+  rope_forward(x.data(), B, T, KVH, rep + 1, hd, kGroup, kRow, kTheta);
 }
 
 TEST(Rope, ForwardAgainstReference) {
   auto x = test::randn(B * T * kRow, "x");
-  auto ref = reference(x, 0, NH);
-  std::vector<float> ref_f(ref.begin(), ref.end());
-  ref = reference(ref_f, NH * hd, KVH);
+  auto ref = reference(x);
   auto out = x;
   apply(out);
   // Angles up to T in fp32: cos/sin of an argument with relative error 2^-24 → ~1e-6.
   EXPECT_LT(rel_err(out, ref), 2e-6);
-  // v columns are untouched.
+  // Every group's value head is untouched.
   for (int64_t r = 0; r < B * T; ++r)
-    for (int64_t c = (NH + KVH) * hd; c < kRow; ++c) EXPECT_EQ(out[r * kRow + c], x[r * kRow + c]);
+    for (int g = 0; g < KVH; ++g)
+      for (int64_t c = g * kGroup + (rep + 1) * hd; c < (g + 1) * kGroup; ++c)
+        EXPECT_EQ(out[r * kRow + c], x[r * kRow + c]);
 }
 
 TEST(Rope, BackwardMatchesFiniteDifferences) {
@@ -59,8 +61,7 @@ TEST(Rope, BackwardMatchesFiniteDifferences) {
     return test::weighted_sum(w, out.data(), out.size());
   };
   auto dx = w;
-  rope_backward(dx.data(), B, T, NH, hd, kRow, kTheta);
-  rope_backward(dx.data() + NH * hd, B, T, KVH, hd, kRow, kTheta);
+  rope_backward(dx.data(), B, T, KVH, rep + 1, hd, kGroup, kRow, kTheta);
   EXPECT_LT(rel_err(dx, test::numeric_grad(x, loss, 1e-2f)), 1e-3);
 }
 

@@ -272,6 +272,22 @@ TEST_F(CliRunTest, TopologyPrintsTheGrid) {
   EXPECT_EQ(run("topology --config " + dir_ + "/grid.json -n 6", &err), 2);  // 6 % (2·2) != 0
 }
 
+// topology makes the checks train makes once the data-parallel size is known: here sequence
+// parallelism over a micro batch that only train_batch_size gives (dp = 2/2 = 1).
+TEST_F(CliRunTest, TopologyChecksTheResolvedBatch) {
+  write(dir_ + "/sp.json",
+        R"({"train_batch_size": 3, "model": {"preset": "gpt2-tiny", "seq_len": 5},
+            "parallelism": {"tensor": 2, "sequence_parallel": true}})");
+  std::string err;
+  EXPECT_EQ(run("topology --config " + dir_ + "/sp.json -n 2", &err), 2);
+  EXPECT_NE(err.find("train_micro_batch_size_per_gpu=3 x model.seq_len=5 = 15 token rows is not "
+                     "divisible by parallelism.tensor=2"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(run("topology --config " + dir_ + "/sp.json -n 2 --set train_batch_size=4", &err), 0)
+      << err;
+}
+
 TEST_F(CliRunTest, DataPrepareThenTrain) {
   std::filesystem::create_directories(dir_ + "/texts");
   std::string text;

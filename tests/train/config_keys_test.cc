@@ -95,6 +95,11 @@ const Implemented kImplemented[] = {
     {"model.norm_eps", "the Transformer's norms"},
     {"model.rope_theta", "rope_forward / rope_backward (Llama)"},
     {"model.init_std", "init_param_slice"},
+    {"parallelism.tensor",
+     "RankGrid's tp axis; build_model_spec's TpLayout splits heads, MLP and vocabulary over it"},
+    {"parallelism.sequence_parallel",
+     "the Transformer's sequence-parallel regions over the tp group (noted with tensor=1)"},
+    {"parallelism.order", "RankGrid: rank -> (dp, tp, pp) (noted with tensor=1 and pipeline=1)"},
     {"parallelism.timeout_s", "train_command: every communicator's watchdog (noted at 1 process)"},
     {"data.path", "open_dataset"},
     {"data.format", "open_dataset"},
@@ -206,15 +211,12 @@ const std::vector<Noted>& noted() {
       {"wandb.group", "g"},
       {"wandb.team", "t"},
       {"wandb.project", "p"},
-      {"parallelism.tensor", 2, tiny},
       {"parallelism.pipeline", 2, tiny},
       {"parallelism.virtual_stages",
        2,
        {{"model", {{"preset", "gpt2-tiny"}, {"layers", 4}}},
         {"parallelism", {{"pipeline", 2}, {"schedule", "zero_bubble"}}}}},
       {"parallelism.schedule", "gpipe"},
-      {"parallelism.sequence_parallel", true},
-      {"parallelism.order", "dp-tp-pp"},
   };
   return v;
 }

@@ -6,6 +6,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/core/check.h"
@@ -564,9 +565,10 @@ TEST(Config, Parallelism) {
   EXPECT_EQ(c.parallelism.tensor, 4);
   EXPECT_EQ(c.parallelism.order, "dp-tp-pp");
   const std::vector<std::string> notes = config_notices(c, 1);
-  EXPECT_TRUE(any_contains(notes, "parallelism.tensor=4 is not yet in effect"));
+  EXPECT_FALSE(any_contains(notes, "parallelism.tensor"));
   EXPECT_TRUE(any_contains(notes, "parallelism.pipeline=4"));
-  EXPECT_TRUE(any_contains(notes, "parallelism.sequence_parallel is not yet in effect"));
+  EXPECT_FALSE(any_contains(notes, "parallelism.sequence_parallel"));
+  EXPECT_FALSE(any_contains(notes, "parallelism.order"));
 
   const json tiny = with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}}}});
   EXPECT_TRUE(contains(error_of(with(tiny, {{"parallelism", {{"schedule", "interleaved"}}}})),
@@ -575,9 +577,120 @@ TEST(Config, Parallelism) {
                        "needs parallelism.pipeline > 1"));
   EXPECT_TRUE(contains(error_of(with(tiny, {{"parallelism", {{"order", "tp-dp"}}}})),
                        "parallelism.order must be a permutation"));
-  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"model", {{"preset", "llama-tiny"}}},
-                                                {"parallelism", {{"tensor", 4}}}})),
-                       "model.kv_heads=2 is not divisible by parallelism.tensor=4"));
+}
+
+// Tensor and sequence parallelism are in effect: a model and micro-batch they split evenly load
+// without a note about them.
+TEST(Config, TensorAndSequenceParallelLoadWithoutNotices) {
+  for (const auto& [preset, tp] : {std::pair{"gpt2-tiny", 2}, std::pair{"gpt2-124M", 4},
+                                   std::pair{"llama-tiny", 2}, std::pair{"llama-1B", 4}}) {
+    Config c = parse_config(with(
+        kMinimal,
+        {{"model", {{"preset", preset}}},
+         {"parallelism", {{"tensor", tp}, {"sequence_parallel", true}, {"order", "dp-tp-pp"}}}}));
+    resolve_batch(c, 2);
+    EXPECT_EQ(c.parallelism.tensor, tp) << preset;
+    EXPECT_TRUE(c.parallelism.sequence_parallel) << preset;
+    for (int world : {tp, 2 * tp}) {
+      const std::vector<std::string> notes = config_notices(c, world);
+      EXPECT_TRUE(notes.empty()) << preset << " tp=" << tp << " at " << world << ": "
+                                 << (notes.empty() ? "" : notes[0]);
+    }
+  }
+  // With tensor=1 sequence parallelism has nothing to split, and the order no axis to place.
+  const std::vector<std::string> notes = config_notices(
+      parse_config(
+          with(kMinimal, {{"parallelism", {{"sequence_parallel", true}, {"order", "dp-tp-pp"}}}})),
+      4);
+  EXPECT_TRUE(
+      any_contains(notes, "parallelism.sequence_parallel has no effect with parallelism.tensor=1"));
+  EXPECT_TRUE(any_contains(notes, "parallelism.order=dp-tp-pp has no effect"));
+}
+
+// Fewer KV heads than tensor-parallel ranks: each KV head is replicated on tp/kv_heads ranks.
+TEST(Config, TensorParallelReplicatesKvHeads) {
+  Config c = parse_config(
+      with(kMinimal, {{"model", {{"preset", "llama-tiny"}}}, {"parallelism", {{"tensor", 4}}}}));
+  EXPECT_EQ(c.model.kv_heads, 2);
+  EXPECT_EQ(c.parallelism.tensor, 4);
+  EXPECT_TRUE(config_notices(c, 4).empty());
+  // kv_heads=4 on 8 ranks of a 16-head model: replicated twice.
+  EXPECT_EQ(error_of(with(kMinimal, {{"model",
+                                      {{"family", "llama"},
+                                       {"layers", 1},
+                                       {"hidden", 128},
+                                       {"heads", 16},
+                                       {"kv_heads", 4},
+                                       {"vocab", 64},
+                                       {"seq_len", 8}}},
+                                     {"parallelism", {{"tensor", 8}}}})),
+            "");
+}
+
+// The vocabulary is padded to a multiple of the tensor size: the demo's 257 tokens split on 2.
+TEST(Config, TensorParallelPadsTheVocabulary) {
+  Config c = parse_config(
+      with(kMinimal, {{"model", {{"preset", "demo"}}}, {"parallelism", {{"tensor", 2}}}}));
+  EXPECT_EQ(c.model.vocab, 257);
+}
+
+// Sequence parallelism splits the micro-batch's token rows: when only train_batch_size is given
+// the micro batch is known, and checked, once resolve_batch derives it.
+TEST(Config, SequenceParallelChecksTheDerivedMicroBatch) {
+  const json sp = {{"model", {{"preset", "gpt2-tiny"}, {"seq_len", 6}}},
+                   {"parallelism", {{"tensor", 4}, {"sequence_parallel", true}}}};
+  Config c = parse_config(with(sp, {{"train_batch_size", 6}}));
+  try {
+    resolve_batch(c, 2);  // micro batch 3: 18 rows
+    ADD_FAILURE() << "3 x 6 rows were split on 4 ranks";
+  } catch (const InputError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "train_micro_batch_size_per_gpu=3 x model.seq_len=6 = 18 token rows is not divisible "
+              "by parallelism.tensor=4: parallelism.sequence_parallel splits each micro-batch's "
+              "rows across the tensor-parallel ranks; make train_micro_batch_size_per_gpu a "
+              "multiple of 2 or set parallelism.sequence_parallel to false; valid values of "
+              "parallelism.tensor: 1, 2");
+  }
+  resolve_batch(c, 3);  // micro batch 2: 12 rows
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  // Without sequence parallelism the rows are not split.
+  Config plain = parse_config(
+      with(sp, {{"train_batch_size", 6}, {"parallelism", {{"sequence_parallel", false}}}}));
+  resolve_batch(plain, 2);
+  EXPECT_EQ(plain.train_micro_batch_size_per_gpu, 3);
+}
+
+// Each rule's message names the key and its value, says why, and lists every tensor size that
+// passes all the rules.
+TEST(Config, TensorSplitErrorsListTheValidSizes) {
+  const auto llama = [](int hidden, int heads, int kv_heads, int ffn_hidden) {
+    return json{{"family", "llama"}, {"layers", 1},          {"hidden", hidden},
+                {"heads", heads},    {"kv_heads", kv_heads}, {"ffn_hidden", ffn_hidden},
+                {"vocab", 64},       {"seq_len", 8}};
+  };
+  const auto error = [&](const json& model, int tp) {
+    return error_of(with(kMinimal, {{"model", model}, {"parallelism", {{"tensor", tp}}}}));
+  };
+  EXPECT_EQ(
+      error({{"preset", "gpt2-124M"}}, 8),
+      "model.heads=12 is not divisible by parallelism.tensor=8: each tensor-parallel rank "
+      "computes whole attention heads; valid values of parallelism.tensor: 1, 2, 3, 4, 6, 12");
+  // kv_heads 8 on 6 ranks; 24 replicates each KV head on 3 ranks.
+  EXPECT_TRUE(contains(error(llama(96, 24, 8, 384), 6),
+                       "model.kv_heads=8 is not divisible by parallelism.tensor=6"));
+  EXPECT_TRUE(contains(error(llama(96, 24, 8, 384), 6),
+                       "; valid values of parallelism.tensor: 1, 2, 4, 8, 24"));
+  EXPECT_TRUE(contains(error(llama(96, 12, 4, 384), 6),
+                       "parallelism.tensor=6 is not a multiple of model.kv_heads=4"));
+  EXPECT_TRUE(contains(error(llama(128, 16, 16, 100), 8),
+                       "model.ffn_hidden=100 is not divisible by parallelism.tensor=8: the MLP's "
+                       "hidden units are split across the tensor-parallel ranks; valid values of "
+                       "parallelism.tensor: 1, 2, 4"));
+  // The list stops at 64 ranks: 128 would split these 128 heads too.
+  const std::string many = error(llama(256, 128, 128, 512), 3);
+  const std::string tail = "; valid values of parallelism.tensor: 1, 2, 4, 8, 16, 32, 64";
+  ASSERT_GE(many.size(), tail.size()) << many;
+  EXPECT_EQ(many.substr(many.size() - tail.size()), tail);
 }
 
 TEST(Config, RuntimeBlocksAndNotices) {

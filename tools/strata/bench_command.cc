@@ -9,6 +9,7 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/mpi_runtime.h"
+#include "strata/comm/topology.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/token_dataset.h"
@@ -52,13 +53,17 @@ struct BenchArgs {
   // Data parallelism, when launched on several ranks (strata launch -n N -- bench ...).
   std::string overlap = "on";
   int64_t bucket = 500000000;  // reduce_bucket_size, elements
+  // Tensor parallelism over groups of this many ranks (dp = ranks / tensor).
+  int tensor = 1;
+  bool sequence_parallel = false;
 };
 
 void run_bench(const BenchArgs& a) {
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = world == 1 || comm::world_rank() == 0;
-  std::unique_ptr<comm::Communicator> dp;
-  if (world > 1) dp = std::make_unique<comm::Communicator>(MPI_COMM_WORLD, "dp");
+  const comm::RankGrid grid(world, a.tensor, 1);
+  std::unique_ptr<comm::ProcessGroups> groups;
+  if (world > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
   const MachinePeak machine = measure_machine_peak(world > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL);
   if (rank0) {
     std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
@@ -75,12 +80,13 @@ void run_bench(const BenchArgs& a) {
                         {"zero_optimization",
                          {{"overlap_comm", a.overlap == "on"}, {"reduce_bucket_size", a.bucket}}}};
     if (a.seq_len > 0) j["model"]["seq_len"] = a.seq_len;
+    j["parallelism"] = {{"tensor", a.tensor}, {"sequence_parallel", a.sequence_parallel}};
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
     Config cfg = parse_config(j);
-    resolve_batch(cfg, world);
+    resolve_batch(cfg, grid.dp());
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
-    Engine engine(cfg, &tokens, dp.get());
+    Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr);
     const double peak = machine.gflops();
     for (int i = 0; i < a.warmup; ++i) engine.train_batch();
     std::vector<StepMetrics> runs;
@@ -95,11 +101,27 @@ void run_bench(const BenchArgs& a) {
         "bench model=%s dtype=%s params=%lld B=%lld T=%d threads=%d | step_s=%.3f "
         "tokens_per_s=%.0f achieved_gflops=%.1f peak_gflops=%.1f mfu=%.1f%% peak_mem=%s "
         "loss=%.3f ranks=%d comm_exposed_s=%.3f\n",
-        a.model.c_str(), dtype_name(dtype), static_cast<long long>(engine.spec().param_numel),
+        a.model.c_str(), dtype_name(dtype),
+        static_cast<long long>(engine.spec().global_param_numel),
         static_cast<long long>(a.micro_batch), cfg.model.seq_len, omp_get_max_threads(),
         med.seconds, med.tokens_per_s, med.flops / med.seconds / 1e9, peak,
         100.0 * med.flops / med.seconds / 1e9 / peak, format_bytes(mem).c_str(), med.loss, world,
         med.comm_exposed_s);
+    if (a.tensor > 1) {
+      // Tensor parallelism: every collective blocks, so all of its time is exposed.
+      const double layers = double(cfg.model.layers);
+      std::printf(
+          "bench tp=%d sp=%d | tp_comm_s=%.4f (%.2f ms/layer) tp_bytes=%llu predicted=%llu "
+          "(%.1f KiB/layer) activations=%s\n",
+          a.tensor, int(a.sequence_parallel), med.tp_comm_s, 1e3 * med.tp_comm_s / layers,
+          static_cast<unsigned long long>(med.tp_bytes),
+          static_cast<unsigned long long>(predict_tp_bytes(cfg, engine.spec())),
+          double(med.tp_bytes) / layers / 1024.0,
+          format_bytes(med.peak_bytes[size_t(MemCategory::Activations)]).c_str());
+    } else {
+      std::printf("bench activations=%s\n",
+                  format_bytes(med.peak_bytes[size_t(MemCategory::Activations)]).c_str());
+    }
     std::fflush(stdout);
   }
 }
@@ -123,6 +145,11 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--bucket", args->bucket, "data parallel: reduce_bucket_size (elements)")
       ->capture_default_str();
+  cmd->add_option("--tensor", args->tensor, "tensor-parallel size (dp = ranks / tensor)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_flag("--sequence-parallel", args->sequence_parallel,
+                "with --tensor > 1: split activations outside the tensor-parallel regions");
   cmd->callback([args] { run_bench(*args); });
 }
 

@@ -72,10 +72,8 @@ void run_train(const TrainArgs& a) {
   if (cfg.model.layers == 0) cfg.model = model_preset("demo");  // no model block: the demo model
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
                             cfg.parallelism.order);
-  STRATA_INPUT_CHECK(world == 1 || (grid.tp() == 1 && grid.pp() == 1),
-                     "parallelism.tensor=", grid.tp(), " and parallelism.pipeline=", grid.pp(),
-                     " are not yet in effect on ", world,
-                     " processes; set both to 1 (data parallelism over all ranks)");
+  STRATA_INPUT_CHECK(grid.pp() == 1, "parallelism.pipeline=", grid.pp(),
+                     " is not yet in effect; set it to 1 (data and tensor parallelism)");
   resolve_batch(cfg, grid.dp());
   if (rank0) {
     for (const std::string& line : config_notices(cfg, world)) {
@@ -98,7 +96,8 @@ void run_train(const TrainArgs& a) {
     if (!rank0) data_path = demo_dataset(cfg.train.run_dir);
   }
   auto dataset = data::open_dataset(data_path, cfg.data.format);
-  Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr);
+  Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr,
+                groups ? &groups->tp() : nullptr);
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
   const DType pt = cfg.param_dtype();
   const MachinePeak machine = measure_machine_peak(groups ? MPI_COMM_WORLD : MPI_COMM_NULL);
@@ -106,13 +105,13 @@ void run_train(const TrainArgs& a) {
   if (rank0) {
     std::printf(
         "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
-        "accumulation %lld x dp %d | data %s (%lld tokens)\n",
+        "accumulation %lld x dp %d (tp %d) | data %s (%lld tokens)\n",
         cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
-        static_cast<long long>(engine.spec().param_numel), dtype_name(pt), cfg.model.layers,
+        static_cast<long long>(engine.spec().global_param_numel), dtype_name(pt), cfg.model.layers,
         cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
         static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-        static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), data_path.c_str(),
-        static_cast<long long>(dataset->num_tokens()));
+        static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), grid.tp(),
+        data_path.c_str(), static_cast<long long>(dataset->num_tokens()));
     std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
                 machine.describe().c_str());
   }

@@ -66,6 +66,12 @@ void sum_into(void* inout, const void* in, size_t n, DType t) {
       return sum_bf16(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in), n);
     case DType::F16:
       return sum_f16(static_cast<uint16_t*>(inout), static_cast<const uint16_t*>(in), n);
+    case DType::I32: {
+      int32_t* o = static_cast<int32_t*>(inout);
+      const int32_t* a = static_cast<const int32_t*>(in);
+      for (size_t i = 0; i < n; ++i) o[i] += a[i];
+      return;
+    }
   }
 }
 
@@ -99,6 +105,8 @@ MPI_Datatype mpi_datatype(DType t) {
       return wire_ops().bf16_type;
     case DType::F16:
       return wire_ops().f16_type;
+    case DType::I32:
+      return MPI_INT32_T;
     default:
       return MPI_FLOAT;
   }

@@ -14,6 +14,8 @@ const char* dtype_name(DType t) {
       return "bf16";
     case DType::F16:
       return "fp16";
+    case DType::I32:
+      return "int32";
   }
   return "?";
 }
@@ -87,7 +89,10 @@ void convert_from(D* dst, const void* src, DType st, size_t n) {
       return convert_typed(dst, static_cast<const bf16*>(src), n);
     case DType::F16:
       return convert_typed(dst, static_cast<const f16*>(src), n);
+    case DType::I32:
+      break;
   }
+  STRATA_FAIL("int32 elements are not converted to floating point");
 }
 }  // namespace
 
@@ -103,7 +108,10 @@ void convert(void* dst, DType dt, const void* src, DType st, size_t n) {
       return convert_from(static_cast<bf16*>(dst), src, st, n);
     case DType::F16:
       return convert_from(static_cast<f16*>(dst), src, st, n);
+    case DType::I32:
+      break;
   }
+  STRATA_FAIL("floating-point elements are not converted to int32");
 }
 
 }  // namespace strata

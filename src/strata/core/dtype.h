@@ -1,4 +1,5 @@
-// Element types: fp32, bf16, fp16. Conversions round to nearest even and keep NaN a NaN.
+// Element types: fp32, bf16, fp16 (and int32 for token ids in typed views, never converted).
+// Conversions round to nearest even and keep NaN a NaN.
 #pragma once
 
 #include <cstddef>
@@ -8,7 +9,7 @@
 
 namespace strata {
 
-enum class DType : uint8_t { F32, BF16, F16 };
+enum class DType : uint8_t { F32, BF16, F16, I32 };
 
 struct bf16 {
   uint16_t bits;
@@ -18,9 +19,9 @@ struct f16 {
 };
 
 constexpr size_t dtype_size(DType t) {
-  return t == DType::F32 ? 4 : 2;
+  return t == DType::F32 || t == DType::I32 ? 4 : 2;
 }
-const char* dtype_name(DType t);  // "fp32" | "bf16" | "fp16"
+const char* dtype_name(DType t);  // "fp32" | "bf16" | "fp16" | "int32"
 // Accepts DeepSpeed's spellings: fp32/float32/float, bf16/bfloat16, fp16/float16/half.
 // Throws InputError naming `what` (the key being parsed) otherwise.
 DType parse_dtype(std::string_view s, std::string_view what);

@@ -32,6 +32,14 @@ std::vector<int> ModelSpec::units_of(UnitKind kind) const {
 
 namespace {
 
+// How a parameter is split over the tensor-parallel group: along `axis` (-1: replicated), holding
+// `ranges` there, `local` indices long (the ranges' total, or more with padding).
+struct Split {
+  int axis = -1;
+  std::vector<TpRange> ranges;
+  int64_t local = 0;
+};
+
 struct Builder {
   ModelSpec spec;
   void end_unit() {
@@ -46,29 +54,52 @@ struct Builder {
     u.name = std::move(name), u.offset = spec.numel, u.kind = kind, u.layer = layer;
     spec.units.push_back(std::move(u));
   }
+  ParamSpec make(std::string name, std::vector<int64_t> shape, ParamRole role, InitKind init,
+                 float std, int layer, const Split& split) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.global_shape = shape;
+    p.shape = std::move(shape);
+    p.role = role, p.layer = layer, p.init = init, p.std = std;
+    p.decay = init == InitKind::Normal && p.shape.size() >= 2;
+    p.offset = spec.numel;
+    p.split_axis = split.axis;
+    if (split.axis >= 0) {
+      p.ranges = split.ranges;
+      p.shape[size_t(split.axis)] = split.local;
+    } else {
+      p.replicas = spec.tp.size;
+    }
+    return p;
+  }
   void add(std::string name, std::vector<int64_t> shape, ParamRole role, InitKind init,
-           float std = 0.0f, int layer = -1) {
-    ParamSpec p{std::move(name),          std::move(shape), role, layer, init, std,
-                init == InitKind::Normal, spec.numel};
-    if (p.shape.size() < 2) p.decay = false;
+           float std = 0.0f, int layer = -1, const Split& split = {}) {
+    ParamSpec p = make(std::move(name), std::move(shape), role, init, std, layer, split);
     spec.numel += p.numel();
     spec.param_numel += p.numel();
+    spec.global_param_numel +=
+        p.global_shape.size() == 1 ? p.global_shape[0] : p.global_shape[0] * p.global_shape[1];
     spec.units.back().numel += p.numel();
     spec.units.back().params.push_back(int(spec.params.size()));
     spec.params.push_back(std::move(p));
   }
-  // A (V, C) matrix as units of `rows` whole rows each: "<unit>.0", "<unit>.1", ...
+  // This rank's rows of a (V, C) vocabulary matrix as units of `rows` whole rows each:
+  // "<unit>.0", "<unit>.1", ...
   void add_rows(const std::string& unit, UnitKind kind, std::string name, int64_t V, int64_t C,
                 ParamRole role, float std, int64_t rows) {
+    const TpLayout& tp = spec.tp;
     const int index = int(spec.params.size());
-    for (int64_t r = 0, k = 0; r < V; r += rows, ++k) {
+    const int64_t local = tp.vocab_rows;
+    for (int64_t r = 0, k = 0; r < local; r += rows, ++k) {
       begin_unit(unit + "." + std::to_string(k), kind);  // pads the unit before
       if (k == 0) {
-        spec.params.push_back({name, {V, C}, role, -1, InitKind::Normal, std, true, spec.numel});
-        spec.param_numel += V * C;
+        Split split{0, {{tp.vocab_begin, tp.vocab_valid, 1}}, local};
+        spec.params.push_back(make(name, {V, C}, role, InitKind::Normal, std, -1, split));
+        spec.param_numel += local * C;
+        spec.global_param_numel += V * C;
       }
       UnitSpec& u = spec.units.back();
-      u.row_begin = r, u.row_end = std::min(V, r + rows);
+      u.row_begin = r, u.row_end = std::min(local, r + rows);
       u.numel = (u.row_end - r) * C;
       u.params.push_back(index);
       spec.numel += u.numel;
@@ -83,24 +114,77 @@ int64_t vocab_rows(int64_t cap, int64_t C, int64_t align) {
   return std::max(step, cap / C / step * step);
 }
 
+TpLayout tp_layout(const ModelConfig& m, int size, int rank) {
+  STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank, " of ", size);
+  const int kvh = m.family == "gpt2" ? m.heads : m.kv_heads;
+  STRATA_CHECK(m.heads % size == 0 && m.ffn_hidden % size == 0 &&
+                   (kvh >= size ? kvh % size == 0 : size % kvh == 0),
+               "parallelism.tensor=", size, " does not divide model.heads=", m.heads,
+               ", model.ffn_hidden=", m.ffn_hidden, " and the key/value heads ", kvh);
+  TpLayout t;
+  t.size = size, t.rank = rank;
+  t.heads = m.heads / size;
+  t.kv_replicated = kvh < size;
+  t.groups = t.kv_replicated ? 1 : kvh / size;
+  t.rep = t.heads / t.groups;
+  t.qkv_rows = int64_t(t.groups) * (t.rep + 2) * (m.hidden / m.heads);
+  t.ffn = m.ffn_hidden / size;
+  t.vocab_padded = (int64_t(m.vocab) + size - 1) / size * size;
+  t.vocab_rows = t.vocab_padded / size;
+  t.vocab_begin = t.vocab_rows * rank;
+  t.vocab_valid = std::clamp(int64_t(m.vocab) - t.vocab_begin, int64_t(0), t.vocab_rows);
+  return t;
+}
+
+// This rank's rows of the grouped QKV weight (or bias).
+Split qkv_split(const ModelConfig& m, const TpLayout& t) {
+  const int64_t hd = m.hidden / m.heads;
+  const int kvh = m.family == "gpt2" ? m.heads : m.kv_heads;
+  const int64_t rep = m.heads / kvh, group = (rep + 2) * hd;  // global rows per group
+  if (!t.kv_replicated) {
+    const int64_t rows = int64_t(kvh / t.size) * group;
+    return {0, {{t.rank * rows, rows, 1}}, rows};
+  }
+  const int share = t.size / kvh;  // ranks per group
+  const int64_t g = t.rank / share, j = t.rank % share;
+  const int64_t q = int64_t(t.heads) * hd;
+  return {0, {{g * group + j * q, q, 1}, {g * group + rep * hd, 2 * hd, share}}, q + 2 * hd};
+}
+
+Split rows_split(int64_t n, const TpLayout& t) {
+  const int64_t local = n / t.size;
+  return {0, {{t.rank * local, local, 1}}, local};
+}
+
+Split cols_split(int64_t n, const TpLayout& t) {
+  Split s = rows_split(n, t);
+  s.axis = 1;
+  return s;
+}
+
 }  // namespace
 
-ModelSpec build_model_spec(const ModelConfig& m, int64_t align) {
+ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int tp_rank) {
   STRATA_CHECK(align >= 1, "the unit alignment must be at least 1, got ", align);
   Builder b;
   b.spec.config = m;
   b.spec.align = align;
+  const TpLayout tp = b.spec.tp = tp_layout(m, tp_size, tp_rank);
   const int64_t C = m.hidden, V = m.vocab, F = m.ffn_hidden, L = m.layers;
   const int64_t hd = C / m.heads;
   const float s = m.init_std;
   const float s_resid = s / std::sqrt(2.0f * float(L));  // GPT-2: residual projections scaled
   const bool gpt2 = m.family == "gpt2";
-  const int64_t qkv = gpt2 ? 3 * C : (m.heads + 2 * int64_t(m.kv_heads)) * hd;
+  const int64_t kvh = gpt2 ? m.heads : m.kv_heads;
+  const int64_t qkv = (m.heads + 2 * kvh) * hd;  // global rows
   const int64_t fch = gpt2 ? F : 2 * F;
-  // The largest sublayer bounds a vocabulary unit.
-  const int64_t attn = gpt2 ? 2 * C + qkv * C + qkv + C * C + C : C + qkv * C + C * m.heads * hd;
-  const int64_t mlp = gpt2 ? 2 * C + fch * C + fch + C * F + C : C + fch * C + C * F;
+  // The largest local sublayer bounds a vocabulary unit.
+  const int64_t ql = tp.qkv_rows, fl = gpt2 ? tp.ffn : 2 * tp.ffn, hl = int64_t(tp.heads) * hd;
+  const int64_t attn = gpt2 ? 2 * C + ql * C + ql + C * hl + C : C + ql * C + C * hl;
+  const int64_t mlp = gpt2 ? 2 * C + fl * C + fl + C * tp.ffn + C : C + fl * C + C * tp.ffn;
   const int64_t rows = vocab_rows(std::max(attn, mlp), C, align);
+  const Split qkv_rows = qkv_split(m, tp), fc_rows = rows_split(fch, tp);
+  const Split proj_cols = cols_split(m.heads * hd, tp), fc2_cols = cols_split(F, tp);
 
   b.add_rows("embedding", UnitKind::Vocab, gpt2 ? "wte" : "embed_tokens", V, C,
              ParamRole::TokenEmbedding, s, rows);
@@ -111,33 +195,34 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align) {
   for (int l = 0; l < int(L); ++l) {
     const std::string u = "block." + std::to_string(l);
     using R = ParamRole;
+    using I = InitKind;
     if (gpt2) {
       const std::string p = "h." + std::to_string(l) + ".";
       b.begin_unit(u + ".attn", UnitKind::Attention, l);
-      b.add(p + "ln_1.weight", {C}, R::Norm1W, InitKind::Ones, 0.0f, l);
-      b.add(p + "ln_1.bias", {C}, R::Norm1B, InitKind::Zeros, 0.0f, l);
-      b.add(p + "attn.c_attn.weight", {qkv, C}, R::QkvW, InitKind::Normal, s, l);
-      b.add(p + "attn.c_attn.bias", {qkv}, R::QkvB, InitKind::Zeros, 0.0f, l);
-      b.add(p + "attn.c_proj.weight", {C, C}, R::ProjW, InitKind::Normal, s_resid, l);
-      b.add(p + "attn.c_proj.bias", {C}, R::ProjB, InitKind::Zeros, 0.0f, l);
+      b.add(p + "ln_1.weight", {C}, R::Norm1W, I::Ones, 0.0f, l);
+      b.add(p + "ln_1.bias", {C}, R::Norm1B, I::Zeros, 0.0f, l);
+      b.add(p + "attn.c_attn.weight", {qkv, C}, R::QkvW, I::Normal, s, l, qkv_rows);
+      b.add(p + "attn.c_attn.bias", {qkv}, R::QkvB, I::Zeros, 0.0f, l, qkv_rows);
+      b.add(p + "attn.c_proj.weight", {C, C}, R::ProjW, I::Normal, s_resid, l, proj_cols);
+      b.add(p + "attn.c_proj.bias", {C}, R::ProjB, I::Zeros, 0.0f, l);
       b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
-      b.add(p + "ln_2.weight", {C}, R::Norm2W, InitKind::Ones, 0.0f, l);
-      b.add(p + "ln_2.bias", {C}, R::Norm2B, InitKind::Zeros, 0.0f, l);
-      b.add(p + "mlp.c_fc.weight", {F, C}, R::FcW, InitKind::Normal, s, l);
-      b.add(p + "mlp.c_fc.bias", {F}, R::FcB, InitKind::Zeros, 0.0f, l);
-      b.add(p + "mlp.c_proj.weight", {C, F}, R::Fc2W, InitKind::Normal, s_resid, l);
-      b.add(p + "mlp.c_proj.bias", {C}, R::Fc2B, InitKind::Zeros, 0.0f, l);
+      b.add(p + "ln_2.weight", {C}, R::Norm2W, I::Ones, 0.0f, l);
+      b.add(p + "ln_2.bias", {C}, R::Norm2B, I::Zeros, 0.0f, l);
+      b.add(p + "mlp.c_fc.weight", {F, C}, R::FcW, I::Normal, s, l, fc_rows);
+      b.add(p + "mlp.c_fc.bias", {F}, R::FcB, I::Zeros, 0.0f, l, fc_rows);
+      b.add(p + "mlp.c_proj.weight", {C, F}, R::Fc2W, I::Normal, s_resid, l, fc2_cols);
+      b.add(p + "mlp.c_proj.bias", {C}, R::Fc2B, I::Zeros, 0.0f, l);
     } else {
       const std::string p = "layers." + std::to_string(l) + ".";
       b.begin_unit(u + ".attn", UnitKind::Attention, l);
-      b.add(p + "input_layernorm.weight", {C}, R::Norm1W, InitKind::Ones, 0.0f, l);
-      b.add(p + "self_attn.qkv_proj.weight", {qkv, C}, R::QkvW, InitKind::Normal, s, l);
-      b.add(p + "self_attn.o_proj.weight", {C, m.heads * hd}, R::ProjW, InitKind::Normal, s_resid,
-            l);
+      b.add(p + "input_layernorm.weight", {C}, R::Norm1W, I::Ones, 0.0f, l);
+      b.add(p + "self_attn.qkv_proj.weight", {qkv, C}, R::QkvW, I::Normal, s, l, qkv_rows);
+      b.add(p + "self_attn.o_proj.weight", {C, m.heads * hd}, R::ProjW, I::Normal, s_resid, l,
+            proj_cols);
       b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
-      b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, InitKind::Ones, 0.0f, l);
-      b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, R::FcW, InitKind::Normal, s, l);
-      b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, InitKind::Normal, s_resid, l);
+      b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, I::Ones, 0.0f, l);
+      b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, R::FcW, I::Normal, s, l, fc_rows);
+      b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, I::Normal, s_resid, l, fc2_cols);
     }
   }
   b.begin_unit("final_norm", UnitKind::FinalNorm);
@@ -151,26 +236,94 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align) {
     b.add_rows("output", UnitKind::Output, "lm_head.weight", V, C, ParamRole::OutputW, s, rows);
   }
   b.end_unit();
+  for (ParamSpec& p : b.spec.params) {
+    if (p.role == ParamRole::QkvW || p.role == ParamRole::QkvB) {
+      p.fused = Fused::Qkv, p.fused_dims = {m.heads, kvh, hd};
+    } else if (p.role == ParamRole::FcW && !gpt2) {
+      p.fused = Fused::GateUp, p.fused_dims = {F, 0, 0};
+    }
+  }
   return std::move(b.spec);
 }
 
-void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin, int64_t count) {
-  switch (p.init) {
-    case InitKind::Zeros:
-      for (int64_t i = 0; i < count; ++i) out[i] = 0.0f;
-      return;
-    case InitKind::Ones:
-      for (int64_t i = 0; i < count; ++i) out[i] = 1.0f;
-      return;
-    case InitKind::Normal:
-      rng_fill_normal(out, rng_key(seed, p.name), uint64_t(begin), uint64_t(count), 0.0f, p.std);
-      return;
+int64_t canonical_row(const ParamSpec& p, int64_t row) {
+  if (p.fused == Fused::Qkv) {
+    const int64_t heads = p.fused_dims[0], kvh = p.fused_dims[1], hd = p.fused_dims[2];
+    const int64_t rep = heads / kvh;
+    const int64_t g = row / ((rep + 2) * hd), slot = row / hd % (rep + 2), d = row % hd;
+    if (slot < rep) return ((g * rep + slot) * hd) + d;  // query head g·rep+slot
+    if (slot == rep) return (heads + g) * hd + d;        // key head g
+    return (heads + kvh + g) * hd + d;                   // value head g
   }
+  if (p.fused == Fused::GateUp) {
+    return row % 2 == 0 ? row / 2 : p.fused_dims[0] + row / 2;  // gate f | up f
+  }
+  return row;
+}
+
+void to_canonical(const ParamSpec& p, const float* in, float* out) {
+  const int64_t rows = p.global_shape[0], cols = p.numel() / rows;
+  STRATA_CHECK(p.shape == p.global_shape, "to_canonical takes whole tensors, ", p.name,
+               " is a slice");
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(in + r * cols, in + (r + 1) * cols, out + canonical_row(p, r) * cols);
+  }
+}
+
+void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin, int64_t count) {
+  if (p.init != InitKind::Normal) {
+    std::fill(out, out + count, p.init == InitKind::Ones ? 1.0f : 0.0f);
+    return;
+  }
+  // Local (row, column) -> global -> canonical, one run of columns at a time.
+  const int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
+  const int64_t gcols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+  const uint64_t key = rng_key(seed, p.name);
+  auto global_of = [&](int64_t local) -> int64_t {  // along the split axis; -1: padding
+    for (const TpRange& r : p.ranges) {
+      if (local < r.count) return r.begin + local;
+      local -= r.count;
+    }
+    return -1;
+  };
+  for (int64_t i = begin, end = begin + count; i < end;) {
+    const int64_t row = i / cols, col = i % cols, n = std::min(cols - col, end - i);
+    float* o = out + (i - begin);
+    const int64_t grow = p.split_axis == 0 ? global_of(row) : row;
+    const int64_t gcol = p.split_axis == 1 ? global_of(col) : col;
+    if (grow < 0) {
+      std::fill(o, o + n, 0.0f);  // vocabulary padding
+    } else {
+      const int64_t at = canonical_row(p, grow) * gcols + gcol;
+      rng_fill_normal(o, key, uint64_t(at), uint64_t(n), 0.0f, p.std);
+    }
+    i += n;
+  }
+}
+
+std::vector<ReplicatedRange> replicated_ranges(const ModelSpec& spec) {
+  std::vector<ReplicatedRange> out;
+  for (const ParamSpec& p : spec.params) {
+    if (p.split_axis < 0) {
+      if (p.replicas > 1) out.push_back({p.offset, p.numel(), p.replicas});
+      continue;
+    }
+    const int64_t cols = p.split_axis == 0 && p.shape.size() > 1 ? p.shape[1] : 1;
+    int64_t at = 0;
+    for (const TpRange& r : p.ranges) {
+      if (r.replicas > 1) {
+        STRATA_CHECK(p.split_axis == 0, "replicated column ranges are not supported");
+        out.push_back({p.offset + at * cols, r.count * cols, r.replicas});
+      }
+      at += r.count;
+    }
+  }
+  return out;
 }
 
 double train_flops_per_token(const ModelSpec& spec) {
   const ModelConfig& m = spec.config;
-  return 6.0 * double(spec.param_numel) + 12.0 * m.layers * m.hidden * double(m.seq_len);
+  return 6.0 * double(spec.global_param_numel) + 12.0 * m.layers * m.hidden * double(m.seq_len);
 }
 
 }  // namespace strata

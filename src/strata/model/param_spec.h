@@ -5,8 +5,27 @@
 // projection) are cut into units of whole rows no larger than the largest sublayer, so no buffer
 // sized by a unit is ever sized by the vocabulary. Initialisation is a pure function of
 // (seed, parameter name, element index): any shard can generate exactly its slice.
+//
+// Tensor parallelism (Megatron's layout, ../shared/reference/megatron.md §1). A spec is built for
+// one rank of a tensor-parallel group: every parameter keeps its global name and shape and says
+// which slice of it the rank holds (split axis and the global index ranges along it); the flat
+// buffer holds only those slices. QKV and the MLP's up (gate|up) are split by output rows
+// (column-parallel), the attention output and the MLP's down projection by input columns
+// (row-parallel), the (V, C) vocabulary matrices by rows (vocab-parallel, the vocabulary padded to
+// a multiple of tp with rows that are zero, never trained and never counted); norms, the position
+// table and the row-parallel biases are replicated. The fused weights are laid out so that a rank's
+// slice is one contiguous block of rows for every tp:
+//   QKV rows, per key/value group g: its rep = heads/kv_heads query heads, its key head, its value
+//     head (hd rows each). With kv_heads >= tp a rank holds kv_heads/tp whole groups; with fewer
+//     it holds heads/tp query heads of one group plus that group's key and value heads, which
+//     tp/kv_heads ranks then hold alike (their gradients are summed over those ranks).
+//   llama's gate|up rows interleave: row 2f is gate f, row 2f+1 is up f.
+// Initial values are drawn at the element's index in the canonical (Hugging Face) layout — QKV as
+// [all queries | all keys | all values], gate|up as [gate | up] — so neither the fused layout nor
+// tp changes a weight.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,9 +59,29 @@ enum class ParamRole : uint8_t {
 };
 constexpr int kNumParamRoles = int(ParamRole::OutputW) + 1;
 
+// The fused weights whose rows are not in the canonical order (see above).
+enum class Fused : uint8_t { None, Qkv, GateUp };
+
+// Global indices [begin, begin + count) along a parameter's split axis held by this rank, and how
+// many ranks of the tensor-parallel group hold them (1: split; > 1: replicated, e.g. the key and
+// value heads of a group when kv_heads < tp).
+struct TpRange {
+  int64_t begin = 0, count = 0;
+  int replicas = 1;
+};
+
 struct ParamSpec {
-  std::string name;            // global name, e.g. "h.3.attn.c_attn.weight"
-  std::vector<int64_t> shape;  // global shape, weights [out_features, in_features]
+  std::string name;                   // global name, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;         // this rank's shape, weights [out_features, in_features]
+  std::vector<int64_t> global_shape;  // the whole tensor's shape
+  // -1: the whole tensor on every rank of the group (replicated); 0 or 1: split along that axis,
+  // the rank holding `ranges` in local order. Local indices along the axis past the ranges' total
+  // are padding (the vocabulary's).
+  int split_axis = -1;
+  std::vector<TpRange> ranges;
+  int replicas = 1;  // split_axis -1: the ranks holding the whole tensor (the tp size)
+  Fused fused = Fused::None;
+  std::array<int64_t, 3> fused_dims{};  // Qkv: heads, kv_heads, hd; GateUp: ffn_hidden
   ParamRole role = ParamRole::TokenEmbedding;
   int layer = -1;  // block parameters: the layer
   InitKind init = InitKind::Normal;
@@ -67,13 +106,29 @@ struct UnitSpec {
   int64_t row_begin = 0, row_end = 0;  // Vocab/Output: the matrix rows the unit holds
 };
 
+// This rank's place in the tensor-parallel group and the model's local dimensions there.
+struct TpLayout {
+  int size = 1, rank = 0;
+  int heads = 0;               // query heads held here (heads / tp)
+  int groups = 0, rep = 0;     // key/value groups held here and query heads per group held here
+  int64_t qkv_rows = 0;        // groups·(rep+2)·hd
+  int64_t ffn = 0;             // ffn_hidden / tp
+  int64_t vocab_padded = 0;    // vocab rounded up to a multiple of tp
+  int64_t vocab_rows = 0;      // vocab_padded / tp: rows of each vocabulary matrix held here
+  int64_t vocab_begin = 0;     // global id of the first row held here
+  int64_t vocab_valid = 0;     // rows held here that exist (the rest are padding)
+  bool kv_replicated = false;  // kv_heads < tp
+};
+
 struct ModelSpec {
   ModelConfig config;
+  TpLayout tp;
   std::vector<ParamSpec> params;
   std::vector<UnitSpec> units;
-  int64_t numel = 0;        // elements of the flat buffer, padding included
-  int64_t param_numel = 0;  // parameter count (numel without padding)
-  int64_t align = 1;        // every unit's numel is a multiple of this
+  int64_t numel = 0;               // elements of the flat buffer, padding included
+  int64_t param_numel = 0;         // parameter elements held here (numel without unit padding)
+  int64_t global_param_numel = 0;  // the whole model's parameter count
+  int64_t align = 1;               // every unit's numel is a multiple of this
   const ParamSpec& param(const std::string& name) const;  // throws if absent
   // Indices into units of each kind, in flat order.
   std::vector<int> units_of(UnitKind kind) const;
@@ -84,14 +139,32 @@ struct ModelSpec {
 // contiguous chunks (align = the data-parallel size). align 1 is the unpadded layout. A vocabulary
 // piece holds a multiple of 8 rows (and of align/gcd(align, C), so that no padding falls inside
 // the matrix); the pieces are the same for every power-of-two align when C is a multiple of 8.
-ModelSpec build_model_spec(const ModelConfig& m, int64_t align = 1);
+// tp_size, tp_rank: the tensor-parallel group (tp_size must divide heads and ffn_hidden, and
+// kv_heads or be a multiple of it: validated with the config).
+ModelSpec build_model_spec(const ModelConfig& m, int64_t align = 1, int tp_size = 1,
+                           int tp_rank = 0);
 
-// Writes elements [begin, begin+count) of parameter `p`'s initial value (flattened row-major).
+// Writes elements [begin, begin+count) of this rank's slice of parameter `p`'s initial value
+// (flattened row-major in the local shape; padding rows are zero).
 void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin, int64_t count);
 
-// Matmul FLOPs of one training step (forward + backward) per token, the peers' convention:
-// 6·N + 12·L·C·T with N all parameters (padding excluded) (as ../peers counts, so MFU figures
-// compare).
+// The row of the canonical (Hugging Face) layout that global row `row` of p is (identity but for
+// the fused QKV and gate|up weights and the QKV bias).
+int64_t canonical_row(const ParamSpec& p, int64_t row);
+// A whole (tp = 1) tensor `in` of p in strata's row order rewritten in the canonical order.
+void to_canonical(const ParamSpec& p, const float* in, float* out);
+
+// Flat ranges of the buffer whose elements `replicas` > 1 ranks of the tensor-parallel group hold
+// alike: a global sum over the group (a gradient norm) counts them once by weighting 1/replicas.
+struct ReplicatedRange {
+  int64_t offset = 0, numel = 0;
+  int replicas = 1;
+};
+std::vector<ReplicatedRange> replicated_ranges(const ModelSpec& spec);
+
+// Matmul FLOPs of one training step (forward + backward) per token of the whole model (all tp
+// ranks), the peers' convention: 6·N + 12·L·C·T with N all parameters (padding excluded) (as
+// ../peers counts, so MFU figures compare).
 double train_flops_per_token(const ModelSpec& spec);
 
 }  // namespace strata

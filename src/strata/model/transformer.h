@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/core/tensor.h"
 #include "strata/model/param_spec.h"
+#include "strata/tensor_parallel/mappings.h"
 
 namespace strata {
 
@@ -42,34 +44,79 @@ class UnitHook {
   virtual void unit_done(int /*unit*/, bool /*final*/) {}
 };
 
-// The units acquire_params() sees, in order, in a forward or a backward pass of `spec`.
+// The units acquire_params() sees, in order, in a forward or a backward pass of `spec` (the whole
+// model as one chunk).
 std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass);
 
+// Where a chunk sits in the model and how much it keeps.
+struct ChunkOptions {
+  int unit_begin = 0, unit_end = -1;  // the chunk's units [begin, end); end -1: to the last unit.
+                                      // Boundaries fall between blocks: a block's attention and
+                                      // MLP units are in one chunk, the embedding's units
+                                      // (vocabulary, position) in the first, the final norm and
+                                      // output units in the last.
+  int slots = 1;              // micro-batches whose activations are held at once (forward done,
+                              // weight-gradient backward not yet)
+  bool defer_weight = false;  // backward_input() leaves the weight gradients to backward_weight()
+                              // (each slot then also keeps the output gradients they need)
+};
+
+// A model chunk: a contiguous range of units (DESIGN.md §3, §6) on one rank of a tensor-parallel
+// group. It runs micro-batches through forward, input-gradient backward and weight-gradient
+// backward, each identified by the caller's micro-batch id; activations live in one of `slots`
+// preallocated slots from forward until the weight-gradient backward; nothing is allocated after
+// construction.
+//
+// Rows: a micro-batch is B·T token rows. Hidden states between chunks are (rows, C) in the
+// parameter dtype, with rows = B·T, or B·T/tp (this rank's block of rows) under sequence
+// parallelism.
 class Transformer {
  public:
   virtual ~Transformer() = default;
 
-  // Forward over the micro-batch; inputs, targets (B, T) int32 (target < 0 is ignored).
-  // Returns the sum of per-token losses over counted tokens. With `train`, also leaves the
-  // logits' gradient, scaled by `dloss` (1/tokens of the global batch × loss scale), ready for
-  // backward().
-  virtual double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train,
-                         UnitHook* hook = nullptr) = 0;
-  // Backward of the last training forward: parameter gradients accumulate (+=) into grads.
-  // `hook`, when given, hears of each unit as its gradients are complete.
-  virtual void backward(UnitHook* hook = nullptr) = 0;
-  // The logits of the last forward (B, T, V) in the parameter dtype, valid until backward().
-  virtual const void* logits() const = 0;
-  // Number of targets >= 0 in the last forward.
-  virtual int64_t counted_tokens() const = 0;
+  // Forward of micro-batch `mb` into a free slot. The first chunk reads `tokens` (B·T int32);
+  // every other chunk reads `hidden`, the previous chunk's output (copied). The last chunk
+  // reads `targets` (B·T, < 0 ignored) and returns the sum of per-token losses over counted
+  // tokens; with `train` it keeps the logits' gradient scaled by `dloss` (1/tokens of the global
+  // batch × loss scale) for backward. Other chunks return 0; output(mb) is their result.
+  virtual double forward(int mb, const int32_t* tokens, Tensor hidden, const int32_t* targets,
+                         float dloss, bool train, UnitHook* hook = nullptr) = 0;
+  // A non-last chunk's output for mb, valid until mb's backward_input.
+  virtual Tensor output(int mb) const = 0;
+  // Input-gradient backward of mb: dout is the gradient of output(mb) (ignored by the last
+  // chunk). Returns the gradient of the chunk's input hidden states (empty for the first chunk),
+  // valid until the next backward call. Without defer_weight the weight gradients are computed
+  // too and the slot is freed.
+  virtual Tensor backward_input(int mb, Tensor dout, UnitHook* hook = nullptr) = 0;
+  // Weight-gradient backward of mb (defer_weight): accumulates (+=) mb's parameter gradients,
+  // reports each unit done, frees the slot.
+  virtual void backward_weight(int mb, UnitHook* hook = nullptr) = 0;
+
+  // The logits (rows B·T, this rank's vocabulary columns) of the last forward of mb, in the
+  // parameter dtype; valid until mb's backward (a training forward overwrites them with their
+  // gradient).
+  virtual Tensor logits(int mb) const = 0;
+  virtual int64_t counted_tokens(int mb) const = 0;
+  // Seconds the chunk spent in tensor-parallel collectives since the last call.
+  virtual double take_tp_seconds() = 0;
+
+  // One micro-batch through the whole chunk list of one process (pp = 1): forward, then
+  // backward. Convenience for the single-chunk model.
+  double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train,
+                 UnitHook* hook = nullptr) {
+    return forward(0, inputs, Tensor(), targets, dloss, train, hook);
+  }
+  void backward(UnitHook* hook = nullptr) { backward_input(0, Tensor(), hook); }
 };
 
 // params: flat buffer of spec.numel elements of `param_dtype`; grads: the same in `grad_dtype`.
 // Both must outlive the model. Either may be nullptr when every pass gets a hook that places all
 // units (ZeRO stage 3 has no full parameter buffer; stages 2-3 no full gradient buffer). B, T:
-// micro-batch size and sequence length (T <= seq_len).
+// micro-batch size and sequence length (T <= seq_len). tp: the tensor-parallel group of the rank
+// spec was built for (one rank by default).
 std::unique_ptr<Transformer> make_transformer(const ModelSpec& spec, DType param_dtype,
                                               DType grad_dtype, void* params, void* grads, int B,
-                                              int T);
+                                              int T, const ChunkOptions& chunk = {},
+                                              tp::Group* tp = nullptr);
 
 }  // namespace strata

@@ -84,6 +84,7 @@ void resolve_batch(Config& c, int dp) {
   const bool overflow = __builtin_mul_overflow(mb, gas, &product) ||
                         __builtin_mul_overflow(product, int64_t(dp), &product);
   if (tb > 0 && mb > 0 && gas > 0 && !overflow && tb == product) {
+    config_detail::check_tensor_split(c, mb);  // sequence parallelism splits mb's token rows
     c.train_batch_size = tb, c.train_micro_batch_size_per_gpu = mb;
     c.gradient_accumulation_steps = gas;
     return;

@@ -191,7 +191,8 @@ nlohmann::json parse_json_strict(std::string_view text, std::string_view origin)
 
 // Resolves the batch triangle for a data-parallel size as DeepSpeed does (floor division when
 // one key is missing; gradient_accumulation_steps=1 when two are); throws InputError naming all
-// three values when they are inconsistent.
+// three values when they are inconsistent, or when parallelism.sequence_parallel cannot split the
+// micro-batch's token rows evenly over parallelism.tensor ranks.
 void resolve_batch(Config& c, int dp_size);
 
 // Model presets: "gpt2-124M", "gpt2-350M", "bench-23M", "llama-tiny", "gpt2-tiny", "llama-1B"...

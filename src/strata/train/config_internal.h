@@ -106,6 +106,10 @@ void parse_model(const Block& top, Config& c);           // model (finalized)
 void parse_layout_blocks(const Block& top, Config& c);   // parallelism, data, train
 // Checks that span blocks (ZeRO with the optimizer, precision with data_types, ...).
 void check_cross_block(Config& c);
+// Throws the InputError for a parallelism.tensor that cannot split the model's heads, KV heads
+// or MLP, or (parallelism.sequence_parallel) a micro-batch of `micro_batch` sequences' token rows
+// (0: not known yet, not checked); it lists the tensor sizes that pass every rule.
+void check_tensor_split(const Config& c, int64_t micro_batch);
 
 // Throws the InputError of parse_json_strict when `j` nests deeper than kMaxConfigDepth (a tree
 // built in code, or a file's tree with --set values inside it).

@@ -57,15 +57,42 @@ ModelConfig raw_preset(const std::string& name, std::string_view what) {
                     "\"? presets: ", config_detail::list(names, false));
 }
 
-// Tensor-parallel sizes up to 64 that split the heads, the KV heads and the vocabulary.
-std::string valid_tensor_sizes(const ModelConfig& m) {
-  std::string r;
-  for (int t = 1; t <= 64; ++t) {
-    if (m.heads % t == 0 && m.kv_heads % t == 0 && m.vocab % t == 0) {
-      r += (r.empty() ? "" : ", ") + std::to_string(t);
-    }
+// Why tensor-parallel size t cannot split model m (its query heads, KV heads and MLP) or, with
+// sequence parallelism, a micro-batch of `micro_batch` sequences (0: unknown, not checked); ""
+// when it can. The vocabulary needs no rule: it is padded to a multiple of t.
+std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parallel,
+                               int64_t micro_batch) {
+  using detail::concat;
+  if (m.heads % t != 0) {
+    return concat("model.heads=", m.heads, " is not divisible by parallelism.tensor=", t,
+                  ": each tensor-parallel rank computes whole attention heads");
   }
-  return "{" + r + "}";
+  if (m.kv_heads >= t && m.kv_heads % t != 0) {
+    return concat("model.kv_heads=", m.kv_heads, " is not divisible by parallelism.tensor=", t,
+                  ": each tensor-parallel rank holds whole KV heads (with fewer KV heads than "
+                  "ranks, kv_heads must divide the tensor size instead)");
+  }
+  if (m.kv_heads < t && t % m.kv_heads != 0) {
+    return concat("parallelism.tensor=", t, " is not a multiple of model.kv_heads=", m.kv_heads,
+                  ": with fewer KV heads than tensor-parallel ranks each KV head is replicated on "
+                  "tensor/kv_heads ranks, which must be a whole number");
+  }
+  if (m.ffn_hidden % t != 0) {
+    return concat("model.ffn_hidden=", m.ffn_hidden, " is not divisible by parallelism.tensor=", t,
+                  ": the MLP's hidden units are split across the tensor-parallel ranks");
+  }
+  // (B·T) % t without forming B·T, which a huge micro batch would overflow.
+  if (sequence_parallel && micro_batch > 0 && (micro_batch % t) * (m.seq_len % t) % t != 0) {
+    int64_t rows = 0;
+    const bool fits = !__builtin_mul_overflow(micro_batch, int64_t(m.seq_len), &rows);
+    return concat("train_micro_batch_size_per_gpu=", micro_batch, " x model.seq_len=", m.seq_len,
+                  fits ? concat(" = ", rows) : std::string(),
+                  " token rows is not divisible by parallelism.tensor=", t,
+                  ": parallelism.sequence_parallel splits each micro-batch's rows across the "
+                  "tensor-parallel ranks; make train_micro_batch_size_per_gpu a multiple of ",
+                  t / std::gcd(t, m.seq_len), " or set parallelism.sequence_parallel to false");
+  }
+  return "";
 }
 
 }  // namespace
@@ -135,6 +162,19 @@ void finalize_model(ModelConfig& m) {
 
 namespace strata::config_detail {
 
+void check_tensor_split(const Config& c, int64_t micro_batch) {
+  const ParallelismConfig& p = c.parallelism;
+  const std::string error = tensor_split_error(c.model, p.tensor, p.sequence_parallel, micro_batch);
+  if (error.empty()) return;
+  // Sizes beyond 64 ranks are left out: a tensor-parallel group stays inside one host.
+  std::string valid;
+  for (int t = 1; t <= 64; ++t) {
+    if (!tensor_split_error(c.model, t, p.sequence_parallel, micro_batch).empty()) continue;
+    valid += (valid.empty() ? "" : ", ") + std::to_string(t);
+  }
+  STRATA_INPUT_FAIL(error, "; valid values of parallelism.tensor: ", valid);
+}
+
 void parse_model(const Block& top, Config& c) {
   Block b = top.child("model", keys_of("model"));
   if (!b.present()) {
@@ -203,25 +243,9 @@ void parse_layout_blocks(const Block& top, Config& c) {
     }
   }
 
+  // The micro batch is known here when given; resolve_batch checks again once it is resolved.
+  check_tensor_split(c, c.given_micro_batch);
   const ModelConfig& m = c.model;
-  const int t = p.tensor;
-  const std::pair<const char*, int> split[] = {
-      {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"vocab", m.vocab}};
-  for (const auto& [key, v] : split) {
-    if (v % t == 0) continue;
-    if (std::string_view(key) == "vocab") {
-      const int padded = (v + t - 1) / t * t;
-      STRATA_INPUT_FAIL("model.vocab=", v, " is not divisible by parallelism.tensor=", t,
-                        "; the embedding and output layer are split by vocabulary rows: pad "
-                        "model.vocab to a multiple of ",
-                        t, " (e.g. ", padded, ") or choose parallelism.tensor from ",
-                        valid_tensor_sizes(m));
-    }
-    STRATA_INPUT_FAIL("model.", key, "=", v, " is not divisible by parallelism.tensor=", t,
-                      "; each tensor-parallel rank needs whole attention heads: choose "
-                      "parallelism.tensor from ",
-                      valid_tensor_sizes(m));
-  }
   const int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
   if (chunks > m.layers) {
     STRATA_INPUT_FAIL("more pipeline stages than units: parallelism.pipeline=", p.pipeline,

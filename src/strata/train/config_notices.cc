@@ -163,10 +163,6 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   // ---- parallelism ----
   const ParallelismConfig& p = c.parallelism;
   const ParallelismConfig dp;
-  if (p.tensor > 1) {
-    add("parallelism.tensor=", p.tensor,
-        " is not yet in effect: every process holds and runs whole layers");
-  }
   if (p.pipeline > 1) {
     add("parallelism.pipeline=", p.pipeline, " (schedule ", p.schedule,
         ") is not yet in effect: one stage runs every layer");
@@ -176,14 +172,13 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   if (p.virtual_stages > 1) {
     add("parallelism.virtual_stages=", p.virtual_stages, " is not yet in effect");
   }
-  if (p.sequence_parallel) {
-    add("parallelism.sequence_parallel",
-        p.tensor == 1 ? " has no effect with parallelism.tensor=1" : " is not yet in effect");
+  if (p.sequence_parallel && p.tensor == 1) {
+    add("parallelism.sequence_parallel has no effect with parallelism.tensor=1");
   }
-  if (p.order != dp.order) {
+  if (p.order != dp.order && p.tensor == 1 && p.pipeline == 1) {
     add("parallelism.order=", p.order,
-        " has no effect while tensor and pipeline parallelism are not in effect: every rank is a "
-        "data-parallel rank (`strata topology` shows the grid it would give)");
+        " has no effect with parallelism.tensor=1 and parallelism.pipeline=1: every rank is a "
+        "data-parallel rank");
   }
   if (one && p.timeout_s != dp.timeout_s) {
     add("parallelism.timeout_s: no collectives to watch at 1 process");

@@ -12,7 +12,7 @@
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
 #include "strata/data/token_dataset.h"
-#include "strata/kernels/cpu/optimizer.h"
+#include "strata/kernels/ops.h"
 #include "strata/optim/lr_schedule.h"
 #include "strata/zero/zero_sync.h"
 
@@ -113,6 +113,42 @@ MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int sh
   return m;
 }
 
+uint64_t predict_tp_bytes(const Config& cfg, const ModelSpec& spec) {
+  const uint64_t t = uint64_t(spec.tp.size);
+  if (t == 1) return 0;
+  const bool sp = cfg.parallelism.sequence_parallel;
+  const ModelConfig& m = cfg.model;
+  const uint64_t b = dtype_size(cfg.param_dtype());
+  const uint64_t g =
+      dtype_size(cfg.fp16.enabled || cfg.bf16.enabled ? cfg.grad_accum_dtype : DType::F32);
+  const uint64_t N = uint64_t(cfg.train_micro_batch_size_per_gpu) * uint64_t(m.seq_len);
+  const uint64_t C = uint64_t(m.hidden), L = uint64_t(m.layers);
+  // As Communicator::wire_bytes counts: n elements of w bytes over a group of k.
+  auto ar = [](uint64_t k, uint64_t n, uint64_t w) { return 2 * (k - 1) * n * w / k; };
+  auto ag = [&](uint64_t n_full, uint64_t w) { return (t - 1) * (n_full / t) * w; };
+  const uint64_t X = N * C;  // a (B·T, C) activation
+  uint64_t micro = 0;
+  // Forward: embedding, blocks, head (the final norm's output gathered), cross-entropy.
+  micro += sp ? ag(X, b) : ar(t, X, b);
+  micro += L * (sp ? 4 * ag(X, b) : 2 * ar(t, X, b));
+  if (sp) micro += ag(X, b);
+  micro += (t - 1) * N * 4 + ar(t, 2 * N, 4);  // row maxima gathered; Σexp and target summed
+  // Backward: the head's fp32 input gradient (and the re-gathered final norm output).
+  micro += sp ? ag(X, 4) + ag(X, b) : ar(t, X, 4);
+  micro += L * (sp ? 6 * ag(X, b) : 2 * ar(t, X, b));
+  if (sp) micro += ag(X, b);  // the embedding's output gradient, gathered
+  // Partial gradients of replicated parameters (all of them under SP) and of replicated
+  // key/value heads, summed in the grad dtype.
+  for (const ParamSpec& p : spec.params) {
+    if (sp && p.split_axis < 0) micro += ar(t, uint64_t(p.numel()), g);
+    if (p.split_axis == 0 && p.ranges.size() == 2 && p.ranges[1].replicas > 1) {
+      const uint64_t cols = p.shape.size() > 1 ? uint64_t(p.shape[1]) : 1;
+      micro += ar(uint64_t(p.ranges[1].replicas), uint64_t(p.ranges[1].count) * cols, g);
+    }
+  }
+  return uint64_t(cfg.gradient_accumulation_steps) * micro + ar(t, 1, 4);  // + the norm's
+}
+
 std::string describe_memory(const MemoryPrediction& m) {
   std::string s = "model states " + format_bytes(m.model_states) + " per rank (";
   for (MemCategory c : {MemCategory::Params, MemCategory::MasterParams, MemCategory::Grads,
@@ -124,9 +160,22 @@ std::string describe_memory(const MemoryPrediction& m) {
   return s;
 }
 
-Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp)
-    : cfg_(cfg), spec_(build_model_spec(cfg.model, shard_size(cfg, dp))), dp_(dp) {
+Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp,
+               comm::Communicator* tp)
+    : cfg_(cfg),
+      spec_(build_model_spec(cfg.model, shard_size(cfg, dp), tp != nullptr ? tp->size() : 1,
+                             tp != nullptr ? tp->rank() : 0)),
+      dp_(dp),
+      tp_comm_(tp) {
   if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
+  if (tp_comm_ != nullptr && tp_comm_->size() > 1 && spec_.tp.kv_replicated) {
+    // The ranks that hold the same key/value heads: tp / kv_heads consecutive ranks.
+    const int share = tp_comm_->size() / cfg.model.kv_heads;
+    kv_comm_ = tp_comm_->split(tp_comm_->rank() / share, tp_comm_->rank(), "tp-kv");
+    kv_comm_->set_timeout(tp_comm_->timeout());
+  }
+  tp_ = std::make_unique<tp::Group>(tp_comm_, kv_comm_.get(), cfg.parallelism.sequence_parallel);
+  replicated_ = replicated_ranges(spec_);
   STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0 &&
                    cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu *
                                                 cfg_.gradient_accumulation_steps * dp_size_,
@@ -189,7 +238,12 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   if (cfg_.fp16.enabled) scaler_ = LossScaler(cfg_.fp16);
 
   const int B = int(cfg_.train_micro_batch_size_per_gpu);
-  model_ = make_transformer(spec_, pt, gt, params_.data(), grads_.data(), B, m.seq_len);
+  model_ = make_transformer(spec_, pt, gt, params_.data(), grads_.data(), B, m.seq_len,
+                            ChunkOptions{}, tp_.get());
+  for (int k = 0; k < int(cfg_.gradient_accumulation_steps); ++k) {
+    actions_.push_back({Action::Forward, k});
+    actions_.push_back({Action::Backward, k});
+  }
   const size_t local_samples =
       size_t(cfg_.train_micro_batch_size_per_gpu * cfg_.gradient_accumulation_steps);
   const size_t batch_bytes = local_samples * size_t(m.seq_len) * sizeof(int32_t);
@@ -214,13 +268,14 @@ Engine::~Engine() {
 }
 
 void Engine::zero_grads() {
-  if (grads_.data() != nullptr) std::memset(grads_.data(), 0, grads_.bytes());
+  if (grads_.data() != nullptr) ops::fill_zero(Tensor(grads_.data(), grad_dtype_, {spec_.numel}));
   if (sync_) sync_->zero_grads();
 }
 
 void Engine::gather_params(void* out) {
   if (sync_) return sync_->gather_all_params(out);
-  std::memcpy(out, params_.data(), params_.bytes());
+  const DType pt = cfg_.param_dtype();
+  ops::copy(Tensor(out, pt, {spec_.numel}), Tensor(params_.data(), pt, {spec_.numel}));
 }
 
 uint64_t Engine::wire_bytes() const {
@@ -231,13 +286,18 @@ uint64_t Engine::wire_bytes() const {
   return b;
 }
 
+uint64_t Engine::tp_wire_bytes() const {
+  return (tp_comm_ != nullptr ? tp_comm_->wire_bytes() : 0) +
+         (kv_comm_ ? kv_comm_->wire_bytes() : 0);
+}
+
 double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
   STRATA_CHECK(params_.data() != nullptr && grads_.data() != nullptr,
                "forward_backward needs whole parameters and gradients; ZeRO stage ",
                cfg_.zero.stage, " partitions them (use train_batch)");
   const int64_t tokens = cfg_.train_micro_batch_size_per_gpu * cfg_.model.seq_len;
   double loss = model_->forward(inputs, targets, scaler_.scale() / float(tokens), true);
-  model_->backward();
+  model_->backward();  // one chunk: the whole model
   return loss / double(tokens);
 }
 
@@ -263,19 +323,24 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   // micro-batch's dlogits carry 1/(gbs·T), making the accumulated gradient the global mean's.
   const float dloss = scaler_.scale() / float(gbs * T);
   double loss_sum = 0.0, forward_s = 0.0, backward_s = 0.0;
-  const uint64_t bytes0 = wire_bytes();
+  const uint64_t bytes0 = wire_bytes(), tp_bytes0 = tp_wire_bytes();
   const uint64_t cross0 = replica_comm_ ? replica_comm_->wire_bytes() : 0;
   if (sync_) sync_->begin_step();
-  for (int64_t k = 0; k < gas; ++k) {
-    const int64_t at = k * mb * T;
-    if (sync_) sync_->begin_micro(k == gas - 1);
-    auto f0 = clock::now();
-    loss_sum += model_->forward(inputs + at, targets + at, dloss, true, sync_.get());
-    auto f1 = clock::now();
-    model_->backward(sync_.get());
-    forward_s += std::chrono::duration<double>(f1 - f0).count();
-    backward_s += std::chrono::duration<double>(clock::now() - f1).count();
+  model_->take_tp_seconds();
+  for (const Action& a : actions_) {
+    const int64_t at = a.micro * mb * T;
+    const auto a0 = clock::now();
+    if (a.kind == Action::Forward) {
+      if (sync_) sync_->begin_micro(a.micro == gas - 1);
+      loss_sum +=
+          model_->forward(a.micro, inputs + at, Tensor(), targets + at, dloss, true, sync_.get());
+      forward_s += std::chrono::duration<double>(clock::now() - a0).count();
+    } else {
+      model_->backward_input(a.micro, Tensor(), sync_.get());
+      backward_s += std::chrono::duration<double>(clock::now() - a0).count();
+    }
   }
+  const double tp_comm_s = model_->take_tp_seconds();
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
   if (sync_) {
     sync_->finish();
@@ -297,9 +362,22 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.loss_scale = scaler_.scale();
   // Under ZeRO each rank holds the reduced gradients of its owned chunks only: Σ g² over them,
   // summed over the shard group.
-  const double sumsq = sync_
-                           ? sync_->sum_squares()
-                           : kernels::sum_squares(grads_.data(), grad_dtype_, size_t(spec_.numel));
+  double sumsq = sync_ ? sync_->sum_squares(replicated_)
+                       : ops::sum_squares(Tensor(grads_.data(), grad_dtype_, {spec_.numel}));
+  if (tp_->size() > 1) {
+    // Each tensor-parallel rank holds its slices (replicated elements weighted 1/replicas).
+    if (!sync_) {
+      for (const ReplicatedRange& r : replicated_) {
+        sumsq -= (1.0 - 1.0 / r.replicas) *
+                 ops::sum_squares(Tensor(
+                     static_cast<char*>(grads_.data()) + size_t(r.offset) * dtype_size(grad_dtype_),
+                     grad_dtype_, {r.numel}));
+      }
+    }
+    float total = float(sumsq);
+    tp_comm_->all_reduce(&total, 1, DType::F32, DType::F32);
+    sumsq = total;
+  }
   s.grad_norm = std::sqrt(sumsq) / scaler_.scale();
   const bool overflow = !std::isfinite(sumsq);
   const bool check = !cfg_.bf16.enabled || cfg_.bf16.check_grad_overflow;
@@ -325,6 +403,8 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.backward_s = backward_s;
   s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
   s.comm_exposed_s = comm_exposed_s;
+  s.tp_comm_s = tp_comm_s;
+  s.tp_bytes = tp_wire_bytes() - tp_bytes0;
   s.gather_exposed_s = gather_exposed_s;
   s.comm_bytes = wire_bytes() - bytes0;
   s.cross_group_bytes = (replica_comm_ ? replica_comm_->wire_bytes() : 0) - cross0;

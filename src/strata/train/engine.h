@@ -41,6 +41,8 @@ struct StepMetrics {
   double tokens_per_s = 0.0;
   double flops = 0.0;             // matmul FLOPs of the step (peers' convention)
   double comm_exposed_s = 0.0;    // time the step waited for gradient reductions
+  double tp_comm_s = 0.0;         // time spent in tensor-parallel collectives (all exposed)
+  uint64_t tp_bytes = 0;          // bytes this rank put on the wire in tensor-parallel groups
   double gather_exposed_s = 0.0;  // ZeRO-3: time forward and backward waited for gathers
   uint64_t comm_bytes =
       0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
@@ -51,9 +53,11 @@ struct StepMetrics {
 class Engine {
  public:
   // cfg must be resolved (resolve_batch) for the data-parallel size: dp's size, or 1 without dp.
-  // The dataset and dp, when given, must outlive the engine; without a dataset, only
-  // train_batch_on() can train.
-  Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp = nullptr);
+  // The dataset, dp and tp, when given, must outlive the engine; without a dataset, only
+  // train_batch_on() can train. tp: the tensor-parallel group (parallelism.tensor ranks; every
+  // rank of it reads the same samples), or nullptr for one rank.
+  Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp = nullptr,
+         comm::Communicator* tp = nullptr);
   ~Engine();
 
   // One optimizer step over the next global batch of the dataset.
@@ -66,12 +70,19 @@ class Engine {
   const Config& config() const { return cfg_; }
   int64_t consumed_samples() const { return consumed_samples_; }
   // The current parameters (param dtype), flat in ModelSpec order. nullptr under ZeRO stage 3,
-  // which holds no whole copy: gather_params() assembles one (a collective).
+  // which holds no whole copy: gather_params() assembles one (a collective). Under tensor
+  // parallelism, this rank's slices (ModelSpec::params say which).
   const void* params() const { return params_.data(); }
   void gather_params(void* out);
   // ZeRO (stages 1-3 with a data-parallel communicator), or nullptr: stage 0.
   ZeroSync* zero() { return shard_ != nullptr ? sync_.get() : nullptr; }
   Transformer& model() { return *model_; }
+  // The step's actions for this rank: pp = 1 runs F0 B0 F1 B1 … over the accumulation steps.
+  struct Action {
+    enum Kind : uint8_t { Forward, Backward } kind;
+    int micro;
+  };
+  const std::vector<Action>& actions() const { return actions_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
   // flat buffers: not under ZeRO stages 2-3 (an error).
@@ -92,6 +103,11 @@ class Engine {
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
   comm::Communicator* dp_ = nullptr;
   int dp_rank_ = 0, dp_size_ = 1;
+  comm::Communicator* tp_comm_ = nullptr;
+  std::unique_ptr<comm::Communicator> kv_comm_;  // ranks sharing key/value heads (kv_heads < tp)
+  std::unique_ptr<tp::Group> tp_;
+  std::vector<ReplicatedRange> replicated_;  // counted once in the gradient norm
+  std::vector<Action> actions_;
   // ZeRO: the groups the states are sharded over and (MiCS) replicated across (shard_ is null
   // at stage 0).
   std::unique_ptr<comm::Communicator> shard_comm_, replica_comm_;
@@ -102,6 +118,7 @@ class Engine {
   int64_t step_ = 0;
   double flops_per_token_ = 0.0;
   uint64_t wire_bytes() const;
+  uint64_t tp_wire_bytes() const;
 };
 
 // Per-rank bytes of each memory category the engine's model states take (params, master,
@@ -116,6 +133,16 @@ struct MemoryPrediction {
 };
 MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard);
 std::string describe_memory(const MemoryPrediction& m);
+// Bytes one rank of a tensor-parallel group puts on the wire in one training step (as
+// Communicator::wire_bytes counts them), from the model's collectives: per micro-batch, without
+// sequence parallelism 2 all-reduces of the (B·T, C) activations per block forward and 2 in
+// backward, the embedding's all-reduce and the head's (fp32) one; with it, an all-gather and a
+// reduce-scatter per sublayer forward, two all-gathers (the output gradient, the input re-gathered
+// for the weight gradient) and a reduce-scatter per sublayer backward, and the all-reduces of the
+// replicated parameters' partial gradients; the vocabulary-parallel cross-entropy's two
+// reductions; the gradient norm's. 0 at tp = 1.
+uint64_t predict_tp_bytes(const Config& cfg, const ModelSpec& spec);
+
 // An input error when the predicted model states of this host's ranks (OMPI_COMM_WORLD_LOCAL_SIZE)
 // exceed its physical memory.
 void check_fits_in_memory(const Config& cfg, const ModelSpec& spec, int shard);

@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "strata/core/check.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
 
@@ -14,25 +14,6 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
-}
-
-template <typename G>
-void add_into(G* dst, const G* src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<G>(to_f32(dst[i]) + to_f32(src[i]));
-}
-
-// dst += src, n elements of dtype t.
-void accumulate(void* dst, const void* src, DType t, int64_t n) {
-  switch (t) {
-    case DType::F32:
-      return add_into(static_cast<float*>(dst), static_cast<const float*>(src), n);
-    case DType::BF16:
-      return add_into(static_cast<bf16*>(dst), static_cast<const bf16*>(src), n);
-    case DType::F16:
-      return add_into(static_cast<f16*>(dst), static_cast<const f16*>(src), n);
-  }
-  STRATA_FAIL("no gradient accumulation for ", dtype_name(t));
 }
 
 }  // namespace
@@ -102,7 +83,7 @@ void* GradReducer::grads_for(int unit) {
   Slot& s = slots_[size_t(k)];
   settle(s);
   slot_of_[size_t(unit)] = k;
-  std::memset(s.data, 0, size_t(units_[size_t(unit)].numel) * gs_);
+  ops::fill_zero(Tensor(s.data, grad_, {units_[size_t(unit)].numel}));
   return s.data;
 }
 
@@ -124,8 +105,8 @@ void GradReducer::settle(Slot& s) {
   s.pending.wait();
   wait_s_ += seconds_since(t0);
   const int64_t c = part_->chunk(s.unit);
-  accumulate(partition_ + size_t(part_->packed_offset(s.unit)) * gs_,
-             s.data + size_t(part_->rank() * c) * gs_, grad_, c);
+  ops::add_inplace(Tensor(partition_ + size_t(part_->packed_offset(s.unit)) * gs_, grad_, {c}),
+                   Tensor(s.data + size_t(part_->rank() * c) * gs_, grad_, {c}));
   s.unit = -1;
 }
 

@@ -1,10 +1,9 @@
 #include "strata/zero/zero_sync.h"
 
 #include <chrono>
-#include <cstring>
 
 #include "strata/core/check.h"
-#include "strata/kernels/cpu/optimizer.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
 
@@ -104,26 +103,52 @@ void ZeroSync::finish() {
   replica_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double ZeroSync::sum_squares() {
+double ZeroSync::sq(const void* g, int64_t n) const {
+  return ops::sum_squares(Tensor(const_cast<void*>(g), o_.grad_dtype, {n}));
+}
+
+// Σ g² over this rank's reduced gradients inside the flat range [offset, offset + n).
+double ZeroSync::local_sum_squares(int64_t offset, int64_t n) const {
+  if (stage_ == 0) return sq(full_grads_ + size_t(offset) * gs_, n);
+  double sum = 0.0;
+  for (size_t u = 0; u < part_->units().size(); ++u) {
+    const int64_t c0 = part_->chunk_begin(int(u)), c1 = c0 + part_->chunk(int(u));
+    const int64_t b = std::max(c0, offset), e = std::min(c1, offset + n);
+    if (b >= e) continue;
+    const char* base = stage_ >= 2 ? static_cast<const char*>(grad_part_buf_.data()) +
+                                         size_t(part_->packed_offset(int(u)) + (b - c0)) * gs_
+                                   : full_grads_ + size_t(b) * gs_;
+    sum += sq(base, e - b);
+  }
+  return sum;
+}
+
+double ZeroSync::sum_squares(const std::vector<ReplicatedRange>& replicated) {
+  // Elements that `replicas` tensor-parallel ranks hold alike count 1/replicas each, so that the
+  // sum over the tensor-parallel group counts them once.
+  double rep = 0.0;
+  for (const ReplicatedRange& r : replicated) {
+    rep += (1.0 - 1.0 / r.replicas) * local_sum_squares(r.offset, r.numel);
+  }
   if (stage_ == 0) {
-    return kernels::sum_squares(full_grads_, o_.grad_dtype, size_t(numel_));  // summed already
+    return sq(full_grads_, numel_) - rep;  // summed already
   }
   double sum = 0.0;
   if (stage_ >= 2) {
-    sum = kernels::sum_squares(grad_part_buf_.data(), o_.grad_dtype, size_t(part_->owned_numel()));
+    sum = sq(grad_part_buf_.data(), part_->owned_numel());
   } else {
     for (size_t u = 0; u < part_->units().size(); ++u) {
-      sum += kernels::sum_squares(full_grads_ + size_t(part_->chunk_begin(int(u))) * gs_,
-                                  o_.grad_dtype, size_t(part_->chunk(int(u))));
+      sum += sq(full_grads_ + size_t(part_->chunk_begin(int(u))) * gs_, part_->chunk(int(u)));
     }
   }
-  float total = float(sum);  // as the single-process norm: Σ in double, reduced in fp32
+  float total = float(sum - rep);  // as the single-process norm: Σ in double, reduced in fp32
   shard_.all_reduce(&total, 1, DType::F32, DType::F32);
   return total;
 }
 
 void ZeroSync::zero_grads() {
-  if (stage_ >= 2) std::memset(grad_part_buf_.data(), 0, grad_part_buf_.bytes());
+  if (stage_ >= 2)
+    ops::fill_zero(Tensor(grad_part_buf_.data(), o_.grad_dtype, {part_->owned_numel()}));
 }
 
 void ZeroSync::after_step() {
@@ -147,7 +172,7 @@ void ZeroSync::after_step() {
 void ZeroSync::gather_all_params(void* out) {
   char* o = static_cast<char*>(out);
   if (stage_ < 3) {
-    std::memcpy(o, full_params_, size_t(numel_) * ps_);
+    ops::copy(Tensor(o, o_.param_dtype, {numel_}), Tensor(full_params_, o_.param_dtype, {numel_}));
     return;
   }
   const std::vector<UnitSpec>& units = part_->units();

@@ -65,7 +65,8 @@ class ZeroSync final : public UnitHook {
   void finish();
   // Σ g² over the whole model's reduced gradients (a collective over the shard group at stages
   // 1-3).
-  double sum_squares();
+  // replicated: flat ranges tensor-parallel ranks hold alike, counted 1/replicas each.
+  double sum_squares(const std::vector<ReplicatedRange>& replicated = {});
   // After the optimizer stepped (or skipped): the parameters are re-gathered (stages 1-3).
   void after_step();
   // Zeroes the gradient partition (stages 2-3); flat gradients are the engine's.
@@ -95,6 +96,8 @@ class ZeroSync final : public UnitHook {
   ZeroBuffers bufs_;
   char* full_params_;
   char* full_grads_;
+  double local_sum_squares(int64_t offset, int64_t n) const;
+  double sq(const void* g, int64_t n) const;                 // Σ g² of n gradients
   Buffer grad_part_buf_, grad_slot_buf_;                     // stages 2-3
   Buffer param_part_buf_, persistent_buf_, param_slot_buf_;  // stage 3
   GradReducer reducer_;

@@ -2,6 +2,7 @@
 // make_golden.py. Usage: golden_init PRESET OUT.safetensors (see scripts/make_golden.sh).
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "strata/core/safetensors.h"
 #include "strata/train/config.h"
@@ -20,8 +21,11 @@ int main(int argc, char** argv) {
   const ModelConfig& m = cfg.model;
   SafetensorsWriter w;
   const float* p = static_cast<const float*>(engine.params());
+  std::vector<std::vector<float>> canonical;  // Hugging Face row order, as PyTorch reads it
   for (const ParamSpec& s : engine.spec().params) {
-    w.add(s.name, "F32", s.shape, p + s.offset, size_t(s.numel()) * 4);
+    canonical.emplace_back(size_t(s.numel()));
+    to_canonical(s, p + s.offset, canonical.back().data());
+    w.add(s.name, "F32", s.shape, canonical.back().data(), size_t(s.numel()) * 4);
   }
   auto tok = golden::tokens(m.seq_len, m.vocab);
   w.add("tokens", "I32", {golden::kBatch, m.seq_len + 1}, tok.data(), tok.size() * 4);

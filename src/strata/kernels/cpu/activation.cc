@@ -36,38 +36,27 @@ void gelu_backward(S* dinp, const S* inp, const S* dout, size_t n) {
   }
 }
 
+// (gate, up) pairs are adjacent, so a row is irrelevant: pair i of the N·F is out[i].
 template <typename S>
 void swiglu_forward(S* out, const S* inp, int N, int F) {
-#pragma omp parallel for schedule(static) if (parallel : int64_t(N) * F >= kParallelMinWork)
-  for (int n = 0; n < N; ++n) {
-    const S* gate = inp + int64_t(n) * 2 * F;  // (F)
-    const S* up = gate + F;                    // (F)
-    S* o = out + int64_t(n) * F;               // (F)
-#pragma omp simd
-    for (int f = 0; f < F; ++f) {
-      float g = load(gate[f]);
-      o[f] = store<S>(g * sigmoid(g) * load(up[f]));
-    }
+  const int64_t n = int64_t(N) * F;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinWork)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = load(inp[2 * i]);
+    out[i] = store<S>(g * sigmoid(g) * load(inp[2 * i + 1]));
   }
 }
 
 // silu'(g) = s·(1 + g·(1 - s)) with s = sigmoid(g).
 template <typename S>
 void swiglu_backward(S* dinp, const S* dout, const S* inp, int N, int F) {
-#pragma omp parallel for schedule(static) if (parallel : int64_t(N) * F >= kParallelMinWork)
-  for (int n = 0; n < N; ++n) {
-    const S* gate = inp + int64_t(n) * 2 * F;  // (F)
-    const S* up = gate + F;                    // (F)
-    const S* dy = dout + int64_t(n) * F;       // (F)
-    S* dgate = dinp + int64_t(n) * 2 * F;      // (F)
-    S* dup = dgate + F;                        // (F)
-#pragma omp simd
-    for (int f = 0; f < F; ++f) {
-      float g = load(gate[f]), u = load(up[f]), d = load(dy[f]);
-      float s = sigmoid(g);
-      dgate[f] = store<S>(d * u * s * (1.0f + g * (1.0f - s)));
-      dup[f] = store<S>(d * g * s);
-    }
+  const int64_t n = int64_t(N) * F;
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinWork)
+  for (int64_t i = 0; i < n; ++i) {
+    float g = load(inp[2 * i]), u = load(inp[2 * i + 1]), d = load(dout[i]);
+    float s = sigmoid(g);
+    dinp[2 * i] = store<S>(d * u * s * (1.0f + g * (1.0f - s)));
+    dinp[2 * i + 1] = store<S>(d * g * s);
   }
 }
 

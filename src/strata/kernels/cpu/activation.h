@@ -16,11 +16,12 @@ void gelu_forward(S* out, const S* inp, size_t n);
 template <typename S>
 void gelu_backward(S* dinp, const S* inp, const S* dout, size_t n);
 
-// inp (N,2F): columns [0,F) gate, [F,2F) up; out (N,F) = silu(gate) · up.
+// inp (N,2F) interleaved: column 2f is gate f, 2f+1 is up f (llama's fused gate|up rows,
+// param_spec.h); out (N,F) = silu(gate) · up.
 template <typename S>
 void swiglu_forward(S* out, const S* inp, int N, int F);
 
-// dinp (N,2F) written (gate part, then up part); dout (N,F); inp (N,2F) as in the forward.
+// dinp (N,2F) written, interleaved like inp; dout (N,F); inp (N,2F) as in the forward.
 template <typename S>
 void swiglu_backward(S* dinp, const S* dout, const S* inp, int N, int F);
 

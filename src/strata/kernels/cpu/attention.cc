@@ -17,17 +17,19 @@ namespace {
 // [i0, i1) only meets keys [0, i1), so the products skip most of the masked upper triangle.
 constexpr int kQueryBlock = 64;
 
-// Sizes shared by the products. Query head h = g·rep + r: g, the kv head, is a matmul batch
+// Sizes shared by the products. Query head h = g·rep + r: g, the kv group, is a matmul batch
 // dimension together with b, and r loops outside (head r of every group is one strided view).
 struct Shape {
   int rep;          // query heads per kv head
-  int64_t qkv_row;  // (NH+2·KVH)·hd
+  int64_t group;    // (rep+2)·hd: one group's columns of a qkv row
+  int64_t qkv_row;  // KVH·(rep+2)·hd
   int64_t out_row;  // NH·hd
   int64_t TT;       // T·T, one head's score matrix
   int64_t batch[2];
   Shape(int B, int T, int NH, int KVH, int hd)
       : rep(KVH > 0 ? NH / KVH : 0),
-        qkv_row(int64_t(NH + 2 * KVH) * hd),
+        group(int64_t(rep + 2) * hd),
+        qkv_row(KVH * group),
         out_row(int64_t(NH) * hd),
         TT(int64_t(T) * T),
         batch{B, KVH} {
@@ -83,34 +85,33 @@ template <typename S>
 void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd) {
   constexpr DType dt = dtype_of<S>();
   const Shape sh(B, T, NH, KVH, hd);
-  const int64_t q_bs[2] = {T * sh.qkv_row, int64_t(sh.rep) * hd};  // query head batch strides
-  const int64_t kv_bs[2] = {T * sh.qkv_row, hd};                   // kv head batch strides
+  const int64_t qkv_bs[2] = {T * sh.qkv_row, sh.group};  // batch strides of q, k and v heads
   const int64_t att_bs[2] = {NH * sh.TT, sh.rep * sh.TT};
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
-  const S* k = qkv + int64_t(NH) * hd;  // (B,T,KVH,hd) with row stride qkv_row
-  const S* v = k + int64_t(KVH) * hd;   // (B,T,KVH,hd) with row stride qkv_row
+  const S* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
+  const S* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int r = 0; r < sh.rep; ++r) {
-    const S* q = qkv + int64_t(r) * hd;  // heads g·rep + r: (B,T,KVH,hd)
+    const S* q = qkv + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     S* a = att + r * sh.TT;              // (B,KVH,T,T) with strides att_bs
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // a[i0:i1, 0:i1] = scale · q[i0:i1] · k[0:i1]ᵀ
       matmul({a + int64_t(i0) * T, dt, T, {att_bs[0], att_bs[1]}},
-             {q + i0 * sh.qkv_row, dt, sh.qkv_row, 1, {q_bs[0], q_bs[1]}},
-             {k, dt, 1, sh.qkv_row, {kv_bs[0], kv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
+             {q + i0 * sh.qkv_row, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}},
+             {k, dt, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
     }
   }
   causal_softmax(att, int64_t(B) * NH * T, T);
   for (int r = 0; r < sh.rep; ++r) {
     const S* a = att + r * sh.TT;  // (B,KVH,T,T) with strides att_bs
-    S* o = out + int64_t(r) * hd;  // heads g·rep + r: (B,T,KVH,hd)
+    S* o = out + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // o[i0:i1] = a[i0:i1, 0:i1] · v[0:i1]
       matmul({o + i0 * sh.out_row, dt, sh.out_row, {out_bs[0], out_bs[1]}},
              {a + int64_t(i0) * T, dt, T, 1, {att_bs[0], att_bs[1]}},
-             {v, dt, sh.qkv_row, 1, {kv_bs[0], kv_bs[1]}}, i1 - i0, hd, i1, sh.batch);
+             {v, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch);
     }
   }
 }
@@ -126,39 +127,39 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
                         int T, int NH, int KVH, int hd) {
   constexpr DType dt = dtype_of<S>();
   const Shape sh(B, T, NH, KVH, hd);
-  const int64_t q_bs[2] = {T * sh.qkv_row, int64_t(sh.rep) * hd};
-  const int64_t kv_bs[2] = {T * sh.qkv_row, hd};
+  const int64_t qkv_bs[2] = {T * sh.qkv_row, sh.group};  // batch strides of q, k and v heads
   const int64_t att_bs[2] = {NH * sh.TT, sh.rep * sh.TT};
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
-  const S* k = qkv + int64_t(NH) * hd;  // (B,T,KVH,hd) with row stride qkv_row
-  const S* v = k + int64_t(KVH) * hd;   // (B,T,KVH,hd) with row stride qkv_row
+  const S* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
+  const S* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
   const float scale = 1.0f / std::sqrt(float(hd));
   float* ds = scratch;  // (B,NH,T,T): dprobs, then dscores
   for (int r = 0; r < sh.rep; ++r) {
-    const S* dy = dout + int64_t(r) * hd;  // heads g·rep + r: (B,T,KVH,hd)
+    const S* dy = dout + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     float* d = ds + r * sh.TT;             // (B,KVH,T,T) with strides att_bs
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // d[i0:i1, 0:i1] = dy[i0:i1] · v[0:i1]ᵀ
       matmul({d + int64_t(i0) * T, DType::F32, T, {att_bs[0], att_bs[1]}},
              {dy + i0 * sh.out_row, dt, sh.out_row, 1, {out_bs[0], out_bs[1]}},
-             {v, dt, 1, sh.qkv_row, {kv_bs[0], kv_bs[1]}}, i1 - i0, i1, hd, sh.batch);
+             {v, dt, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch);
     }
   }
   causal_softmax_backward(ds, att, int64_t(B) * NH * T, T);
 
   // With several query heads per kv head, dk/dv sum over r: in place when S is fp32, else in
-  // an fp32 copy (B,T,2,KVH,hd) so the sum is not rounded to S after every head.
+  // an fp32 copy (B,T,KVH,2,hd) so the sum is not rounded to S after every head.
   const bool via_scratch = sh.rep > 1 && dt != DType::F32;
   const int64_t dkv_row = via_scratch ? 2 * int64_t(KVH) * hd : sh.qkv_row;
+  const int64_t dkv_group = via_scratch ? 2 * int64_t(hd) : sh.group;
   const DType dkv_type = via_scratch ? DType::F32 : dt;
   const size_t dkv_size = via_scratch ? sizeof(float) : sizeof(S);
   char* dk = via_scratch ? reinterpret_cast<char*>(scratch + B * int64_t(NH) * sh.TT)
-                         : reinterpret_cast<char*>(dqkv + int64_t(NH) * hd);  // (B,T,KVH,hd)
-  char* dv = dk + dkv_size * KVH * hd;                                        // (B,T,KVH,hd)
-  const int64_t dkv_bs[2] = {T * dkv_row, hd};
+                         : reinterpret_cast<char*>(dqkv + int64_t(sh.rep) * hd);  // (B,T,KVH,hd)
+  char* dv = dk + dkv_size * hd;                                                  // (B,T,KVH,hd)
+  const int64_t dkv_bs[2] = {T * dkv_row, dkv_group};
   for (int r = 0; r < sh.rep; ++r) {
-    const S* q = qkv + int64_t(r) * hd;    // heads g·rep + r: (B,T,KVH,hd)
+    const S* q = qkv + int64_t(r) * hd;    // heads (g, r): (B,T,KVH,hd)
     const S* dy = dout + int64_t(r) * hd;  // (B,T,KVH,hd)
     const S* a = att + r * sh.TT;          // (B,KVH,T,T) with strides att_bs
     const float* d = ds + r * sh.TT;       // (B,KVH,T,T) with strides att_bs
@@ -166,16 +167,16 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // dq[i0:i1] = scale · ds[i0:i1, 0:i1] · k[0:i1]
-      matmul({dq + i0 * sh.qkv_row, dt, sh.qkv_row, {q_bs[0], q_bs[1]}},
+      matmul({dq + i0 * sh.qkv_row, dt, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}},
              {d + int64_t(i0) * T, DType::F32, T, 1, {att_bs[0], att_bs[1]}},
-             {k, dt, sh.qkv_row, 1, {kv_bs[0], kv_bs[1]}}, i1 - i0, hd, i1, sh.batch, scale);
+             {k, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch, scale);
       // Keys/values [i0, i1) are seen by queries [i0, T):
       // dk[i0:i1] (+)= scale · ds[i0:T, i0:i1]ᵀ · q[i0:T]
       // dv[i0:i1] (+)= a[i0:T, i0:i1]ᵀ · dy[i0:T]
       int64_t corner = int64_t(i0) * T + i0;
       matmul({dk + dkv_size * i0 * dkv_row, dkv_type, dkv_row, {dkv_bs[0], dkv_bs[1]}},
              {d + corner, DType::F32, 1, T, {att_bs[0], att_bs[1]}},
-             {q + i0 * sh.qkv_row, dt, sh.qkv_row, 1, {q_bs[0], q_bs[1]}}, i1 - i0, hd, T - i0,
+             {q + i0 * sh.qkv_row, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, T - i0,
              sh.batch, scale, r > 0);
       matmul({dv + dkv_size * i0 * dkv_row, dkv_type, dkv_row, {dkv_bs[0], dkv_bs[1]}},
              {a + corner, dt, 1, T, {att_bs[0], att_bs[1]}},
@@ -184,14 +185,16 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
     }
   }
   if (via_scratch) {
-    const float* src = reinterpret_cast<const float*>(dk);  // (B,T,2·KVH·hd)
+    const float* src = reinterpret_cast<const float*>(dk);  // (B,T,KVH,2·hd)
     const int64_t work = int64_t(B) * T * dkv_row;
 #pragma omp parallel for schedule(static) if (parallel : work >= kParallelMinWork)
     for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-      S* dst = dqkv + bt * sh.qkv_row + int64_t(NH) * hd;  // (2·KVH·hd)
-      const float* s = src + bt * dkv_row;                 // (2·KVH·hd)
+      for (int g = 0; g < KVH; ++g) {
+        S* dst = dqkv + bt * sh.qkv_row + g * sh.group + int64_t(sh.rep) * hd;  // (2·hd)
+        const float* s = src + bt * dkv_row + g * dkv_group;                    // (2·hd)
 #pragma omp simd
-      for (int64_t c = 0; c < dkv_row; ++c) dst[c] = store<S>(s[c]);
+        for (int64_t c = 0; c < dkv_group; ++c) dst[c] = store<S>(s[c]);
+      }
     }
   }
 }

@@ -11,16 +11,17 @@
 
 namespace strata::kernels {
 
-// out (B,T,NH*hd); att (B,NH,T,T) softmax probabilities saved for backward (masked part 0);
-// qkv (B,T,(NH+2*KVH)*hd): per row the NH query heads, then KVH key heads, then KVH value heads.
-// Query head h uses kv head h/(NH/KVH); NH must be a multiple of KVH.
+// qkv (B,T,KVH·(rep+2)·hd) in the grouped layout, rep = NH/KVH query heads per kv head: per row,
+// for each kv group g, the group's rep query heads, then its key head, then its value head.
+// out (B,T,NH·hd) with query heads in order h = g·rep + r; att (B,NH,T,T) softmax probabilities
+// saved for backward (masked part 0). NH must be a multiple of KVH.
 template <typename S>
 void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd);
 
 // Floats of scratch attention_backward needs.
 size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd);
 
-// dqkv (B,T,(NH+2*KVH)*hd) written; scratch (attention_backward_scratch_floats); dout
+// dqkv (B,T,KVH·(rep+2)·hd) written; scratch (attention_backward_scratch_floats); dout
 // (B,T,NH*hd); qkv and att as in (and from) the forward.
 template <typename S>
 void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, int B,

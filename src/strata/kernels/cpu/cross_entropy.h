@@ -19,4 +19,28 @@ void cross_entropy_forward_backward(float* losses, S* logits, const int32_t* tar
 template <typename S>
 void cross_entropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V);
 
+// Vocabulary-parallel form: a rank holds logits (N,V) of the global vocabulary columns
+// [v0, v0 + V), of which the first `valid` exist (the rest pad the vocabulary to a multiple of
+// the tensor-parallel size and never count). Three local steps around two reductions over ranks
+// (the caller's): with one rank (v0 = 0, valid = V) they compute what the serial form does.
+// 1. rowmax (N) = max over the valid columns (−inf where valid is 0).
+template <typename S>
+void vocab_ce_max(float* rowmax, const S* logits, int N, int V, int valid);
+// 2. With gmax (N) the maximum over ranks: sums (2,N), row 0 Σ exp(logit − gmax) over the valid
+// columns, row 1 the target's logit where this rank holds the target, else 0; both 0 for ignored
+// targets (< 0).
+template <typename S>
+void vocab_ce_sums(float* sums, const S* logits, const int32_t* targets, const float* gmax, int N,
+                   int V, int64_t v0, int valid);
+// 3. With sums summed over ranks: losses (N) = log(sumexp) + gmax − target logit (0 for ignored
+// targets); with train, logits become dlogits = (softmax − onehot) · dloss, padding columns and
+// ignored rows 0.
+template <typename S>
+void vocab_ce_finish(float* losses, S* logits, const int32_t* targets, const float* gmax,
+                     const float* sums, int N, int V, int64_t v0, int valid, bool train,
+                     float dloss);
+
+// out (N) = max over k of in (K,N): the maximum over ranks of gathered row maxima.
+void max_rows(float* out, const float* in, int K, int64_t N);
+
 }  // namespace strata::kernels

@@ -25,11 +25,11 @@ void embedding_forward(S* out, const int32_t* tokens, const S* rows, int64_t row
 }
 
 template <typename S>
-void position_forward(S* out, const S* wpe, int B, int T, int C) {
-#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
-  for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
-    S* o = out + bt * C;              // (C)
-    const S* p = wpe + (bt % T) * C;  // (C)
+void position_forward(S* out, const S* wpe, int64_t N, int T, int C, int64_t pos0) {
+#pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
+  for (int64_t n = 0; n < N; ++n) {
+    S* o = out + n * C;                       // (C)
+    const S* p = wpe + ((pos0 + n) % T) * C;  // (C)
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = store<S>(load(o[c]) + load(p[c]));
   }
@@ -54,9 +54,9 @@ void embedding_backward(G* drows, int64_t row_begin, int64_t row_end, const S* d
 }
 
 template <typename S, typename G>
-void position_backward(G* dwpe, const S* dout, int B, int T, int C) {
+void position_backward(G* dwpe, const S* dout, int64_t N, int T, int C, int64_t pos0) {
   const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
-#pragma omp parallel for schedule(static) if (parallel : int64_t(B) * T * C >= kParallelMinWork)
+#pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
   for (int blk = 0; blk < nblocks; ++blk) {
     const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
     for (int t = 0; t < T; ++t) {
@@ -64,8 +64,9 @@ void position_backward(G* dwpe, const S* dout, int B, int T, int C) {
       float acc[kChannelBlock];
 #pragma omp simd
       for (int c = c0; c < c1; ++c) acc[c - c0] = 0.0f;
-      for (int b = 0; b < B; ++b) {
-        const S* d = dout + (int64_t(b) * T + t) * C;  // (C)
+      // The rows at position t: n ≡ t − pos0 (mod T).
+      for (int64_t n = ((t - pos0) % T + T) % T; n < N; n += T) {
+        const S* d = dout + n * C;  // (C)
 #pragma omp simd
         for (int c = c0; c < c1; ++c) acc[c - c0] += load(d[c]);
       }
@@ -75,14 +76,28 @@ void position_backward(G* dwpe, const S* dout, int B, int T, int C) {
   }
 }
 
+int64_t find_token_outside(const int32_t* tokens, int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < lo || tokens[i] >= hi) return i;
+  }
+  return -1;
+}
+
+int64_t count_nonnegative(const int32_t* tokens, int64_t n) {
+  int64_t count = 0;
+#pragma omp simd reduction(+ : count)
+  for (int64_t i = 0; i < n; ++i) count += tokens[i] >= 0 ? 1 : 0;
+  return count;
+}
+
 #define INSTANTIATE_S(S)                                                                       \
   template void embedding_forward<S>(S*, const int32_t*, const S*, int64_t, int64_t, int, int, \
                                      int);                                                     \
-  template void position_forward<S>(S*, const S*, int, int, int);
+  template void position_forward<S>(S*, const S*, int64_t, int, int, int64_t);
 #define INSTANTIATE_SG(S, G)                                                                       \
   template void embedding_backward<S, G>(G*, int64_t, int64_t, const S*, const int32_t*, int, int, \
                                          int);                                                     \
-  template void position_backward<S, G>(G*, const S*, int, int, int);
+  template void position_backward<S, G>(G*, const S*, int64_t, int, int, int64_t);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 

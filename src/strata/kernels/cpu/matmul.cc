@@ -14,6 +14,7 @@
 #include "strata/core/memory.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/cpu_features.h"
+#include "strata/kernels/cpu/elementwise.h"
 #include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
@@ -38,8 +39,10 @@ dnnl::memory::data_type to_dnnl(DType t) {
       return dnnl::memory::data_type::bf16;
     case DType::F16:
       return dnnl::memory::data_type::f16;
+    case DType::I32:
+      break;
   }
-  return dnnl::memory::data_type::undef;
+  STRATA_FAIL("matmul operands are fp32, bf16 or fp16, not ", dtype_name(t));
 }
 
 // Everything a primitive depends on; a fixed-size array so a lookup allocates nothing.
@@ -262,62 +265,93 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
                     int64_t N) {
   constexpr DType t = dtype_of<T>();
   matmul({out, t, N}, {inp, t, K, 1}, {weight, t, 1, K}, M, N, K, kNoBatch);
-  if (bias != nullptr) {
-#pragma omp parallel for schedule(static) if (parallel : M * N >= kParallelMinWork)
-    for (int64_t m = 0; m < M; ++m) {
-      T* o = out + m * N;
-      for (int64_t n = 0; n < N; ++n) o[n] = from_f32<T>(to_f32(o[n]) + to_f32(bias[n]));
-    }
-  }
+  if (bias != nullptr) add_bias(out, bias, M, N);
 }
 
-template <typename T, typename G>
-void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
-                     int64_t M, int64_t K, int64_t N) {
+namespace {
+
+// dout (M,N) as the two products of the linear backward read it: where half operands would be
+// widened by each product, widened once here instead. Every form of the backward (fused or
+// split) reads it through this, so they run the same products on the same operands.
+template <typename T>
+MatOperand linear_dout(const T* dout, int64_t M, int64_t N) {
   constexpr DType t = dtype_of<T>();
-  // Where half operands are widened, dout would be widened by each product: widen it once.
   MatOperand dy{dout, t, N, 1};
   if (t != DType::F32 && !runs_native(t, t, t)) {
     dy = widen(reserve(widen_buffers().dout, size_t(M * N)), dy, M, N, kNoBatch);
   }
-  if (dinp != nullptr) matmul({dinp, t, K}, dy, {weight, t, K, 1}, M, K, N, kNoBatch);
+  return dy;
+}
+
+// dinp (M,K) (+)= dy (M,N) · weight (N,K).
+template <typename T>
+void linear_dinp(T* dinp, const MatOperand& dy, const T* weight, int64_t M, int64_t K, int64_t N,
+                 bool accumulate) {
+  constexpr DType t = dtype_of<T>();
+  matmul({dinp, t, K}, dy, {weight, t, K, 1}, M, K, N, kNoBatch, 1.0f, accumulate);
+}
+
+// dweight (N,K) += dyᵀ · inp.
+template <typename T, typename G>
+void linear_dweight(G* dweight, const MatOperand& dy, const T* inp, int64_t M, int64_t K,
+                    int64_t N) {
   MatOperand dyt = dy;  // (N, M): the transposed view of the same memory
   std::swap(dyt.row_stride, dyt.col_stride);
-  matmul({dweight, dtype_of<G>(), K}, dyt, {inp, t, K, 1}, N, K, M, kNoBatch, 1.0f, true);
-  if (dbias != nullptr) {
-    // Column blocks, each summed over all rows in row order: rows are read contiguously and the
-    // result does not depend on the thread count.
-    constexpr int64_t kCols = 64;
-    const int64_t blocks = (N + kCols - 1) / kCols;
+  matmul({dweight, dtype_of<G>(), K}, dyt, {inp, dtype_of<T>(), K, 1}, N, K, M, kNoBatch, 1.0f,
+         true);
+}
+
+// dbias (N) += Σ_m dout (M,N). Column blocks, each summed over all rows in row order: rows are
+// read contiguously and the result does not depend on the thread count.
+template <typename T, typename G>
+void linear_dbias(G* dbias, const T* dout, int64_t M, int64_t N) {
+  constexpr int64_t kCols = 64;
+  const int64_t blocks = (N + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static) if (parallel : M * N >= kParallelMinWork)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t n0 = blk * kCols, w = std::min(kCols, N - n0);
-      float acc[kCols] = {};
-      for (int64_t m = 0; m < M; ++m) {
-        const T* row = dout + m * N + n0;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t n0 = blk * kCols, w = std::min(kCols, N - n0);
+    float acc[kCols] = {};
+    for (int64_t m = 0; m < M; ++m) {
+      const T* row = dout + m * N + n0;
 #pragma omp simd
-        for (int64_t j = 0; j < w; ++j) acc[j] += to_f32(row[j]);
-      }
-      for (int64_t j = 0; j < w; ++j) dbias[n0 + j] = from_f32<G>(to_f32(dbias[n0 + j]) + acc[j]);
+      for (int64_t j = 0; j < w; ++j) acc[j] += to_f32(row[j]);
     }
+    for (int64_t j = 0; j < w; ++j) dbias[n0 + j] = from_f32<G>(to_f32(dbias[n0 + j]) + acc[j]);
   }
 }
 
-template void linear_forward<float>(float*, const float*, const float*, const float*, int64_t,
-                                    int64_t, int64_t);
-template void linear_forward<bf16>(bf16*, const bf16*, const bf16*, const bf16*, int64_t, int64_t,
-                                   int64_t);
-template void linear_forward<f16>(f16*, const f16*, const f16*, const f16*, int64_t, int64_t,
-                                  int64_t);
-template void linear_backward<float, float>(float*, float*, float*, const float*, const float*,
-                                            const float*, int64_t, int64_t, int64_t);
-template void linear_backward<bf16, float>(bf16*, float*, float*, const bf16*, const bf16*,
-                                           const bf16*, int64_t, int64_t, int64_t);
-template void linear_backward<bf16, bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*,
-                                          const bf16*, int64_t, int64_t, int64_t);
-template void linear_backward<f16, float>(f16*, float*, float*, const f16*, const f16*, const f16*,
-                                          int64_t, int64_t, int64_t);
-template void linear_backward<f16, f16>(f16*, f16*, f16*, const f16*, const f16*, const f16*,
-                                        int64_t, int64_t, int64_t);
+}  // namespace
+
+template <typename T, typename G>
+void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
+                     int64_t M, int64_t K, int64_t N) {
+  const MatOperand dy = linear_dout(dout, M, N);
+  if (dinp != nullptr) linear_dinp(dinp, dy, weight, M, K, N, false);
+  linear_dweight(dweight, dy, inp, M, K, N);
+  if (dbias != nullptr) linear_dbias(dbias, dout, M, N);
+}
+
+template <typename T>
+void linear_backward_input(T* dinp, const T* dout, const T* weight, int64_t M, int64_t K, int64_t N,
+                           bool accumulate) {
+  linear_dinp(dinp, linear_dout(dout, M, N), weight, M, K, N, accumulate);
+}
+
+template <typename T, typename G>
+void linear_backward_weight(G* dweight, G* dbias, const T* dout, const T* inp, int64_t M, int64_t K,
+                            int64_t N) {
+  if (dweight != nullptr) linear_dweight(dweight, linear_dout(dout, M, N), inp, M, K, N);
+  if (dbias != nullptr) linear_dbias(dbias, dout, M, N);
+}
+
+#define INSTANTIATE_S(T)                                                                        \
+  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void linear_backward_input<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+#define INSTANTIATE_SG(T, G)                                                                      \
+  template void linear_backward<T, G>(T*, G*, G*, const T*, const T*, const T*, int64_t, int64_t, \
+                                      int64_t);                                                   \
+  template void linear_backward_weight<T, G>(G*, G*, const T*, const T*, int64_t, int64_t, int64_t);
+STRATA_FOR_EACH_S(INSTANTIATE_S)
+STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 
 }  // namespace strata::kernels

@@ -46,5 +46,15 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 template <typename T, typename G>
 void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t M, int64_t K, int64_t N);
+// The same two halves apart, bit for bit what linear_backward gives:
+// dinp (M,K) = dout · weight, or += with accumulate;
+template <typename T>
+void linear_backward_input(T* dinp, const T* dout, const T* weight, int64_t M, int64_t K, int64_t N,
+                           bool accumulate);
+// dweight (N,K) += doutᵀ · inp; dbias (N) += Σ_m dout. Either may be null (without dweight, inp
+// is not read and K is unused).
+template <typename T, typename G>
+void linear_backward_weight(G* dweight, G* dbias, const T* dout, const T* inp, int64_t M, int64_t K,
+                            int64_t N);
 
 }  // namespace strata::kernels

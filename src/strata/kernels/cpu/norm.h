@@ -28,6 +28,15 @@ template <typename S, typename G>
 void layernorm_backward(S* dinp, G* dweight, G* dbias, float* scratch, const S* dout, const S* inp,
                         const S* weight, const float* mean, const float* rstd, int N, int C);
 
+// The two halves of layernorm_backward apart, bit for bit what it gives: dinp (N,C) +=;
+// dweight, dbias (C) += (dbias may be null).
+template <typename S>
+void layernorm_backward_input(S* dinp, const S* dout, const S* inp, const S* weight,
+                              const float* mean, const float* rstd, int N, int C);
+template <typename S, typename G>
+void layernorm_backward_weight(G* dweight, G* dbias, float* scratch, const S* dout, const S* inp,
+                               const float* mean, const float* rstd, int N, int C);
+
 // out (N,C) = inp · rstd · weight with rstd = 1/sqrt(mean(inp²) + eps); rstd (N) or null.
 template <typename S>
 void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, int C, float eps);
@@ -36,5 +45,13 @@ void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, 
 template <typename S, typename G>
 void rmsnorm_backward(S* dinp, G* dweight, float* scratch, const S* dout, const S* inp,
                       const S* weight, const float* rstd, int N, int C);
+
+// The two halves of rmsnorm_backward apart, bit for bit what it gives.
+template <typename S>
+void rmsnorm_backward_input(S* dinp, const S* dout, const S* inp, const S* weight,
+                            const float* rstd, int N, int C);
+template <typename S, typename G>
+void rmsnorm_backward_weight(G* dweight, float* scratch, const S* dout, const S* inp,
+                             const float* rstd, int N, int C);
 
 }  // namespace strata::kernels

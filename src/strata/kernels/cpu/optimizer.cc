@@ -3,13 +3,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "strata/core/check.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
 
 namespace {
-// sum_squares splits its input into this many equal parts whatever the thread count.
+// sum_squares and sum split their input into this many equal parts whatever the thread count.
 constexpr int kSumParts = 64;
 }  // namespace
 
@@ -80,13 +81,30 @@ void sgd_step(float* master, S* param, const G* grad, float* buf, size_t n, floa
   }
 }
 
+namespace {
+
+// Part `part` of kSumParts near-equal parts of [0, n): the split is fixed whatever the thread
+// count, so the sums below do not depend on it.
+void part_range(size_t n, int part, size_t& begin, size_t& end) {
+  begin = n / kSumParts * part + std::min<size_t>(part, n % kSumParts);
+  end = begin + n / kSumParts + (size_t(part) < n % kSumParts ? 1 : 0);
+}
+
+double sum_parts(const double* partial) {
+  double total = 0.0;
+  for (int part = 0; part < kSumParts; ++part) total += partial[part];
+  return total;
+}
+
+}  // namespace
+
 template <typename G>
 double sum_squares(const G* g, size_t n) {
   double partial[kSumParts];
 #pragma omp parallel for schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
   for (int part = 0; part < kSumParts; ++part) {
-    size_t begin = n / kSumParts * part + std::min<size_t>(part, n % kSumParts);
-    size_t end = begin + n / kSumParts + (size_t(part) < n % kSumParts ? 1 : 0);
+    size_t begin, end;
+    part_range(n, part, begin, end);
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
     for (size_t i = begin; i < end; ++i) {
@@ -95,9 +113,21 @@ double sum_squares(const G* g, size_t n) {
     }
     partial[part] = s;
   }
-  double total = 0.0;
-  for (int part = 0; part < kSumParts; ++part) total += partial[part];
-  return total;
+  return sum_parts(partial);
+}
+
+double sum(const float* x, size_t n) {
+  double partial[kSumParts];
+#pragma omp parallel for schedule(static) if (parallel : int64_t(n) >= kParallelMinWork)
+  for (int part = 0; part < kSumParts; ++part) {
+    size_t begin, end;
+    part_range(n, part, begin, end);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = begin; i < end; ++i) s += double(x[i]);
+    partial[part] = s;
+  }
+  return sum_parts(partial);
 }
 
 template <typename G>
@@ -125,8 +155,10 @@ double sum_squares(const void* g, DType dtype, size_t n) {
       return sum_squares(static_cast<const bf16*>(g), n);
     case DType::F16:
       return sum_squares(static_cast<const f16*>(g), n);
+    case DType::I32:
+      break;
   }
-  return 0.0;
+  STRATA_FAIL("sum_squares takes fp32, bf16 or fp16 elements, not ", dtype_name(dtype));
 }
 
 }  // namespace strata::kernels

@@ -34,6 +34,9 @@ double sum_squares(const G* g, size_t n);
 // The same over a buffer whose dtype is known only at run time.
 double sum_squares(const void* g, DType dtype, size_t n);
 
+// Σ x over x (n) in double, with the same fixed partition.
+double sum(const float* x, size_t n);
+
 // g (n) ·= s.
 template <typename G>
 void scale_inplace(G* g, size_t n, float s);

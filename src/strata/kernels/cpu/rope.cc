@@ -12,14 +12,16 @@ namespace {
 
 constexpr int kMaxHalf = 512;  // cos/sin of one position live on the stack
 
-// Rotates every head of rows at position t (one per batch element) by +angle (sign 1) or
-// -angle (sign -1). cos/sin are computed once per position and shared by all B·nheads heads.
+// Rotates the rotated heads of rows at position t (one per batch element) by +angle (sign 1) or
+// -angle (sign -1). cos/sin are computed once per position and shared by all B·groups·nheads
+// heads.
 template <typename S>
-void rotate(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float theta, float sign) {
+void rotate(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
+            int64_t row_stride, float theta, float sign) {
   STRATA_CHECK(hd % 2 == 0 && hd / 2 <= kMaxHalf, "rope needs an even head dim <= ", 2 * kMaxHalf,
                ", got ", hd);
   int half = hd / 2;
-  const int64_t work = int64_t(B) * T * nheads * hd;
+  const int64_t work = int64_t(B) * T * groups * nheads * hd;
 #pragma omp parallel for schedule(static) if (parallel : work >= kParallelMinWork)
   for (int t = 0; t < T; ++t) {
     float cs[kMaxHalf], sn[kMaxHalf];
@@ -30,15 +32,17 @@ void rotate(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float th
       sn[i] = sign * std::sin(angle);
     }
     for (int b = 0; b < B; ++b) {
-      S* row = x + (int64_t(b) * T + t) * row_stride;  // (nheads*hd)
-      for (int h = 0; h < nheads; ++h) {
-        S* lo = row + int64_t(h) * hd;  // (hd/2)
-        S* hi = lo + half;              // (hd/2)
+      S* row = x + (int64_t(b) * T + t) * row_stride;  // (row_stride)
+      for (int g = 0; g < groups; ++g) {
+        for (int h = 0; h < nheads; ++h) {
+          S* lo = row + g * group_stride + int64_t(h) * hd;  // (hd/2)
+          S* hi = lo + half;                                 // (hd/2)
 #pragma omp simd
-        for (int i = 0; i < half; ++i) {
-          float a = load(lo[i]), c = load(hi[i]);
-          lo[i] = store<S>(a * cs[i] - c * sn[i]);
-          hi[i] = store<S>(c * cs[i] + a * sn[i]);
+          for (int i = 0; i < half; ++i) {
+            float a = load(lo[i]), c = load(hi[i]);
+            lo[i] = store<S>(a * cs[i] - c * sn[i]);
+            hi[i] = store<S>(c * cs[i] + a * sn[i]);
+          }
         }
       }
     }
@@ -48,18 +52,20 @@ void rotate(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float th
 }  // namespace
 
 template <typename S>
-void rope_forward(S* x, int B, int T, int nheads, int hd, int64_t row_stride, float theta) {
-  rotate(x, B, T, nheads, hd, row_stride, theta, 1.0f);
+void rope_forward(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
+                  int64_t row_stride, float theta) {
+  rotate(x, B, T, groups, nheads, hd, group_stride, row_stride, theta, 1.0f);
 }
 
 template <typename S>
-void rope_backward(S* dx, int B, int T, int nheads, int hd, int64_t row_stride, float theta) {
-  rotate(dx, B, T, nheads, hd, row_stride, theta, -1.0f);
+void rope_backward(S* dx, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
+                   int64_t row_stride, float theta) {
+  rotate(dx, B, T, groups, nheads, hd, group_stride, row_stride, theta, -1.0f);
 }
 
-#define INSTANTIATE_S(S)                                                 \
-  template void rope_forward<S>(S*, int, int, int, int, int64_t, float); \
-  template void rope_backward<S>(S*, int, int, int, int, int64_t, float);
+#define INSTANTIATE_S(S)                                                               \
+  template void rope_forward<S>(S*, int, int, int, int, int, int64_t, int64_t, float); \
+  template void rope_backward<S>(S*, int, int, int, int, int, int64_t, int64_t, float);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

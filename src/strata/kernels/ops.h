@@ -1,0 +1,166 @@
+// The one kernel interface of strata (DESIGN.md §10): the model, ZeRO, the optimizer and the
+// engine reach every computation through these functions, never a backend directly. Each takes
+// typed views (core/tensor.h) and dispatches on their device, then on their dtypes, to a backend:
+// kernels/cpu today; a CUDA backend plugs in behind the same calls.
+//
+// Conventions. Matrices are row-major; a weight is (out_features, in_features). "+=" means the
+// kernel accumulates into its output; everything else overwrites. A view may be empty
+// (data == nullptr) where an argument is marked optional. All views of one call live on one
+// device. S is the activation/parameter dtype (fp32, bf16, fp16); gradients of parameters are in
+// G (fp32 or S); statistics (mean, rstd, losses, scratch) are fp32. Results never depend on the
+// thread count.
+//
+// Layouts the model fixes (param_spec.h):
+// - fused QKV rows, per key/value group g: the group's `rep` query heads, then its key head,
+//   then its value head, each hd wide; the attention input is (N, groups·(rep+2)·hd).
+// - llama's fused gate|up rows interleave gate and up: row 2f is gate f, row 2f+1 is up f; the
+//   SwiGLU input is (N, 2F) with columns (gate f, up f) adjacent.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/core/tensor.h"
+
+namespace strata::ops {
+
+// --- memory ---------------------------------------------------------------------------------
+void fill_zero(Tensor t);
+// dst = src, converting dtypes (same numel).
+void copy(Tensor dst, Tensor src);
+// y += x (same numel and dtype): the residual connection; accumulation in fp32, rounded once.
+void add_inplace(Tensor y, Tensor x);
+// y (M, N) += b (N) on every row, in fp32, rounded once (as linear_forward adds its bias).
+void add_bias(Tensor y, Tensor b);
+// t *= s.
+void scale_inplace(Tensor t, float s);
+// Σ t[i]² in fp64 (any float dtype); +inf/NaN propagate.
+double sum_squares(Tensor t);
+// Σ t[i] in fp64 of an fp32 tensor.
+double sum(Tensor t);
+
+// --- matmul ---------------------------------------------------------------------------------
+// BLAS-style general product, row-major: C (M, N) = alpha · op(A) · op(B) (+ C when accumulate),
+// op(X) = X or Xᵀ; lda/ldb/ldc are the row strides of A, B, C as stored. C's dtype may be fp32
+// with half operands (fp32 accumulation, result kept in fp32).
+struct Gemm {
+  int64_t M = 0, N = 0, K = 0;
+  bool trans_a = false, trans_b = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f;
+  bool accumulate = false;
+};
+void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g);
+
+// y (M, N) = x (M, K) · wᵀ (w: (N, K)) + b (N, optional).
+void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
+// dx (M, K) = dy (M, N) · w (N, K) (+= dx when accumulate).
+void linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
+// dw (N, K) += dyᵀ · x; db (N) += Σ_rows dy. Either may be absent (x too, without dw).
+void linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
+// Both at once (dx overwritten; dx optional): the same results as the two above, faster where
+// dy is widened once for both products.
+void linear_backward(Tensor dx, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor w);
+
+// --- normalisation ----------------------------------------------------------------------------
+// out, x (N, C); w, b (C); mean, rstd (N) fp32 saved for backward.
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
+                       float eps);
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps);
+// fp32 scratch a norm backward needs for (N, C).
+size_t norm_backward_scratch_floats(int64_t N, int64_t C);
+// Fused: dx (N, C) += input gradient; dw, db (C) += gain and bias gradients (db absent for rms).
+void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
+                        Tensor w, Tensor mean, Tensor rstd);
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
+                      Tensor rstd);
+// Split: the input gradient alone (dx +=), and the parameter gradients alone (dw, db +=); the
+// two give bit for bit what the fused form gives.
+void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor mean, Tensor rstd);
+void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
+                               Tensor mean, Tensor rstd);
+void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd);
+void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor rstd);
+
+// --- attention --------------------------------------------------------------------------------
+// Causal self-attention over the grouped QKV layout above. qkv (B·T, groups·(rep+2)·hd);
+// out (B·T, groups·rep·hd) with heads in order (g, r); att (B, groups·rep, T, T) the softmax
+// probabilities saved for backward.
+struct AttentionShape {
+  int B = 0, T = 0, groups = 0, rep = 0, hd = 0;
+};
+void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
+size_t attention_backward_scratch_floats(const AttentionShape& s);
+// dqkv (overwritten) from dout.
+void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
+                        const AttentionShape& s);
+// Rotary embedding, in place, on the query and key heads of the grouped layout (value heads are
+// left alone); row n of the (B·T) rows is at position n % T.
+void rope_forward(Tensor qkv, const AttentionShape& s, float theta);
+void rope_backward(Tensor dqkv, const AttentionShape& s, float theta);
+
+// --- activations --------------------------------------------------------------------------------
+void gelu_forward(Tensor out, Tensor x);
+void gelu_backward(Tensor dx, Tensor x, Tensor dy);  // dx overwritten
+// x (N, 2F) interleaved (gate f, up f); out (N, F) = silu(gate) · up.
+void swiglu_forward(Tensor out, Tensor x);
+void swiglu_backward(Tensor dx, Tensor dy, Tensor x);  // dx (N, 2F) overwritten
+
+// --- embeddings ----------------------------------------------------------------------------------
+// tokens (N) int32. rows holds the embedding rows [row_begin, row_end) of the (global) table.
+// out[n] = rows[tokens[n] - row_begin] for the tokens in that range; other rows untouched.
+void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin, int64_t row_end);
+// drows += the gradient of those rows from dout (N, C).
+void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
+                        int64_t row_end);
+// out (N, C) += wpe[(pos0 + n) % T] for row n; dwpe (T, C) += the same gathered from dout.
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0);
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0);
+
+// --- cross-entropy -------------------------------------------------------------------------------
+// Serial: logits (N, V); targets (N) int32 (< 0: ignored, loss 0). losses (N) fp32.
+// forward_backward also overwrites logits with dlogits = (softmax − onehot) · dloss (zero rows for
+// ignored targets).
+void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
+void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss);
+// Vocabulary-parallel, in three local steps around two reductions over the tensor-parallel group.
+// logits (N, Vl) hold global vocabulary columns [v0, v0 + Vl), of which the first `valid` exist
+// (the rest are padding and never count).
+//   1. rowmax (N) = max over the valid columns (−inf where none).      → max over ranks
+//      (max_rows over the ranks' gathered maxima)
+//   2. sums (2, N): row 0 Σ exp(logit − gmax) over valid columns, row 1 the target's logit where
+//      this rank owns the target (else 0).                             → sum over ranks
+//   3. losses (N) = log(sumexp) + gmax − target logit (0 for ignored targets); with dloss != 0
+//      (training) logits become dlogits as in the serial form, padding columns 0.
+void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid);
+void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int64_t v0,
+                   int64_t valid);
+void vocab_ce_finish(Tensor losses, Tensor logits, Tensor targets, Tensor gmax, Tensor sums,
+                     int64_t v0, int64_t valid, bool train, float dloss);
+
+// out (N) = max over k of in (K, N), fp32.
+void max_rows(Tensor out, Tensor in);
+
+// --- optimizer ----------------------------------------------------------------------------------
+// One step over n elements: master (fp32) updated in place, param (optional: absent when master is
+// the parameter) = master rounded to its dtype; grad (G) is multiplied by grad_scale first.
+struct AdamArgs {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0, grad_scale = 1;
+  int64_t step = 1;  // 1-based, for bias correction
+  bool adamw = true;
+};
+void adam_step(Tensor master, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamArgs& a);
+struct SgdArgs {
+  float lr = 0, momentum = 0, weight_decay = 0, grad_scale = 1;
+  bool nesterov = false;
+  int64_t step = 1;
+};
+// buf: the momentum buffer (optional without momentum).
+void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArgs& a);
+
+// --- tokens --------------------------------------------------------------------------------------
+// Checks every token of inputs in [0, V) (an InputError naming the first that is not) and returns
+// the number of targets >= 0. Either may be empty (nothing checked / 0).
+int64_t check_tokens(Tensor inputs, Tensor targets, int64_t V);
+
+}  // namespace strata::ops
