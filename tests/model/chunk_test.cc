@@ -122,5 +122,30 @@ TEST_P(Chunks, SplitDeferredAndInFlightEqualTheWholeModel) {
 
 INSTANTIATE_TEST_SUITE_P(Families, Chunks, ::testing::Values("gpt2", "llama"));
 
+// The model holds no memory and runs no kernel but through the device-neutral interface: asked
+// for a device without a backend, it fails at construction with the interface's message.
+TEST(ChunkDevice, ADeviceWithoutABackendIsRefused) {
+  const ModelSpec spec = build_model_spec(tiny("gpt2"));
+  ChunkOptions on_gpu;
+  on_gpu.device = Device::CUDA;
+  try {
+    make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 16, on_gpu);
+    FAIL() << "a CUDA chunk was built without a CUDA backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA backend"), std::string::npos) << e.what();
+  }
+}
+
+// Chunk boundaries fall between whole blocks, and the head stays whole.
+TEST(ChunkDevice, BoundariesInsideABlockOrTheHeadAreRefused) {
+  const ModelSpec spec = build_model_spec(tiny("llama"));
+  const int mlp0 = spec.units_of(UnitKind::Mlp)[0];
+  const int out0 = spec.units_of(UnitKind::Output)[0];  // after the final norm
+  for (ChunkOptions o : {ChunkOptions{0, mlp0}, ChunkOptions{mlp0, -1}, ChunkOptions{0, out0}}) {
+    EXPECT_THROW(make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 16, o), Error)
+        << o.unit_begin << ".." << o.unit_end;
+  }
+}
+
 }  // namespace
 }  // namespace strata

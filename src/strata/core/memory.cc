@@ -50,7 +50,10 @@ void MemoryTracker::reset_peaks() {
   peak_total_.store(total_.load());
 }
 
-Buffer::Buffer(MemCategory category, size_t bytes) : bytes_(bytes), category_(category) {
+Buffer::Buffer(MemCategory category, size_t bytes, Device device)
+    : bytes_(bytes), category_(category) {
+  STRATA_CHECK(device == Device::CPU,
+               "no CUDA backend is built into strata: device buffers cannot be allocated");
   if (bytes == 0) return;
   const size_t rounded = (bytes + 63) / 64 * 64;
   data_ = rounded >= bytes ? std::aligned_alloc(64, rounded) : nullptr;  // no wrap-around

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <string>
 
+#include "strata/core/device.h"
+
 namespace strata {
 
 enum class MemCategory : int {
@@ -45,7 +47,8 @@ class MemoryTracker {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(MemCategory category, size_t bytes);
+  // On the host; a device other than the CPU needs its backend (none is built yet: an error).
+  Buffer(MemCategory category, size_t bytes, Device device = Device::CPU);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;

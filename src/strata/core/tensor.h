@@ -8,11 +8,10 @@
 #include <string>
 
 #include "strata/core/check.h"
+#include "strata/core/device.h"
 #include "strata/core/dtype.h"
 
 namespace strata {
-
-enum class Device : uint8_t { CPU, CUDA };
 
 struct Tensor {
   static constexpr int kMaxDims = 4;

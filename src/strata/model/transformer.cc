@@ -22,7 +22,7 @@ class Arena {
     used_ += (size_t(n) * elem + 63) / 64 * 64;
     return buffer_.data() != nullptr ? at : nullptr;
   }
-  void allocate(MemCategory c) { buffer_ = Buffer(c, used_); }
+  void allocate(MemCategory c, Device d) { buffer_ = Buffer(c, used_, d); }
   void rewind() { used_ = 0; }
 
  private:
@@ -33,16 +33,6 @@ class Arena {
 void* at(void* base, DType t, int64_t elems) {
   return base == nullptr ? nullptr : static_cast<char*>(base) + size_t(elems) * dtype_size(t);
 }
-Tensor mat(void* p, DType t, int64_t rows, int64_t cols) {
-  return Tensor(p, t, {rows, cols});
-}
-Tensor vec(void* p, DType t, int64_t n) {
-  return p == nullptr ? Tensor() : Tensor(p, t, {n});
-}
-Tensor f32(float* p, int64_t n) {
-  return Tensor(p, DType::F32, {n});
-}
-
 // Where each of one block's parameters sits: the unit holding it (its attention or MLP sublayer)
 // and its element offset from that unit's first element; unit -1 where the family has none.
 struct ParamPlace {
@@ -121,6 +111,19 @@ class TransformerImpl final : public Transformer {
   void layout(bool allocate);
   Slot& slot_of(int mb);
   const Slot& slot_of(int mb) const { return const_cast<TransformerImpl*>(this)->slot_of(mb); }
+  // Views of the chunk's memory, on its device.
+  Tensor mat(void* p, DType t, int64_t rows, int64_t cols) const {
+    return Tensor(p, t, {rows, cols}, dev_);
+  }
+  Tensor vec(void* p, DType t, int64_t n) const {
+    return p == nullptr ? Tensor() : Tensor(p, t, {n}, dev_);
+  }
+  Tensor f32(float* p, int64_t n) const { return Tensor(p, DType::F32, {n}, dev_); }
+  Tensor ids(int32_t* p) const { return Tensor(p, DType::I32, {N_}, dev_); }
+  // Vocabulary columns [row_begin, Vl) of every row of the logits (row stride Vl).
+  Tensor logit_cols(const Slot& s, int64_t row_begin) const {
+    return Tensor(at(s.logits, pt_, row_begin), pt_, {N_ * Vl_ - row_begin}, dev_);
+  }
   Tensor hid(void* p) const { return mat(p, pt_, Ns_, C_); }  // (Ns, C)
   Tensor full(void* p) const { return mat(p, pt_, N_, C_); }  // (N, C)
   // Parameters and gradients of units: the hook's or the flat buffers.
@@ -186,6 +189,7 @@ class TransformerImpl final : public Transformer {
   const ModelConfig& cfg_;
   const TpLayout& tpl_;
   DType pt_, gt_;
+  Device dev_;
   tp::Group own_tp_;
   tp::Group* tp_;
   bool sp_ = false;
@@ -236,6 +240,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
       tpl_(spec.tp),
       pt_(pt),
       gt_(gt),
+      dev_(chunk.device),
       tp_(tp != nullptr ? tp : &own_tp_),
       B_(B),
       T_(T),
@@ -262,8 +267,8 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   ash_ = {B_, T_, tpl_.groups, tpl_.rep, int(hd)};
   places();
   layout(false);
-  acts_.allocate(MemCategory::Activations);
-  work_.allocate(MemCategory::Workspace);
+  acts_.allocate(MemCategory::Activations, dev_);
+  work_.allocate(MemCategory::Workspace, dev_);
   layout(true);
 }
 
@@ -589,8 +594,7 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
     const int64_t rows = unit.row_end - unit.row_begin;
     ops::Gemm g;
     g.M = N_, g.N = rows, g.K = C_, g.trans_b = true, g.lda = C_, g.ldb = C_, g.ldc = Vl_;
-    ops::gemm(Tensor(at(s.logits, pt_, unit.row_begin), pt_, {N_ * Vl_ - unit.row_begin}), lnf,
-              mat(acquire(hook, u), pt_, rows, C_), g);
+    ops::gemm(logit_cols(s, unit.row_begin), lnf, mat(acquire(hook, u), pt_, rows, C_), g);
     release(hook, u);
   }
   const Tensor logits = mat(s.logits, pt_, N_, Vl_), targets(s.targets, DType::I32, {N_});
@@ -679,8 +683,7 @@ void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
     ops::Gemm g;
     g.M = N_, g.N = C_, g.K = rows, g.lda = Vl_, g.ldb = C_, g.ldc = C_;
     g.accumulate = k + 1 != out.size();
-    ops::gemm(mat(dlnf32_, DType::F32, N_, C_),
-              Tensor(at(s.logits, pt_, unit.row_begin), pt_, {N_ * Vl_ - unit.row_begin}),
+    ops::gemm(mat(dlnf32_, DType::F32, N_, C_), logit_cols(s, unit.row_begin),
               mat(const_cast<void*>(w), pt_, rows, C_), g);
     release(hook, u);
     if (!chunk_.defer_weight) {
@@ -689,9 +692,7 @@ void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
       ops::Gemm gw;
       gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = Vl_, gw.ldb = C_, gw.ldc = C_,
       gw.accumulate = true;
-      ops::gemm(mat(dw, gt_, rows, C_),
-                Tensor(at(s.logits, pt_, unit.row_begin), pt_, {N_ * Vl_ - unit.row_begin}), lnf,
-                gw);
+      ops::gemm(mat(dw, gt_, rows, C_), logit_cols(s, unit.row_begin), lnf, gw);
       done(hook, u, !tied_);
     }
   }
@@ -731,8 +732,7 @@ void TransformerImpl::head_weight(Slot& s, UnitHook* hook) {
     ops::Gemm gw;
     gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = Vl_, gw.ldb = C_, gw.ldc = C_,
     gw.accumulate = true;
-    ops::gemm(mat(grads_of(hook, u), gt_, rows, C_),
-              Tensor(at(s.logits, pt_, unit.row_begin), pt_, {N_ * Vl_ - unit.row_begin}), lnf, gw);
+    ops::gemm(mat(grads_of(hook, u), gt_, rows, C_), logit_cols(s, unit.row_begin), lnf, gw);
     done(hook, u, !tied_);
   }
   final_norm_weight(s, block_input(s, l1_), s.dlnf, hook);

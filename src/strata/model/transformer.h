@@ -1,6 +1,7 @@
-// A decoder-only Transformer (GPT-2 or Llama family) over flat parameter and gradient buffers
-// laid out by ModelSpec. Activations for one micro-batch (B, T) are allocated once, at
-// construction; forward and backward allocate nothing.
+// A decoder-only Transformer (GPT-2 or Llama family), or a chunk of one, over flat parameter and
+// gradient buffers laid out by ModelSpec for one tensor-parallel rank. Activations for the
+// micro-batches in flight are allocated once, at construction; forward and backward allocate
+// nothing. Every computation goes through kernels/ops.h on views of the chunk's device.
 #pragma once
 
 #include <cstdint>
@@ -55,10 +56,11 @@ struct ChunkOptions {
                                       // MLP units are in one chunk, the embedding's units
                                       // (vocabulary, position) in the first, the final norm and
                                       // output units in the last.
-  int slots = 1;              // micro-batches whose activations are held at once (forward done,
-                              // weight-gradient backward not yet)
-  bool defer_weight = false;  // backward_input() leaves the weight gradients to backward_weight()
-                              // (each slot then also keeps the output gradients they need)
+  int slots = 1;                // micro-batches whose activations are held at once (forward done,
+                                // weight-gradient backward not yet)
+  bool defer_weight = false;    // backward_input() leaves the weight gradients to backward_weight()
+                                // (each slot then also keeps the output gradients they need)
+  Device device = Device::CPU;  // where the parameters, gradients and activations live
 };
 
 // A model chunk: a contiguous range of units (DESIGN.md §3, §6) on one rank of a tensor-parallel

@@ -1,9 +1,7 @@
 #include "strata/optim/optimizer.h"
 
-#include <type_traits>
-
 #include "strata/core/check.h"
-#include "strata/kernels/cpu/optimizer.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
 
@@ -56,76 +54,50 @@ float* Optimizer::master_of(const ParamRange& r) {
 void Optimizer::publish() {
   if (param_dtype_ == DType::F32) return;  // the master is the parameters
   if (!partitioned_) {
-    convert(params_, param_dtype_, master_, DType::F32, size_t(numel_));
+    ops::copy(Tensor(params_, param_dtype_, {numel_}), Tensor(master_, DType::F32, {numel_}));
     return;
   }
   char* p = static_cast<char*>(params_);
   const size_t ps = dtype_size(param_dtype_);
   for (const ParamRange& r : ranges_) {
-    convert(p + size_t(param_offset(r)) * ps, param_dtype_, master_ + r.state_offset, DType::F32,
-            size_t(r.numel));
+    ops::copy(Tensor(p + size_t(param_offset(r)) * ps, param_dtype_, {r.numel}),
+              Tensor(master_ + r.state_offset, DType::F32, {r.numel}));
   }
 }
-
-namespace {
-
-template <typename T, typename G>
-void step_range(const OptimizerConfig& c, float* master, T* param, const G* grad, float* m,
-                float* v, const ParamRange& r, Packed packed, float lr, float grad_scale,
-                int64_t step) {
-  const int64_t so = r.state_offset;
-  const float wd = r.decay ? c.weight_decay : 0.0f;
-  T* p = param + (packed.params ? so : r.offset);
-  const G* g = grad + (packed.grads ? so : r.offset);
-  // fp32 parameters are their own master copy: the kernels update them in place.
-  float* mst = master + so;
-  if constexpr (std::is_same_v<T, float>) mst = p;
-  if (c.type == "sgd") {
-    kernels::sgd_step(mst, p, g, m ? m + so : nullptr, size_t(r.numel), lr, c.momentum, wd,
-                      c.nesterov, grad_scale, step);
-  } else {
-    const bool adamw = c.type == "adamw" || c.adam_w_mode;
-    kernels::adam_step(mst, p, g, m + so, v + so, size_t(r.numel), lr, c.beta1, c.beta2, c.eps, wd,
-                       grad_scale, step, adamw);
-  }
-}
-
-template <typename T, typename G>
-void step_all(const OptimizerConfig& c, float* master, void* params, const void* grads, float* m,
-              float* v, const std::vector<ParamRange>& ranges, Packed packed, float lr,
-              float grad_scale, int64_t step) {
-  for (const ParamRange& r : ranges) {
-    step_range(c, master, static_cast<T*>(params), static_cast<const G*>(grads), m, v, r, packed,
-               lr, grad_scale, step);
-  }
-}
-
-}  // namespace
 
 void Optimizer::step(const void* grads, float lr, float grad_scale) {
   ++step_;
-  float* m = m_.as<float>();
-  float* v = v_.as<float>();
-  using P = DType;
-  const P pt = param_dtype_, gt = grad_dtype_;
-  if (pt == P::F32 && gt == P::F32) {
-    step_all<float, float>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
-                           step_);
-  } else if (pt == P::BF16 && gt == P::F32) {
-    step_all<bf16, float>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
-                          step_);
-  } else if (pt == P::BF16 && gt == P::BF16) {
-    step_all<bf16, bf16>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
-                         step_);
-  } else if (pt == P::F16 && gt == P::F32) {
-    step_all<f16, float>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
-                         step_);
-  } else if (pt == P::F16 && gt == P::F16) {
-    step_all<f16, f16>(cfg_, master_, params_, grads, m, v, ranges_, packed_, lr, grad_scale,
-                       step_);
-  } else {
-    STRATA_FAIL("no optimizer kernel for parameters ", dtype_name(pt), " and gradients ",
-                dtype_name(gt));
+  const bool sgd = cfg_.type == "sgd";
+  ops::AdamArgs adam;
+  adam.lr = lr, adam.beta1 = cfg_.beta1, adam.beta2 = cfg_.beta2, adam.eps = cfg_.eps;
+  adam.grad_scale = grad_scale, adam.step = step_;
+  adam.adamw = cfg_.type == "adamw" || cfg_.adam_w_mode;
+  ops::SgdArgs plain;
+  plain.lr = lr, plain.momentum = cfg_.momentum, plain.nesterov = cfg_.nesterov;
+  plain.grad_scale = grad_scale, plain.step = step_;
+  const size_t ps = dtype_size(param_dtype_), gs = dtype_size(grad_dtype_);
+  auto state = [&](const Buffer& b, const ParamRange& r) {
+    return b.data() == nullptr ? Tensor()
+                               : Tensor(b.as<float>() + r.state_offset, DType::F32, {r.numel});
+  };
+  for (const ParamRange& r : ranges_) {
+    const float wd = r.decay ? cfg_.weight_decay : 0.0f;
+    // fp32 parameters are their own master copy: the kernels update them in place.
+    const Tensor master(master_of(r), DType::F32, {r.numel});
+    const Tensor param = param_dtype_ == DType::F32
+                             ? Tensor()
+                             : Tensor(static_cast<char*>(params_) + size_t(param_offset(r)) * ps,
+                                      param_dtype_, {r.numel});
+    const int64_t go = packed_.grads ? r.state_offset : r.offset;
+    const Tensor grad(const_cast<char*>(static_cast<const char*>(grads)) + size_t(go) * gs,
+                      grad_dtype_, {r.numel});
+    if (sgd) {
+      plain.weight_decay = wd;
+      ops::sgd_step(master, param, grad, state(m_, r), plain);
+    } else {
+      adam.weight_decay = wd;
+      ops::adam_step(master, param, grad, state(m_, r), state(v_, r), adam);
+    }
   }
 }
 

@@ -15,7 +15,7 @@
 
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/cpu_features.h"
-#include "strata/kernels/cpu/matmul.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
 
@@ -29,13 +29,12 @@ double gemm_gflops(DType dtype, int n) {
   Buffer a(MemCategory::Workspace, elems * dtype_size(dtype));
   Buffer b(MemCategory::Workspace, elems * dtype_size(dtype));
   Buffer c(MemCategory::Workspace, elems * sizeof(float));
-  std::memset(a.data(), 0, a.bytes());
-  std::memset(b.data(), 0, b.bytes());
-  const int64_t batch[2] = {1, 1};
-  auto run = [&] {
-    kernels::matmul({c.data(), DType::F32, n}, {a.data(), dtype, n, 1}, {b.data(), dtype, 1, n}, n,
-                    n, n, batch);
-  };
+  const Tensor ta(a.data(), dtype, {n, n}), tb(b.data(), dtype, {n, n});
+  ops::fill_zero(ta);
+  ops::fill_zero(tb);
+  ops::Gemm g;
+  g.M = g.N = g.K = n, g.trans_b = true, g.lda = g.ldb = g.ldc = n;
+  auto run = [&] { ops::gemm(Tensor(c.data(), DType::F32, {n, n}), ta, tb, g); };
   run();  // JIT and first touch
   double best = 1e30;
   for (int i = 0; i < 5; ++i) {
