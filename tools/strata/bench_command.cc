@@ -108,15 +108,21 @@ void run_bench(const BenchArgs& a) {
         100.0 * med.flops / med.seconds / 1e9 / peak, format_bytes(mem).c_str(), med.loss, world,
         med.comm_exposed_s);
     if (a.tensor > 1) {
-      // Tensor parallelism: every collective blocks, so all of its time is exposed.
+      // Tensor parallelism: every collective blocks, so all of its time is exposed. Per block
+      // the formula moves 8·f·X·b bytes (10 with sequence parallelism), f = (tp-1)/tp,
+      // X = B·T·hidden elements of b bytes; the step adds the embedding, head and loss.
       const double layers = double(cfg.model.layers);
+      const double X = double(a.micro_batch) * cfg.model.seq_len * cfg.model.hidden;
+      const double per_block = (a.sequence_parallel ? 10.0 : 8.0) * (a.tensor - 1) / a.tensor * X *
+                               double(dtype_size(dtype));
       std::printf(
-          "bench tp=%d sp=%d | tp_comm_s=%.4f (%.2f ms/layer) tp_bytes=%llu predicted=%llu "
-          "(%.1f KiB/layer) activations=%s\n",
+          "bench tp=%d sp=%d | tp_comm_s=%.4f (%.2f ms per block, embedding and head included) "
+          "tp_bytes=%llu predicted=%llu (per block %.0f KiB, %.1f%% of the step's) "
+          "activations=%s\n",
           a.tensor, int(a.sequence_parallel), med.tp_comm_s, 1e3 * med.tp_comm_s / layers,
           static_cast<unsigned long long>(med.tp_bytes),
-          static_cast<unsigned long long>(predict_tp_bytes(cfg, engine.spec())),
-          double(med.tp_bytes) / layers / 1024.0,
+          static_cast<unsigned long long>(predict_tp_bytes(cfg, engine.spec())), per_block / 1024.0,
+          100.0 * per_block * layers / double(med.tp_bytes),
           format_bytes(med.peak_bytes[size_t(MemCategory::Activations)]).c_str());
     } else {
       std::printf("bench activations=%s\n",
