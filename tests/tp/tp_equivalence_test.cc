@@ -81,17 +81,23 @@ class TensorParallel : public ::testing::Test {
   }
 
   // Losses of kSteps steps on one process, no communication.
-  static std::vector<double> serial_losses(nlohmann::json j) {
+  // norms, when given: each step's global gradient norm.
+  static std::vector<double> serial_losses(nlohmann::json j, std::vector<double>* norms = nullptr) {
     j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
     Config cfg = parse_config(j);
     resolve_batch(cfg, 1);
     Engine engine(cfg, dataset_.get());
     std::vector<double> out;
-    for (int i = 0; i < kSteps; ++i) out.push_back(engine.train_batch().loss);
+    for (int i = 0; i < kSteps; ++i) {
+      const StepMetrics m = engine.train_batch();
+      out.push_back(m.loss);
+      if (norms) norms->push_back(m.grad_norm);
+    }
     return out;
   }
 
-  static std::vector<double> losses(nlohmann::json j, int tp, int gas) {
+  static std::vector<double> losses(nlohmann::json j, int tp, int gas,
+                                    std::vector<double>* norms = nullptr) {
     const bool sp = j.contains("sp") && j["sp"].get<bool>();
     j.erase("sp");
     j["parallelism"] = {{"tensor", tp}, {"sequence_parallel", sp}};
@@ -109,6 +115,7 @@ class TensorParallel : public ::testing::Test {
       const StepMetrics m = engine.train_batch();
       EXPECT_EQ(m.tp_bytes, predicted) << j.dump() << " step " << i;
       out.push_back(m.loss);
+      if (norms) norms->push_back(m.grad_norm);
     }
     return out;
   }
@@ -132,7 +139,8 @@ std::vector<int> tp_sizes() {
 // tp 4), untied: every tp × sequence parallelism × ZeRO stage, dp = the rest of the world.
 TEST_F(TensorParallel, EveryLayoutGivesTheSingleProcessLosses) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
-    const std::vector<double> ref = serial_losses(config(preset));
+    std::vector<double> ref_norms;
+    const std::vector<double> ref = serial_losses(config(preset), &ref_norms);
     EXPECT_LT(ref.back(), ref.front());
     for (int tp : tp_sizes()) {
       for (bool sp : {false, true}) {
@@ -141,11 +149,16 @@ TEST_F(TensorParallel, EveryLayoutGivesTheSingleProcessLosses) {
           auto j = config(preset);
           j["sp"] = sp;
           j["zero_optimization"] = {{"stage", stage}, {"stage3_param_persistence_threshold", 0}};
-          const std::vector<double> got = losses(j, tp, gas);
+          std::vector<double> norms;
+          const std::vector<double> got = losses(j, tp, gas, &norms);
           for (int s = 0; s < kSteps; ++s) {
             EXPECT_NEAR(got[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)])
                 << preset << " tp=" << tp << " dp=" << world_size() / tp << " sp=" << sp
                 << " zero=" << stage << " gas=" << gas << " step " << s;
+            // The global norm counts every replicated parameter once (it also sets clipping).
+            EXPECT_NEAR(norms[size_t(s)], ref_norms[size_t(s)], 1e-5 * ref_norms[size_t(s)])
+                << preset << " tp=" << tp << " sp=" << sp << " zero=" << stage
+                << " grad norm, step " << s;
           }
         }
       }

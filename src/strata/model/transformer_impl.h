@@ -1,0 +1,236 @@
+// The model's implementation, shared by transformer.cc (the chunk: memory, slots, the passes'
+// order) and transformer_layers.cc (each sublayer's forward and backward halves). Private to
+// src/strata/model.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "strata/core/check.h"
+#include "strata/core/memory.h"
+#include "strata/kernels/ops.h"
+#include "strata/model/transformer.h"
+
+namespace strata::model_detail {
+
+// Carves views out of one allocation, each 64-byte aligned. Laid out twice: once to size the
+// allocation, once to point into it.
+class Arena {
+ public:
+  void* take(int64_t n, size_t elem) {
+    char* at = static_cast<char*>(buffer_.data()) + used_;
+    used_ += (size_t(n) * elem + 63) / 64 * 64;
+    return buffer_.data() != nullptr ? at : nullptr;
+  }
+  void allocate(MemCategory c, Device d) { buffer_ = Buffer(c, used_, d); }
+  void rewind() { used_ = 0; }
+
+ private:
+  Buffer buffer_;
+  size_t used_ = 0;
+};
+
+inline void* at(void* base, DType t, int64_t elems) {
+  return base == nullptr ? nullptr : static_cast<char*>(base) + size_t(elems) * dtype_size(t);
+}
+// Where each of one block's parameters sits: the unit holding it (its attention or MLP sublayer)
+// and its element offset from that unit's first element; unit -1 where the family has none.
+struct ParamPlace {
+  int unit = -1;
+  int64_t offset = 0;
+  int param = -1;  // index into ModelSpec::params
+};
+using BlockPlaces = std::array<ParamPlace, kNumParamRoles>;
+
+// Saved activations of one block for one micro-batch. Rows: N = B·T inside the tensor-parallel
+// regions, Ns (= N, or N/tp under sequence parallelism) outside them.
+struct BlockActs {
+  void* ln1;        // (Ns, C)
+  float* ln1_mean;  // (Ns)
+  float* ln1_rstd;  // (Ns)
+  void* qkv;        // (N, QKVl)  after RoPE for llama
+  void* att;        // (B, heads_l, T, T)
+  void* atty;       // (N, Hl)
+  void* res2;       // (Ns, C)  residual after attention
+  void* ln2;        // (Ns, C)
+  float* ln2_mean;
+  float* ln2_rstd;
+  void* fch;      // (N, FCHl) gpt2 pre-GELU; llama gate|up interleaved
+  void* fch_act;  // (N, Fl)
+  void* res3;     // (Ns, C)  block output
+};
+
+// The output gradients a deferred weight-gradient backward needs, per block.
+struct BlockStash {
+  void* dproj;  // (N, C) gradient of the attention projection's output (all rows)
+  void* dqkv;   // (N, QKVl)
+  void* dln1;   // (Ns, C) gradient of the first norm's output
+  void* dfc2;   // (N, C)
+  void* dfch;   // (N, FCHl)
+  void* dln2;   // (Ns, C)
+};
+
+struct Slot {
+  int mb = -1;              // micro-batch held, -1: free
+  bool eval = false;        // held by an evaluation forward: free for the next forward
+  bool input_done = false;  // backward_input ran (defer_weight)
+  int32_t *tokens = nullptr, *targets = nullptr;  // (N)
+  void* encoded = nullptr;                        // (Ns, C) the chunk's input hidden states
+  std::vector<BlockActs> blocks;                  // the chunk's blocks
+  void* lnf = nullptr;                            // (Ns, C)
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr;
+  void* logits = nullptr;   // (N, Vl)
+  float* losses = nullptr;  // (N)
+  int64_t counted = 0;
+  // defer_weight only
+  std::vector<BlockStash> stash;
+  void* dlnf = nullptr;  // (Ns, C) gradient of the final norm's output
+  void* denc = nullptr;  // (Ns, C) gradient of the embedding's output
+};
+
+class TransformerImpl final : public Transformer {
+ public:
+  TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void* params, void* grads, int B,
+                  int T, const ChunkOptions& chunk, tp::Group* tp);
+
+  double forward(int mb, const int32_t* tokens, Tensor hidden, const int32_t* targets, float dloss,
+                 bool train, UnitHook* hook) override;
+  Tensor output(int mb) const override;
+  Tensor backward_input(int mb, Tensor dout, UnitHook* hook) override;
+  void backward_weight(int mb, UnitHook* hook) override;
+  Tensor logits(int mb) const override { return mat(slot_of(mb).logits, pt_, N_, Vl_); }
+  int64_t counted_tokens(int mb) const override { return slot_of(mb).counted; }
+  double take_tp_seconds() override {
+    const double s = tp_->seconds();
+    tp_->reset_seconds();
+    return s;
+  }
+
+ private:
+  void places();
+  void layout(bool allocate);
+  Slot& slot_of(int mb);
+  const Slot& slot_of(int mb) const { return const_cast<TransformerImpl*>(this)->slot_of(mb); }
+  // Views of the chunk's memory, on its device.
+  Tensor mat(void* p, DType t, int64_t rows, int64_t cols) const {
+    return Tensor(p, t, {rows, cols}, dev_);
+  }
+  Tensor vec(void* p, DType t, int64_t n) const {
+    return p == nullptr ? Tensor() : Tensor(p, t, {n}, dev_);
+  }
+  Tensor f32(float* p, int64_t n) const { return Tensor(p, DType::F32, {n}, dev_); }
+  Tensor ids(int32_t* p) const { return Tensor(p, DType::I32, {N_}, dev_); }
+  // Vocabulary columns [row_begin, Vl) of every row of the logits (row stride Vl).
+  Tensor logit_cols(const Slot& s, int64_t row_begin) const {
+    return Tensor(at(s.logits, pt_, row_begin), pt_, {N_ * Vl_ - row_begin}, dev_);
+  }
+  Tensor hid(void* p) const { return mat(p, pt_, Ns_, C_); }  // (Ns, C)
+  Tensor full(void* p) const { return mat(p, pt_, N_, C_); }  // (N, C)
+  // Parameters and gradients of units: the hook's or the flat buffers.
+  void* acquire(UnitHook* hook, int unit);
+  void release(UnitHook* hook, int unit) {
+    if (hook) hook->release_params(unit);
+  }
+  void* grads_of(UnitHook* hook, int unit);
+  void done(UnitHook* hook, int unit, bool final) {
+    if (hook) hook->unit_done(unit, final);
+  }
+  // A block parameter (role) given its unit's base pointer; empty if the family has none.
+  Tensor param(int l, ParamRole r, void* unit_base, DType t) const;
+  Tensor grad(int l, ParamRole r, void* unit_grads) const;  // partial ones: the scratch
+  void begin_partials(int unit);
+  void settle_partials(int unit, void* unit_grads);
+
+  void embed_forward(Slot& s, UnitHook* hook);
+  void attn_forward(Slot& s, int l, const void* x, UnitHook* hook);
+  void mlp_forward(Slot& s, int l, UnitHook* hook);
+  double head_forward(Slot& s, const void* x, float dloss, bool train, UnitHook* hook);
+  // Input-gradient halves; each runs its weight half too unless the chunk defers it.
+  void head_backward(Slot& s, UnitHook* hook);
+  void mlp_backward(Slot& s, int l, UnitHook* hook);
+  void attn_backward(Slot& s, int l, const void* x, UnitHook* hook);
+  void embed_backward(Slot& s, UnitHook* hook);
+  // Weight halves from the tensors the input halves leave.
+  void head_weight(Slot& s, UnitHook* hook);
+  void final_norm_weight(Slot& s, const void* x, void* dy, UnitHook* hook);
+  void mlp_weight(Slot& s, int l, UnitHook* hook);
+  void attn_weight(Slot& s, int l, const void* x, UnitHook* hook);
+  Tensor row_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G, void* stash,
+                               Tensor x, Tensor dx, bool fuse);
+  void row_parallel_weight(int l, ParamRole w, ParamRole b, void* G, Tensor dy, Tensor x);
+  void column_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G, Tensor dy,
+                                void* ln, void* dln, bool fuse);
+  void row_parallel_forward(void* out, Tensor x, Tensor w, Tensor b);
+  void norm_forward(void* out, float* mean, float* rstd, const void* x, Tensor gain, Tensor bias);
+  void norm_backward(Tensor gain, Tensor dgain, Tensor dbias, void* dln, const void* x,
+                     const float* mean, const float* rstd, bool fuse);
+  void norm_weight(Tensor dgain, Tensor dbias, void* dln, const void* x, const float* mean,
+                   const float* rstd);
+  // The final norm's gain and bias (bias empty for rms) at a unit's parameters or gradients.
+  Tensor final_gain(void* base, DType t) const { return vec(at(base, t, o_lnf_w_), t, C_); }
+  Tensor final_bias(void* base, DType t) const {
+    return gpt2_ ? vec(at(base, t, o_lnf_b_), t, C_) : Tensor();
+  }
+  void* final_grads(void* unit_grads) const {  // partial ones: the scratch
+    return partials_[size_t(final_)].empty() ? unit_grads : scratch_;
+  }
+  Tensor norm_scratch() const {
+    return f32(norm_scratch_, int64_t(ops::norm_backward_scratch_floats(Ns_, C_)));
+  }
+  void embed_weight(Slot& s, Tensor denc, UnitHook* hook);
+  const void* block_input(const Slot& s, int l) const {
+    return l > l0_ ? s.blocks[size_t(l - 1 - l0_)].res3 : s.encoded;
+  }
+  // The (N, C) rows of a (Ns, C) tensor: gathered into `into` under sequence parallelism.
+  Tensor gathered(void* shard, void* into);
+  const std::vector<int>& output_units() const { return tied_ ? vocab_ : output_; }
+
+  const ModelSpec& spec_;
+  const ModelConfig& cfg_;
+  const TpLayout& tpl_;
+  DType pt_, gt_;
+  Device dev_;
+  tp::Group own_tp_;
+  tp::Group* tp_;
+  bool sp_ = false;
+  int B_, T_;
+  int64_t N_, Ns_;
+  bool gpt2_ = true, tied_ = true;
+  int64_t C_ = 0, Vl_ = 0, Fl_ = 0, FCHl_ = 0, QKVl_ = 0, Hl_ = 0;
+  ops::AttentionShape ash_;
+  ChunkOptions chunk_;
+  bool has_embed_ = false, has_head_ = false;
+  int l0_ = 0, l1_ = 0;  // the chunk's blocks [l0, l1)
+
+  void* P_;  // flat parameters, or nullptr (every pass places them through its hook)
+  void* D_;  // flat gradients, or nullptr
+  std::vector<int> vocab_, output_, attn_, mlp_;
+  int position_ = -1, final_ = -1;
+  std::vector<BlockPlaces> places_;
+  int64_t o_lnf_w_ = -1, o_lnf_b_ = -1;  // inside the final-norm unit
+  // Partial gradients (replicated parameters whose gradient each rank only has a part of):
+  // per unit, the ranges (element offset in the unit, count, group) summed over tp before they
+  // are added to the unit's gradients; such parameters accumulate into scratch_ first.
+  struct Partial {
+    int64_t offset = 0, numel = 0;
+    comm::Communicator* over = nullptr;
+  };
+  std::vector<std::vector<Partial>> partials_;     // by unit
+  std::vector<std::vector<char>> partial_params_;  // by unit, by param index: computed in scratch
+  int scratch_unit_ = -1;
+
+  Arena acts_, work_;
+  std::vector<Slot> slots_;
+  // Workspace (shared by every slot).
+  void *dres_ = nullptr, *dc_ = nullptr, *dbig_ = nullptr, *dbig2_ = nullptr;
+  void *gath_ = nullptr, *part_ = nullptr;  // (N, C) each
+  float* dlnf32_ = nullptr;                 // (N, C) fp32 output gradient of the final norm
+  float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;
+  float *ce_max_ = nullptr, *ce_all_ = nullptr, *ce_sums_ = nullptr;  // (N), (tp, N), (2, N)
+  void* scratch_ = nullptr;  // (largest unit) gradients of partial parameters, grad dtype
+  // Fused-mode output gradients (defer_weight off): one set reused by every block.
+  BlockStash fused_;
+};
+
+}  // namespace strata::model_detail

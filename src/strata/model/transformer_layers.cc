@@ -1,0 +1,428 @@
+// Each sublayer's forward and its backward in two halves (input gradients; weight gradients, run
+// with them or deferred): embedding, attention, MLP, final norm and head, with the tensor- and
+// sequence-parallel collectives between them (../shared/reference/megatron.md §1).
+#include "strata/model/transformer_impl.h"
+
+namespace strata::model_detail {
+
+// --- forward ------------------------------------------------------------------------------------
+
+// Row-parallel linear: out (Ns, C) = x (N, in_l) · wᵀ summed over the group, + b. Each rank's
+// partial sum over its heads or hidden units is all-reduced (under sequence parallelism
+// reduce-scattered: each rank keeps its block of rows); the bias is added after the sum.
+void TransformerImpl::row_parallel_forward(void* out, Tensor x, Tensor w, Tensor b) {
+  if (tp_->size() == 1) return ops::linear_forward(hid(out), x, w, b);
+  ops::linear_forward(full(sp_ ? part_ : out), x, w, Tensor());
+  if (sp_) {
+    tp_->reduce_scatter(hid(out), full(part_));
+  } else {
+    tp_->all_reduce(hid(out));
+  }
+  if (b.data != nullptr) ops::add_bias(hid(out), b);
+}
+
+// out (Ns, C) = the family's norm of x with gain (and bias: layernorm); mean unused for rms.
+void TransformerImpl::norm_forward(void* out, float* mean, float* rstd, const void* x, Tensor gain,
+                                   Tensor bias) {
+  const Tensor xin = hid(const_cast<void*>(x));
+  if (gpt2_) {
+    ops::layernorm_forward(hid(out), f32(mean, Ns_), f32(rstd, Ns_), xin, gain, bias,
+                           cfg_.norm_eps);
+  } else {
+    ops::rmsnorm_forward(hid(out), f32(rstd, Ns_), xin, gain, cfg_.norm_eps);
+  }
+}
+
+void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
+  const Tensor tokens(s.tokens, DType::I32, {N_});
+  // Vocabulary-parallel: each rank writes the rows of the tokens it owns, the rest stay zero,
+  // and the sum over the group is the embedding (under SP, each rank keeps its block of rows).
+  const bool multi = tp_->size() > 1;
+  void* out = sp_ ? part_ : s.encoded;
+  if (multi) ops::fill_zero(full(out));
+  for (int u : vocab_) {
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    ops::embedding_forward(full(out), tokens, mat(acquire(hook, u), pt_, rows, C_),
+                           tpl_.vocab_begin + unit.row_begin, tpl_.vocab_begin + unit.row_end);
+    release(hook, u);
+  }
+  if (multi) {
+    if (sp_) {
+      tp_->reduce_scatter(hid(s.encoded), full(out));
+    } else {
+      tp_->all_reduce(full(out));
+    }
+  }
+  if (position_ >= 0) {
+    ops::position_forward(hid(s.encoded), mat(acquire(hook, position_), pt_, cfg_.seq_len, C_), T_,
+                          sp_ ? tp_->rank() * Ns_ : 0);
+    release(hook, position_);
+  }
+}
+
+void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook) {
+  BlockActs& a = s.blocks[size_t(l - l0_)];
+  const int ua = attn_[size_t(l)];
+  void* P = acquire(hook, ua);
+  using R = ParamRole;
+  const Tensor xin = hid(const_cast<void*>(x));
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(l, R::Norm1W, P, pt_),
+               param(l, R::Norm1B, P, pt_));
+  // Column-parallel QKV (this rank's heads), attention, row-parallel projection.
+  const Tensor ln1 = gathered(a.ln1, gath_);
+  ops::linear_forward(mat(a.qkv, pt_, N_, QKVl_), ln1, param(l, R::QkvW, P, pt_),
+                      param(l, R::QkvB, P, pt_));
+  if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), ash_, cfg_.rope_theta);
+  ops::attention_forward(mat(a.atty, pt_, N_, Hl_),
+                         vec(a.att, pt_, int64_t(B_) * tpl_.heads * T_ * T_),
+                         mat(a.qkv, pt_, N_, QKVl_), ash_);
+  const Tensor atty = mat(a.atty, pt_, N_, Hl_);
+  row_parallel_forward(a.res2, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
+  release(hook, ua);
+  ops::add_inplace(hid(a.res2), xin);
+}
+
+void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook) {
+  BlockActs& a = s.blocks[size_t(l - l0_)];
+  const int um = mlp_[size_t(l)];
+  void* P = acquire(hook, um);
+  using R = ParamRole;
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(l, R::Norm2W, P, pt_),
+               param(l, R::Norm2B, P, pt_));
+  const Tensor ln2 = gathered(a.ln2, gath_);
+  ops::linear_forward(mat(a.fch, pt_, N_, FCHl_), ln2, param(l, R::FcW, P, pt_),
+                      param(l, R::FcB, P, pt_));
+  if (gpt2_) {
+    ops::gelu_forward(mat(a.fch_act, pt_, N_, Fl_), mat(a.fch, pt_, N_, FCHl_));
+  } else {
+    ops::swiglu_forward(mat(a.fch_act, pt_, N_, Fl_), mat(a.fch, pt_, N_, FCHl_));
+  }
+  const Tensor act = mat(a.fch_act, pt_, N_, Fl_);
+  row_parallel_forward(a.res3, act, param(l, R::Fc2W, P, pt_), param(l, R::Fc2B, P, pt_));
+  release(hook, um);
+  ops::add_inplace(hid(a.res3), hid(a.res2));
+}
+
+double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool train,
+                                     UnitHook* hook) {
+  void* pf = acquire(hook, final_);
+  norm_forward(s.lnf, s.lnf_mean, s.lnf_rstd, x, final_gain(pf, pt_), final_bias(pf, pt_));
+  release(hook, final_);
+  // logits[:, rows] (N, rows) = lnf (N, C) · W[rows]ᵀ, one vocabulary unit at a time: this
+  // rank's vocabulary columns only (column-parallel over the vocabulary).
+  const Tensor lnf = gathered(s.lnf, gath_);
+  for (int u : output_units()) {
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    ops::Gemm g;
+    g.M = N_, g.N = rows, g.K = C_, g.trans_b = true, g.lda = C_, g.ldb = C_, g.ldc = Vl_;
+    ops::gemm(logit_cols(s, unit.row_begin), lnf, mat(acquire(hook, u), pt_, rows, C_), g);
+    release(hook, u);
+  }
+  const Tensor logits = mat(s.logits, pt_, N_, Vl_), targets(s.targets, DType::I32, {N_});
+  const Tensor losses = f32(s.losses, N_);
+  if (tp_->size() == 1) {
+    if (train) {
+      ops::cross_entropy_forward_backward(losses, logits, targets, dloss);
+    } else {
+      ops::cross_entropy_forward(losses, logits, targets);
+    }
+  } else {
+    // Vocabulary-parallel cross-entropy: the full logits never exist on one rank.
+    const int64_t v0 = tpl_.vocab_begin, valid = tpl_.vocab_valid;
+    ops::vocab_ce_max(f32(ce_max_, N_), logits, valid);
+    tp_->all_gather(mat(ce_all_, DType::F32, tp_->size(), N_), mat(ce_max_, DType::F32, 1, N_));
+    ops::max_rows(f32(ce_max_, N_), mat(ce_all_, DType::F32, tp_->size(), N_));
+    ops::vocab_ce_sums(mat(ce_sums_, DType::F32, 2, N_), logits, targets, f32(ce_max_, N_), v0,
+                       valid);
+    tp_->all_reduce(f32(ce_sums_, 2 * N_));
+    ops::vocab_ce_finish(losses, logits, targets, f32(ce_max_, N_),
+                         mat(ce_sums_, DType::F32, 2, N_), v0, valid, train, dloss);
+  }
+  return ops::sum(losses);
+}
+
+// --- backward -----------------------------------------------------------------------------------
+
+// dres (Ns, C) fp? : on exit the gradient of the final norm's input.
+void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
+  // dlnf (N, C) fp32 = Σ_units dlogits[:, rows] · W[rows] (this rank's vocabulary columns: a
+  // partial sum over the group), rounded once.
+  const std::vector<int>& out = output_units();
+  const Tensor lnf = chunk_.defer_weight ? Tensor() : gathered(s.lnf, gath_);
+  for (size_t k = out.size(); k-- > 0;) {
+    const int u = out[k];
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    const void* w = acquire(hook, u);
+    ops::Gemm g;
+    g.M = N_, g.N = C_, g.K = rows, g.lda = Vl_, g.ldb = C_, g.ldc = C_;
+    g.accumulate = k + 1 != out.size();
+    ops::gemm(mat(dlnf32_, DType::F32, N_, C_), logit_cols(s, unit.row_begin),
+              mat(const_cast<void*>(w), pt_, rows, C_), g);
+    release(hook, u);
+    if (!chunk_.defer_weight) {
+      // dW[rows] += dlogits[:, rows]ᵀ · lnf
+      void* dw = grads_of(hook, u);
+      ops::Gemm gw;
+      gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = Vl_, gw.ldb = C_, gw.ldc = C_,
+      gw.accumulate = true;
+      ops::gemm(mat(dw, gt_, rows, C_), logit_cols(s, unit.row_begin), lnf, gw);
+      done(hook, u, !tied_);
+    }
+  }
+  const Tensor d32 = mat(dlnf32_, DType::F32, N_, C_);
+  if (tp_->size() > 1) {
+    if (sp_) {
+      tp_->reduce_scatter(mat(dlnf32_, DType::F32, Ns_, C_), d32);
+    } else {
+      tp_->all_reduce(d32);
+    }
+  }
+  // The final norm's output gradient (Ns, C), rounded to the parameter dtype.
+  void* dy = chunk_.defer_weight ? s.dlnf : dc_;
+  ops::copy(hid(dy), mat(dlnf32_, DType::F32, Ns_, C_));
+  ops::fill_zero(hid(dres_));
+  const void* x = block_input(s, l1_);
+  void* pf = acquire(hook, final_);
+  const bool fuse = !chunk_.defer_weight;
+  void* gf = nullptr;
+  if (fuse) begin_partials(final_), gf = grads_of(hook, final_);
+  norm_backward(final_gain(pf, pt_), final_gain(final_grads(gf), gt_),
+                final_bias(final_grads(gf), gt_), dy, x, s.lnf_mean, s.lnf_rstd, fuse);
+  release(hook, final_);
+  if (fuse) {
+    settle_partials(final_, gf);
+    done(hook, final_, true);
+  }
+}
+
+void TransformerImpl::head_weight(Slot& s, UnitHook* hook) {
+  const std::vector<int>& out = output_units();
+  const Tensor lnf = gathered(s.lnf, gath_);
+  for (size_t k = out.size(); k-- > 0;) {
+    const int u = out[k];
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    ops::Gemm gw;
+    gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = Vl_, gw.ldb = C_, gw.ldc = C_,
+    gw.accumulate = true;
+    ops::gemm(mat(grads_of(hook, u), gt_, rows, C_), logit_cols(s, unit.row_begin), lnf, gw);
+    done(hook, u, !tied_);
+  }
+  final_norm_weight(s, block_input(s, l1_), s.dlnf, hook);
+}
+
+void TransformerImpl::final_norm_weight(Slot& s, const void* x, void* dy, UnitHook* hook) {
+  begin_partials(final_);
+  void* gf = grads_of(hook, final_);
+  norm_weight(final_gain(final_grads(gf), gt_), final_bias(final_grads(gf), gt_), dy, x, s.lnf_mean,
+              s.lnf_rstd);
+  settle_partials(final_, gf);
+  done(hook, final_, true);
+}
+
+// The pieces of a sublayer's backward: norm → column-parallel → (attention | activation) →
+// row-parallel, run in reverse. In each, `fuse` computes the weight gradients with the input
+// gradients (G: the unit's gradients); otherwise only the input gradients, leaving the output
+// gradients the weight half needs in the slot's stash.
+
+// Row-parallel linear (w: (C, in_l)): its output gradient is dres on every row (gathered into
+// `stash` under sequence parallelism, copied there for a deferred weight half). dx (N, in_l).
+Tensor TransformerImpl::row_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G,
+                                              void* stash, Tensor x, Tensor dx, bool fuse) {
+  Tensor dy = sp_ ? gathered(dres_, stash) : hid(dres_);
+  if (!fuse && !sp_) ops::copy(full(stash), dy), dy = full(stash);
+  if (fuse && tp_->size() == 1) {
+    ops::linear_backward(dx, grad(l, w, G), grad(l, b, G), dy, x, param(l, w, P, pt_));
+    return dy;
+  }
+  ops::linear_backward_input(dx, dy, param(l, w, P, pt_), false);
+  if (fuse) row_parallel_weight(l, w, b, G, dy, x);
+  return dy;
+}
+
+// The bias was added after the sum over the group, on this rank's rows: its gradient is the sum
+// of dy over them.
+void TransformerImpl::row_parallel_weight(int l, ParamRole w, ParamRole b, void* G, Tensor dy,
+                                          Tensor x) {
+  ops::linear_backward_weight(grad(l, w, G), Tensor(), dy, x);
+  const Tensor db = grad(l, b, G);
+  if (db.data == nullptr) return;
+  const int64_t r = tp_->rank();
+  ops::linear_backward_weight(Tensor(), db, sp_ ? dy.slice0(r * Ns_, (r + 1) * Ns_) : dy, Tensor());
+}
+
+// Column-parallel linear (w: (out_l, C)) reading the norm output `ln` (Ns, C; gathered under SP):
+// dln (Ns, C) = its input gradient, summed over the group (reduce-scattered under SP).
+void TransformerImpl::column_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G,
+                                               Tensor dy, void* ln, void* dln, bool fuse) {
+  const Tensor dfull = full(sp_ ? part_ : dln);
+  if (fuse) {
+    ops::linear_backward(dfull, grad(l, w, G), grad(l, b, G), dy, gathered(ln, gath_),
+                         param(l, w, P, pt_));
+  } else {
+    ops::linear_backward_input(dfull, dy, param(l, w, P, pt_), false);
+  }
+  if (sp_) {
+    tp_->reduce_scatter(hid(dln), dfull);
+  } else if (tp_->size() > 1) {
+    tp_->all_reduce(dfull);
+  }
+}
+
+// A norm (gain, bias; bias absent for rms): dres += its input gradient from dln (Ns, C); with
+// fuse, dgain and dbias += the parameter gradients too.
+void TransformerImpl::norm_backward(Tensor gain, Tensor dgain, Tensor dbias, void* dln,
+                                    const void* x, const float* mean, const float* rstd,
+                                    bool fuse) {
+  const Tensor xin = hid(const_cast<void*>(x));
+  const Tensor m = f32(const_cast<float*>(mean), Ns_), r = f32(const_cast<float*>(rstd), Ns_);
+  if (fuse && gpt2_) {
+    ops::layernorm_backward(hid(dres_), dgain, dbias, norm_scratch(), hid(dln), xin, gain, m, r);
+  } else if (fuse) {
+    ops::rmsnorm_backward(hid(dres_), dgain, norm_scratch(), hid(dln), xin, gain, r);
+  } else if (gpt2_) {
+    ops::layernorm_backward_input(hid(dres_), hid(dln), xin, gain, m, r);
+  } else {
+    ops::rmsnorm_backward_input(hid(dres_), hid(dln), xin, gain, r);
+  }
+}
+
+void TransformerImpl::norm_weight(Tensor dgain, Tensor dbias, void* dln, const void* x,
+                                  const float* mean, const float* rstd) {
+  const Tensor xin = hid(const_cast<void*>(x)), r = f32(const_cast<float*>(rstd), Ns_);
+  if (gpt2_) {
+    ops::layernorm_backward_weight(dgain, dbias, norm_scratch(), hid(dln), xin,
+                                   f32(const_cast<float*>(mean), Ns_), r);
+  } else {
+    ops::rmsnorm_backward_weight(dgain, norm_scratch(), hid(dln), xin, r);
+  }
+}
+
+// dres (Ns, C): on entry the gradient of the block's output; on exit that of the MLP's input
+// res2 (the MLP branch's gradient plus, unchanged, the residual's).
+void TransformerImpl::mlp_backward(Slot& s, int l, UnitHook* hook) {
+  const BlockActs& a = s.blocks[size_t(l - l0_)];
+  const BlockStash& st = chunk_.defer_weight ? s.stash[size_t(l - l0_)] : fused_;
+  const int um = mlp_[size_t(l)];
+  using R = ParamRole;
+  const bool fuse = !chunk_.defer_weight;
+  void* P = acquire(hook, um);
+  void* G = nullptr;
+  if (fuse) begin_partials(um), G = grads_of(hook, um);
+  const Tensor d_act = mat(dbig2_, pt_, N_, Fl_);
+  row_parallel_backward(l, R::Fc2W, R::Fc2B, P, G, st.dfc2, mat(a.fch_act, pt_, N_, Fl_), d_act,
+                        fuse);
+  const Tensor dfch = mat(st.dfch, pt_, N_, FCHl_);
+  if (gpt2_) {
+    ops::gelu_backward(dfch, mat(a.fch, pt_, N_, FCHl_), d_act);
+  } else {
+    ops::swiglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
+  }
+  void* dln2 = fuse ? dc_ : st.dln2;
+  column_parallel_backward(l, R::FcW, R::FcB, P, G, dfch, a.ln2, dln2, fuse);
+  norm_backward(param(l, R::Norm2W, P, pt_), grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), dln2,
+                a.res2, a.ln2_mean, a.ln2_rstd, fuse);
+  release(hook, um);
+  if (fuse) {
+    settle_partials(um, G);
+    done(hook, um, true);
+  }
+}
+
+void TransformerImpl::mlp_weight(Slot& s, int l, UnitHook* hook) {
+  const BlockActs& a = s.blocks[size_t(l - l0_)];
+  const BlockStash& st = s.stash[size_t(l - l0_)];
+  const int um = mlp_[size_t(l)];
+  using R = ParamRole;
+  begin_partials(um);
+  void* G = grads_of(hook, um);
+  row_parallel_weight(l, R::Fc2W, R::Fc2B, G, full(st.dfc2), mat(a.fch_act, pt_, N_, Fl_));
+  ops::linear_backward_weight(grad(l, R::FcW, G), grad(l, R::FcB, G), mat(st.dfch, pt_, N_, FCHl_),
+                              gathered(a.ln2, gath_));
+  norm_weight(grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), st.dln2, a.res2, a.ln2_mean,
+              a.ln2_rstd);
+  settle_partials(um, G);
+  done(hook, um, true);
+}
+
+// dres (Ns, C): on entry the gradient of res2; on exit that of the block's input x.
+void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hook) {
+  const BlockActs& a = s.blocks[size_t(l - l0_)];
+  const BlockStash& st = chunk_.defer_weight ? s.stash[size_t(l - l0_)] : fused_;
+  const int ua = attn_[size_t(l)];
+  using R = ParamRole;
+  const bool fuse = !chunk_.defer_weight;
+  void* P = acquire(hook, ua);
+  void* G = nullptr;
+  if (fuse) begin_partials(ua), G = grads_of(hook, ua);
+  const Tensor d_atty = mat(dbig2_, pt_, N_, Hl_);
+  row_parallel_backward(l, R::ProjW, R::ProjB, P, G, st.dproj, mat(a.atty, pt_, N_, Hl_), d_atty,
+                        fuse);
+  const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
+  const int64_t att_n = int64_t(B_) * tpl_.heads * T_ * T_;
+  ops::attention_backward(dqkv,
+                          f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(ash_))),
+                          d_atty, mat(a.qkv, pt_, N_, QKVl_), vec(a.att, pt_, att_n), ash_);
+  if (!gpt2_) ops::rope_backward(dqkv, ash_, cfg_.rope_theta);
+  void* dln1 = fuse ? dc_ : st.dln1;
+  column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, a.ln1, dln1, fuse);
+  norm_backward(param(l, R::Norm1W, P, pt_), grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), dln1, x,
+                a.ln1_mean, a.ln1_rstd, fuse);
+  release(hook, ua);
+  if (fuse) {
+    settle_partials(ua, G);
+    done(hook, ua, true);
+  }
+}
+
+void TransformerImpl::attn_weight(Slot& s, int l, const void* x, UnitHook* hook) {
+  const BlockActs& a = s.blocks[size_t(l - l0_)];
+  const BlockStash& st = s.stash[size_t(l - l0_)];
+  const int ua = attn_[size_t(l)];
+  using R = ParamRole;
+  begin_partials(ua);
+  void* G = grads_of(hook, ua);
+  row_parallel_weight(l, R::ProjW, R::ProjB, G, full(st.dproj), mat(a.atty, pt_, N_, Hl_));
+  ops::linear_backward_weight(grad(l, R::QkvW, G), grad(l, R::QkvB, G),
+                              mat(st.dqkv, pt_, N_, QKVl_), gathered(a.ln1, gath_));
+  norm_weight(grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), st.dln1, x, a.ln1_mean, a.ln1_rstd);
+  settle_partials(ua, G);
+  done(hook, ua, true);
+}
+
+// The embedding reads no parameters: its whole backward is weight gradients. dres holds the
+// gradient of the embedding's output (Ns, C).
+void TransformerImpl::embed_backward(Slot& s, UnitHook* hook) {
+  if (chunk_.defer_weight) {
+    ops::copy(hid(s.denc), hid(dres_));
+    return;
+  }
+  embed_weight(s, hid(dres_), hook);
+}
+
+void TransformerImpl::embed_weight(Slot& s, Tensor denc, UnitHook* hook) {
+  // Position (the higher offsets) first, then the vocabulary units in descending order.
+  if (position_ >= 0) {
+    begin_partials(position_);
+    void* g = grads_of(hook, position_);
+    void* gb = partials_[size_t(position_)].empty() ? g : scratch_;
+    ops::position_backward(mat(gb, gt_, cfg_.seq_len, C_), denc, T_, sp_ ? tp_->rank() * Ns_ : 0);
+    settle_partials(position_, g);
+    done(hook, position_, true);
+  }
+  const Tensor d = sp_ ? gathered(denc.data, part_) : denc;
+  const Tensor tokens(s.tokens, DType::I32, {N_});
+  for (size_t k = vocab_.size(); k-- > 0;) {
+    const int u = vocab_[k];
+    const UnitSpec& unit = spec_.units[size_t(u)];
+    const int64_t rows = unit.row_end - unit.row_begin;
+    ops::embedding_backward(mat(grads_of(hook, u), gt_, rows, C_), d, tokens,
+                            tpl_.vocab_begin + unit.row_begin, tpl_.vocab_begin + unit.row_end);
+    done(hook, u, true);
+  }
+}
+
+}  // namespace strata::model_detail
