@@ -101,6 +101,9 @@ const Implemented kImplemented[] = {
      "the Transformer's sequence-parallel regions over the tp group (noted with tensor=1)"},
     {"parallelism.order", "RankGrid: rank -> (dp, tp, pp) (noted with tensor=1 and pipeline=1)"},
     {"parallelism.timeout_s", "train_command: every communicator's watchdog (noted at 1 process)"},
+    {"parallelism.pipeline", "RankGrid's pp axis; Engine's stages (pipeline/schedule.h)"},
+    {"parallelism.virtual_stages", "Engine: model chunks per stage (interleaved schedule)"},
+    {"parallelism.partition_blocks", "pipeline::partition, explicit method"},
     {"data.path", "open_dataset"},
     {"data.format", "open_dataset"},
     {"train.steps", "train_command: steps run"},
@@ -211,12 +214,8 @@ const std::vector<Noted>& noted() {
       {"wandb.group", "g"},
       {"wandb.team", "t"},
       {"wandb.project", "p"},
-      {"parallelism.pipeline", 2, tiny},
-      {"parallelism.virtual_stages",
-       2,
-       {{"model", {{"preset", "gpt2-tiny"}, {"layers", 4}}},
-        {"parallelism", {{"pipeline", 2}, {"schedule", "zero_bubble"}}}}},
       {"parallelism.schedule", "gpipe"},
+      {"parallelism.partition", "time"},
   };
   return v;
 }

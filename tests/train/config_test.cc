@@ -566,7 +566,8 @@ TEST(Config, Parallelism) {
   EXPECT_EQ(c.parallelism.order, "dp-tp-pp");
   const std::vector<std::string> notes = config_notices(c, 1);
   EXPECT_FALSE(any_contains(notes, "parallelism.tensor"));
-  EXPECT_TRUE(any_contains(notes, "parallelism.pipeline=4"));
+  EXPECT_FALSE(any_contains(notes, "parallelism.pipeline"));  // in effect
+  EXPECT_FALSE(any_contains(notes, "parallelism.virtual_stages"));
   EXPECT_FALSE(any_contains(notes, "parallelism.sequence_parallel"));
   EXPECT_FALSE(any_contains(notes, "parallelism.order"));
 
@@ -577,6 +578,11 @@ TEST(Config, Parallelism) {
                        "needs parallelism.pipeline > 1"));
   EXPECT_TRUE(contains(error_of(with(tiny, {{"parallelism", {{"order", "tp-dp"}}}})),
                        "parallelism.order must be a permutation"));
+  EXPECT_TRUE(
+      contains(error_of(with(tiny, {{"parallelism", {{"partition", "explicit"}}}})), "give both"));
+  EXPECT_TRUE(contains(
+      error_of(with(tiny, {{"parallelism", {{"partition_blocks", json::array({1, "x"})}}}})),
+      "parallelism.partition_blocks must be a list of block counts"));
 }
 
 // Tensor and sequence parallelism are in effect: a model and micro-batch they split evenly load

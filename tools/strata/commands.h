@@ -12,5 +12,6 @@ void add_bench_command(CLI::App& app);
 // The job's exit code is written to *exit_code.
 void add_launch_command(CLI::App& app, int* exit_code);
 void add_topology_command(CLI::App& app);
+void add_schedule_command(CLI::App& app);
 
 }  // namespace strata::cli

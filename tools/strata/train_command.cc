@@ -72,8 +72,6 @@ void run_train(const TrainArgs& a) {
   if (cfg.model.layers == 0) cfg.model = model_preset("demo");  // no model block: the demo model
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
                             cfg.parallelism.order);
-  STRATA_INPUT_CHECK(grid.pp() == 1, "parallelism.pipeline=", grid.pp(),
-                     " is not yet in effect; set it to 1 (data and tensor parallelism)");
   resolve_batch(cfg, grid.dp());
   if (rank0) {
     for (const std::string& line : config_notices(cfg, world)) {
@@ -97,7 +95,7 @@ void run_train(const TrainArgs& a) {
   }
   auto dataset = data::open_dataset(data_path, cfg.data.format);
   Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr,
-                groups ? &groups->tp() : nullptr);
+                groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
   const DType pt = cfg.param_dtype();
   const MachinePeak machine = measure_machine_peak(groups ? MPI_COMM_WORLD : MPI_COMM_NULL);
@@ -105,12 +103,12 @@ void run_train(const TrainArgs& a) {
   if (rank0) {
     std::printf(
         "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
-        "accumulation %lld x dp %d (tp %d) | data %s (%lld tokens)\n",
+        "accumulation %lld x dp %d (tp %d, pp %d) | data %s (%lld tokens)\n",
         cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
         static_cast<long long>(engine.spec().global_param_numel), dtype_name(pt), cfg.model.layers,
         cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
         static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-        static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), grid.tp(),
+        static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), grid.tp(), grid.pp(),
         data_path.c_str(), static_cast<long long>(dataset->num_tokens()));
     std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
                 machine.describe().c_str());

@@ -340,6 +340,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   return out;
 }
 
+MPI_Comm Communicator::mpi_comm() const {
+  return s_->comm;
+}
+
 uint64_t Communicator::wire_bytes() const {
   return s_->wire_bytes;
 }

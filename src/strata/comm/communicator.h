@@ -70,6 +70,8 @@ class Communicator {
   std::unique_ptr<Communicator> split(int color, int key, std::string name);
 
   const std::string& name() const;
+  // The group's MPI communicator (this object's duplicate), for PeerExchange to duplicate.
+  MPI_Comm mpi_comm() const;
   int rank() const;
   int size() const;
 

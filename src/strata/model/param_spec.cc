@@ -246,6 +246,43 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
   return std::move(b.spec);
 }
 
+ModelSpec hold_units(const ModelSpec& spec, const std::vector<bool>& held) {
+  STRATA_CHECK(held.size() == spec.units.size(), "hold_units needs one flag per unit");
+  ModelSpec out = spec;
+  std::vector<int64_t> shift(spec.params.size(), 0);  // new offset - old offset, held params
+  std::vector<char> param_held(spec.params.size(), 0);
+  int64_t at = 0;
+  bool vocab_held = false, vocab_seen = false;
+  for (size_t u = 0; u < out.units.size(); ++u) {
+    UnitSpec& unit = out.units[u];
+    if (unit.kind == UnitKind::Vocab) {
+      STRATA_CHECK(!vocab_seen || vocab_held == held[u],
+                   "a pipeline stage holds every vocabulary unit or none");
+      vocab_seen = true, vocab_held = held[u];
+    }
+    unit.held = held[u];
+    if (!held[u]) {
+      unit.offset = at, unit.numel = 0;
+      continue;
+    }
+    for (int i : unit.params) {
+      if (!param_held[size_t(i)]) shift[size_t(i)] = at - spec.units[u].offset;
+      param_held[size_t(i)] = 1;
+    }
+    unit.offset = at;
+    at += unit.numel;
+  }
+  out.numel = at;
+  out.param_numel = 0;
+  for (size_t i = 0; i < out.params.size(); ++i) {
+    ParamSpec& p = out.params[i];
+    p.held = param_held[i] != 0;
+    p.offset = p.held ? p.offset + shift[i] : at;
+    if (p.held) out.param_numel += p.numel();
+  }
+  return out;
+}
+
 int64_t canonical_row(const ParamSpec& p, int64_t row) {
   if (p.fused == Fused::Qkv) {
     const int64_t heads = p.fused_dims[0], kvh = p.fused_dims[1], hd = p.fused_dims[2];
@@ -304,6 +341,7 @@ void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t beg
 std::vector<ReplicatedRange> replicated_ranges(const ModelSpec& spec) {
   std::vector<ReplicatedRange> out;
   for (const ParamSpec& p : spec.params) {
+    if (!p.held) continue;
     if (p.split_axis < 0) {
       if (p.replicas > 1) out.push_back({p.offset, p.numel(), p.replicas});
       continue;

@@ -82,6 +82,7 @@ struct ParamSpec {
   int replicas = 1;  // split_axis -1: the ranks holding the whole tensor (the tp size)
   Fused fused = Fused::None;
   std::array<int64_t, 3> fused_dims{};  // Qkv: heads, kv_heads, hd; GateUp: ffn_hidden
+  bool held = true;  // false: on another pipeline stage (no elements in this flat buffer)
   ParamRole role = ParamRole::TokenEmbedding;
   int layer = -1;  // block parameters: the layer
   InitKind init = InitKind::Normal;
@@ -104,6 +105,7 @@ struct UnitSpec {
   UnitKind kind = UnitKind::Vocab;
   int layer = -1;                      // Attention/Mlp: the block
   int64_t row_begin = 0, row_end = 0;  // Vocab/Output: the matrix rows the unit holds
+  bool held = true;                    // false: on another pipeline stage (numel 0 here)
 };
 
 // This rank's place in the tensor-parallel group and the model's local dimensions there.
@@ -143,6 +145,12 @@ struct ModelSpec {
 // kv_heads or be a multiple of it: validated with the config).
 ModelSpec build_model_spec(const ModelConfig& m, int64_t align = 1, int tp_size = 1,
                            int tp_rank = 0);
+
+// A pipeline stage's spec: the same units and parameters (same indices, so every unit keeps its
+// name and place in the model), but only the units `held` marks take space in the flat buffer,
+// packed in model order; the others keep numel 0 and are marked not held (as are parameters
+// none of whose units are held). Every vocabulary unit is held or none is.
+ModelSpec hold_units(const ModelSpec& spec, const std::vector<bool>& held);
 
 // Writes elements [begin, begin+count) of this rank's slice of parameter `p`'s initial value
 // (flattened row-major in the local shape; padding rows are zero).

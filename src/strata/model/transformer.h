@@ -85,6 +85,9 @@ class Transformer {
                          float dloss, bool train, UnitHook* hook = nullptr) = 0;
   // A non-last chunk's output for mb, valid until mb's backward_input.
   virtual Tensor output(int mb) const = 0;
+  // The shape of the hidden states between chunks, (rows, C) in the parameter dtype on the
+  // chunk's device, over memory p (a transfer buffer).
+  virtual Tensor hidden_view(void* p) const = 0;
   // Input-gradient backward of mb: dout is the gradient of output(mb) (ignored by the last
   // chunk). Returns the gradient of the chunk's input hidden states (empty for the first chunk),
   // valid until the next backward call. Without defer_weight the weight gradients are computed

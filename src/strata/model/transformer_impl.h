@@ -97,6 +97,7 @@ class TransformerImpl final : public Transformer {
   double forward(int mb, const int32_t* tokens, Tensor hidden, const int32_t* targets, float dloss,
                  bool train, UnitHook* hook) override;
   Tensor output(int mb) const override;
+  Tensor hidden_view(void* p) const override { return hid(p); }
   Tensor backward_input(int mb, Tensor dout, UnitHook* hook) override;
   void backward_weight(int mb, UnitHook* hook) override;
   Tensor logits(int mb) const override { return mat(slot_of(mb).logits, pt_, N_, Vl_); }

@@ -23,6 +23,10 @@ struct ParallelismConfig {
   std::string schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved" | "zero_bubble"
   bool sequence_parallel = false;
   std::string order = "tp-dp-pp";  // a permutation of tp, dp, pp
+  // How the blocks are cut into pipeline chunks: "uniform" | "parameters" | "time" | "explicit"
+  // (partition_blocks: the blocks of each chunk, stages × virtual_stages counts).
+  std::string partition = "uniform";
+  std::vector<int> partition_blocks;
   // Watchdog: a collective waiting longer than this aborts the job naming the rank (0 = never).
   int timeout_s = 600;
 };

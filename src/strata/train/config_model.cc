@@ -228,6 +228,24 @@ void parse_layout_blocks(const Block& top, Config& c) {
   pb.get_choice("schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zero_bubble"});
   pb.get_bool("sequence_parallel", p.sequence_parallel);
   pb.get_int("timeout_s", p.timeout_s, 0);
+  pb.get_choice("partition", p.partition, {"uniform", "parameters", "time", "explicit"});
+  if (pb.has("partition_blocks")) {
+    const json& list = pb.at("partition_blocks");
+    const char* what = "a list of block counts, one per pipeline model chunk";
+    if (!list.is_array()) pb.fail("partition_blocks", what);
+    for (const json& n : list) {
+      if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > 1000000) {
+        pb.fail("partition_blocks", what);
+      }
+      p.partition_blocks.push_back(n.get<int>());
+    }
+  }
+  if ((p.partition == "explicit") != !p.partition_blocks.empty()) {
+    STRATA_INPUT_FAIL(
+        "parallelism.partition \"explicit\" and parallelism.partition_blocks go "
+        "together: give both (the blocks of each of the pipeline x virtual_stages "
+        "model chunks) or neither");
+  }
   if (pb.get_string("order", p.order)) {
     std::vector<std::string> parts;
     for (size_t start = 0;;) {
@@ -259,10 +277,9 @@ void parse_layout_blocks(const Block& top, Config& c) {
                       " needs parallelism.pipeline > 1 (virtual stages are chunks of each "
                       "pipeline stage)");
   }
-  if (p.virtual_stages > 1 && p.schedule != "interleaved" && p.schedule != "zero_bubble") {
+  if (p.virtual_stages > 1 && p.schedule != "interleaved") {
     STRATA_INPUT_FAIL("parallelism.virtual_stages=", p.virtual_stages,
-                      " needs parallelism.schedule \"interleaved\" (or \"zero_bubble\"), got \"",
-                      p.schedule, "\"");
+                      " needs parallelism.schedule \"interleaved\", got \"", p.schedule, "\"");
   }
   if (p.schedule == "interleaved" && p.virtual_stages < 2) {
     STRATA_INPUT_FAIL(

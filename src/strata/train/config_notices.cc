@@ -163,14 +163,11 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   // ---- parallelism ----
   const ParallelismConfig& p = c.parallelism;
   const ParallelismConfig dp;
-  if (p.pipeline > 1) {
-    add("parallelism.pipeline=", p.pipeline, " (schedule ", p.schedule,
-        ") is not yet in effect: one stage runs every layer");
-  } else if (p.schedule != dp.schedule) {
+  if (p.pipeline == 1 && p.schedule != dp.schedule) {
     add("parallelism.schedule=", p.schedule, " has no effect with parallelism.pipeline=1");
   }
-  if (p.virtual_stages > 1) {
-    add("parallelism.virtual_stages=", p.virtual_stages, " is not yet in effect");
+  if (p.pipeline == 1 && p.partition != dp.partition) {
+    add("parallelism.partition=", p.partition, " has no effect with parallelism.pipeline=1");
   }
   if (p.sequence_parallel && p.tensor == 1) {
     add("parallelism.sequence_parallel has no effect with parallelism.tensor=1");

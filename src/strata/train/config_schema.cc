@@ -112,8 +112,9 @@ const Keys kWandb = {"enabled", "group", "team", "project"};
 const Keys kModel = {"preset",   "family",     "layers",  "hidden",  "heads",
                      "kv_heads", "ffn_hidden", "vocab",   "seq_len", "tied_embeddings",
                      "norm_eps", "rope_theta", "init_std"};
-const Keys kParallelism = {"tensor", "pipeline", "virtual_stages", "schedule", "sequence_parallel",
-                           "order",  "timeout_s"};
+const Keys kParallelism = {"tensor",    "pipeline",          "virtual_stages",
+                           "schedule",  "sequence_parallel", "order",
+                           "timeout_s", "partition",         "partition_blocks"};
 const Keys kData = {"path", "format"};
 const Keys kTrain = {"steps", "seed", "run_dir"};
 

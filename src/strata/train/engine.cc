@@ -9,11 +9,13 @@
 #include <cstring>
 
 #include "strata/comm/communicator.h"
+#include "strata/comm/peer_exchange.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/ops.h"
 #include "strata/optim/lr_schedule.h"
+#include "strata/pipeline/partition.h"
 #include "strata/zero/zero_sync.h"
 
 namespace strata {
@@ -160,14 +162,51 @@ std::string describe_memory(const MemoryPrediction& m) {
   return s;
 }
 
+namespace {
+
+// The model cut into pipeline chunks: stages × virtual stages of them (one without a pipeline).
+pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& p, int stages) {
+  const int v = stages > 1 ? p.virtual_stages : 1;
+  if (stages * v == 1) {
+    pipeline::StagePlan plan;
+    plan.chunks = {{0, int(full.units.size())}};
+    return plan;
+  }
+  return pipeline::partition(full, stages * v, pipeline::parse_partition(p.partition),
+                             p.partition_blocks);
+}
+
+// This rank's spec: its tensor-parallel slices of the units its pipeline stage holds (all of them
+// without a pipeline); with tied embeddings the last stage holds the vocabulary units too.
+ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
+                     const comm::Communicator* pp) {
+  const ModelSpec full = build_model_spec(cfg.model, shard, tp != nullptr ? tp->size() : 1,
+                                          tp != nullptr ? tp->rank() : 0);
+  const int stages = pp != nullptr ? pp->size() : 1;
+  if (stages == 1) return full;
+  const pipeline::StagePlan plan = plan_chunks(full, cfg.parallelism, stages);
+  std::vector<bool> held(full.units.size(), false);
+  for (size_t g = 0; g < plan.chunks.size(); ++g) {
+    if (pipeline::stage_of(int(g), stages) != pp->rank()) continue;
+    for (int u = plan.chunks[g].first; u < plan.chunks[g].second; ++u) held[size_t(u)] = true;
+  }
+  if (cfg.model.tied_embeddings && pp->rank() == stages - 1) {
+    for (int u : full.units_of(UnitKind::Vocab)) held[size_t(u)] = true;
+  }
+  return hold_units(full, held);
+}
+
+}  // namespace
+
 Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp,
-               comm::Communicator* tp)
+               comm::Communicator* tp, comm::Communicator* pp)
     : cfg_(cfg),
-      spec_(build_model_spec(cfg.model, shard_size(cfg, dp), tp != nullptr ? tp->size() : 1,
-                             tp != nullptr ? tp->rank() : 0)),
+      spec_(stage_spec(cfg, shard_size(cfg, dp), tp, pp)),
       dp_(dp),
-      tp_comm_(tp) {
+      tp_comm_(tp),
+      pp_comm_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {
   if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
+  if (pp_comm_ != nullptr) stage_ = pp_comm_->rank(), stages_ = pp_comm_->size();
   if (tp_comm_ != nullptr && tp_comm_->size() > 1 && spec_.tp.kv_replicated) {
     // The ranks that hold the same key/value heads: tp / kv_heads consecutive ranks.
     const int share = tp_comm_->size() / cfg.model.kv_heads;
@@ -218,7 +257,10 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
                                     part.owned_ranges(), part.owned_numel(), sync_->packed());
     size_t pi = 0;
     for (const ParamRange& r : optimizer_->ranges()) {
-      while (spec_.params[pi].offset + spec_.params[pi].numel() <= r.offset) ++pi;
+      while (!spec_.params[pi].held ||
+             spec_.params[pi].offset + spec_.params[pi].numel() <= r.offset) {
+        ++pi;
+      }
       const ParamSpec& p = spec_.params[pi];
       init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, r.offset - p.offset, r.numel);
     }
@@ -226,24 +268,23 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     sync_->after_step();
   } else {
     std::vector<ParamRange> ranges;
-    for (const ParamSpec& p : spec_.params) ranges.push_back({p.offset, p.numel(), p.decay});
+    std::vector<const ParamSpec*> of_range;
+    for (const ParamSpec& p : spec_.params) {
+      if (!p.held) continue;
+      ranges.push_back({p.offset, p.numel(), p.decay});
+      of_range.push_back(&p);
+    }
     optimizer_ = std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, params_.data(), spec_.numel,
                                              std::move(ranges));
     for (const ParamRange& r : optimizer_->ranges()) {
-      const ParamSpec& p = spec_.params[size_t(&r - optimizer_->ranges().data())];
+      const ParamSpec& p = *of_range[size_t(&r - optimizer_->ranges().data())];
       init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, 0, p.numel());
     }
     optimizer_->publish();
   }
   if (cfg_.fp16.enabled) scaler_ = LossScaler(cfg_.fp16);
 
-  const int B = int(cfg_.train_micro_batch_size_per_gpu);
-  model_ = make_transformer(spec_, pt, gt, params_.data(), grads_.data(), B, m.seq_len,
-                            ChunkOptions{}, tp_.get());
-  for (int k = 0; k < int(cfg_.gradient_accumulation_steps); ++k) {
-    actions_.push_back({Action::Forward, k});
-    actions_.push_back({Action::Backward, k});
-  }
+  build_pipeline();
   const size_t local_samples =
       size_t(cfg_.train_micro_batch_size_per_gpu * cfg_.gradient_accumulation_steps);
   const size_t batch_bytes = local_samples * size_t(m.seq_len) * sizeof(int32_t);
@@ -286,6 +327,157 @@ uint64_t Engine::wire_bytes() const {
   return b;
 }
 
+// The stage's model chunks and its actions. Without a pipeline: one chunk of every unit and
+// F0 B0 F1 B1 …; with one, the units of global chunks g ≡ stage (mod stages), the schedule's
+// actions for this stage, and the buffers its transfers use (bounded and allocated here).
+void Engine::build_pipeline() {
+  const ParallelismConfig& p = cfg_.parallelism;
+  const int v = stages_ > 1 ? p.virtual_stages : 1;
+  const int gas = int(cfg_.gradient_accumulation_steps);
+  pipeline::ScheduleSpec sched;
+  sched.kind =
+      stages_ > 1 ? pipeline::parse_schedule(p.schedule) : pipeline::ScheduleKind::OneFOneB;
+  sched.stages = stages_, sched.micro = gas, sched.virtual_stages = v;
+  schedule_ = pipeline::generate(sched)[size_t(stage_)];
+  // Units of each global chunk, from the whole model's spec (same unit indices as spec_).
+  const ModelSpec full = build_model_spec(cfg_.model, spec_.align, tp_->size(), tp_->rank());
+  const pipeline::StagePlan plan = plan_chunks(full, p, stages_);
+  // Activation slots per chunk: the most micro-batches whose forward ran and whose weight
+  // gradients did not, in this stage's list.
+  std::vector<int> in_flight(size_t(v), 0), slots(size_t(v), 1);
+  bool defer = false;
+  for (const pipeline::Action& a : schedule_) {
+    int& n = in_flight[size_t(a.chunk)];
+    if (a.op == pipeline::Op::Forward)
+      slots[size_t(a.chunk)] = std::max(slots[size_t(a.chunk)], ++n);
+    if (a.op == pipeline::Op::Backward || a.op == pipeline::Op::BackwardWeight) --n;
+    if (a.op == pipeline::Op::BackwardInput) defer = true;
+  }
+  const int B = int(cfg_.train_micro_batch_size_per_gpu);
+  const DType pt = cfg_.param_dtype();
+  for (int k = 0; k < v; ++k) {
+    const int g = pipeline::global_chunk(k, stage_, stages_);
+    ChunkOptions o;
+    o.unit_begin = plan.chunks[size_t(g)].first, o.unit_end = plan.chunks[size_t(g)].second;
+    o.slots = slots[size_t(k)];
+    o.defer_weight = defer;
+    chunk_global_.push_back(g);
+    chunks_.push_back(make_transformer(spec_, pt, grad_dtype_, params_.data(), grads_.data(), B,
+                                       cfg_.model.seq_len, o, tp_.get()));
+  }
+  last_dx_.assign(chunks_.size(), Tensor());
+  if (stages_ == 1) return;
+  STRATA_INPUT_CHECK(cfg_.zero.stage <= 2 || shard_ == nullptr,
+                     "zero_optimization.stage 3 with parallelism.pipeline=", stages_,
+                     " is not supported: stage 3 gathers each unit in a static order computed "
+                     "from one forward and one backward pass, and a pipeline schedule interleaves "
+                     "the passes of several micro-batches; use stage 1 or 2 (the optimizer "
+                     "states and gradients are still sharded) or parallelism.pipeline=1");
+  peers_ = std::make_unique<comm::PeerExchange>(*pp_comm_,
+                                                std::chrono::seconds(cfg_.parallelism.timeout_s));
+  // Hidden states between chunks: (rows, C), rows = B·T or B·T/tp under sequence parallelism.
+  const int64_t rows =
+      int64_t(B) * cfg_.model.seq_len / (tp_->sequence_parallel() ? tp_->size() : 1);
+  const size_t msg = size_t(rows) * size_t(cfg_.model.hidden) * dtype_size(pt);
+  size_t sends = 0;
+  for (const pipeline::Action& a : schedule_) {
+    sends += a.op == pipeline::Op::SendActivation || a.op == pipeline::Op::SendGradient;
+  }
+  const size_t bufs = 2 * size_t(v) + sends;
+  pipe_ = Buffer(MemCategory::CommBuffers, bufs * msg);
+  char* at = static_cast<char*>(pipe_.data());
+  for (int k = 0; k < v; ++k) {
+    recv_act_.push_back(at), at += msg;
+    recv_grad_.push_back(at), at += msg;
+  }
+  for (size_t i = 0; i < sends; ++i) send_pool_.push_back(at), at += msg;
+  if (cfg_.model.tied_embeddings) {
+    // The first and the last stage hold the vocabulary units; their gradients are summed
+    // between them (Megatron's embedding group), so both copies stay equal.
+    const bool ends = stage_ == 0 || stage_ == stages_ - 1;
+    embed_comm_ = pp_comm_->split(ends ? 0 : 1, stage_, "pp-embedding");
+    embed_comm_->set_timeout(pp_comm_->timeout());
+    if (ends) {
+      for (int u : spec_.units_of(UnitKind::Vocab)) vocab_numel_ += spec_.units[size_t(u)].numel;
+      // Counted half on each stage in the gradient norm.
+      replicated_.push_back({0, vocab_numel_, 2});
+    }
+  }
+}
+
+// Runs this stage's actions for one step (pipeline/schedule.h's semantics: sends never block,
+// a receive waits for its message).
+void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float dloss,
+                          double& loss_sum, double& forward_s, double& backward_s) {
+  using clock = std::chrono::steady_clock;
+  using pipeline::Op;
+  const int64_t mb = cfg_.train_micro_batch_size_per_gpu, T = cfg_.model.seq_len;
+  const int64_t gas = cfg_.gradient_accumulation_steps;
+  const int last = stages_ * (stages_ > 1 ? cfg_.parallelism.virtual_stages : 1) - 1;
+  const DType pt = cfg_.param_dtype();
+  send_next_ = 0;
+  // Messages are tagged by (micro-batch, receiving global chunk, activation | gradient).
+  auto tag = [&](int micro, int g, int kind) { return (micro * (last + 1) + g) * 2 + kind; };
+  for (const pipeline::Action& a : schedule_) {
+    const int k = a.chunk, g = chunk_global_[size_t(k)];
+    Transformer& c = *chunks_[size_t(k)];
+    const int64_t at = a.micro * mb * T;
+    const auto t0 = clock::now();
+    switch (a.op) {
+      case Op::RecvActivation:
+      case Op::RecvGradient: {
+        const bool act = a.op == Op::RecvActivation;
+        const Tensor in = c.hidden_view(act ? recv_act_[size_t(k)] : recv_grad_[size_t(k)]);
+        peers_->recv(in.data, size_t(in.numel()), pt, a.peer, tag(a.micro, g, act ? 0 : 1),
+                     act ? "an activation" : "a gradient");
+        break;
+      }
+      case Op::SendActivation:
+      case Op::SendGradient: {
+        const bool act = a.op == Op::SendActivation;
+        const Tensor out = act ? c.output(a.micro) : last_dx_[size_t(k)];
+        const Tensor copy = c.hidden_view(send_pool_.at(send_next_++));
+        ops::copy(copy, out);  // the pool holds it until the step's sends complete
+        peers_->send(copy.data, size_t(copy.numel()), pt, a.peer,
+                     tag(a.micro, act ? g + 1 : g - 1, act ? 0 : 1),
+                     act ? "an activation" : "a gradient");
+        break;
+      }
+      case Op::Forward:
+        loss_sum += c.forward(a.micro, g == 0 ? inputs + at : nullptr,
+                              g == 0 ? Tensor() : c.hidden_view(recv_act_[size_t(k)]),
+                              g == last ? targets + at : nullptr, dloss, true, sync_.get());
+        forward_s += std::chrono::duration<double>(clock::now() - t0).count();
+        break;
+      case Op::Backward:
+      case Op::BackwardInput:
+      case Op::BackwardWeight:
+        // Gradients of the step's last micro-batch are final: ZeRO may reduce them.
+        if (sync_) sync_->begin_micro(a.micro == gas - 1);
+        if (a.op == Op::BackwardWeight) {
+          c.backward_weight(a.micro, sync_.get());
+        } else {
+          last_dx_[size_t(k)] = c.backward_input(
+              a.micro, g == last ? Tensor() : c.hidden_view(recv_grad_[size_t(k)]), sync_.get());
+        }
+        backward_s += std::chrono::duration<double>(clock::now() - t0).count();
+        break;
+    }
+  }
+  if (peers_) peers_->wait_sends();
+}
+
+// Tied embeddings under a pipeline: the vocabulary units' reduced gradients summed between the
+// first and the last stage (at ZeRO stages 0-1 the flat gradients, whose owned chunks are the
+// reduced ones; at stage 2 the partition, where the vocabulary units come first too).
+void Engine::sync_tied_embeddings() {
+  if (vocab_numel_ == 0) return;
+  void* g = sync_ ? const_cast<void*>(sync_->optimizer_grads()) : grads_.data();
+  const int64_t n =
+      cfg_.zero.stage >= 2 && shard_ != nullptr ? vocab_numel_ / spec_.align : vocab_numel_;
+  embed_comm_->all_reduce(g, size_t(n), grad_dtype_, grad_dtype_);
+}
+
 uint64_t Engine::tp_wire_bytes() const {
   return (tp_comm_ != nullptr ? tp_comm_->wire_bytes() : 0) +
          (kv_comm_ ? kv_comm_->wire_bytes() : 0);
@@ -296,8 +488,10 @@ double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
                "forward_backward needs whole parameters and gradients; ZeRO stage ",
                cfg_.zero.stage, " partitions them (use train_batch)");
   const int64_t tokens = cfg_.train_micro_batch_size_per_gpu * cfg_.model.seq_len;
-  double loss = model_->forward(inputs, targets, scaler_.scale() / float(tokens), true);
-  model_->backward();  // one chunk: the whole model
+  STRATA_CHECK(chunks_.size() == 1 && pp_comm_ == nullptr,
+               "forward_backward runs the whole model as one chunk: not under a pipeline");
+  double loss = model().forward(inputs, targets, scaler_.scale() / float(tokens), true);
+  model().backward();
   return loss / double(tokens);
 }
 
@@ -315,8 +509,6 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   MemoryTracker::instance().reset_peaks();
-  const int64_t mb = cfg_.train_micro_batch_size_per_gpu;
-  const int64_t gas = cfg_.gradient_accumulation_steps;
   const int64_t gbs = cfg_.train_batch_size;
   const int64_t T = cfg_.model.seq_len;
   // Every target of a sampled window counts, so the global batch holds gbs·T loss terms; each
@@ -326,26 +518,21 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   const uint64_t bytes0 = wire_bytes(), tp_bytes0 = tp_wire_bytes();
   const uint64_t cross0 = replica_comm_ ? replica_comm_->wire_bytes() : 0;
   if (sync_) sync_->begin_step();
-  model_->take_tp_seconds();
-  for (const Action& a : actions_) {
-    const int64_t at = a.micro * mb * T;
-    const auto a0 = clock::now();
-    if (a.kind == Action::Forward) {
-      if (sync_) sync_->begin_micro(a.micro == gas - 1);
-      loss_sum +=
-          model_->forward(a.micro, inputs + at, Tensor(), targets + at, dloss, true, sync_.get());
-      forward_s += std::chrono::duration<double>(clock::now() - a0).count();
-    } else {
-      model_->backward_input(a.micro, Tensor(), sync_.get());
-      backward_s += std::chrono::duration<double>(clock::now() - a0).count();
-    }
-  }
-  const double tp_comm_s = model_->take_tp_seconds();
+  for (auto& c : chunks_) c->take_tp_seconds();
+  run_schedule(inputs, targets, dloss, loss_sum, forward_s, backward_s);
+  double tp_comm_s = 0.0;
+  for (auto& c : chunks_) tp_comm_s += c->take_tp_seconds();
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
   if (sync_) {
     sync_->finish();
     comm_exposed_s = sync_->reduce_wait_seconds();
     gather_exposed_s = sync_->gather_wait_seconds();
+  }
+  sync_tied_embeddings();
+  if (pp_comm_ != nullptr) {
+    float loss = float(loss_sum);  // only the last stage computes the loss
+    pp_comm_->all_reduce(&loss, 1, DType::F32, DType::F32);
+    loss_sum = loss;
   }
   if (dp_ != nullptr && dp_size_ > 1) {
     float loss = float(loss_sum);  // the logged loss: this rank's sum, summed over the group
@@ -364,8 +551,9 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   // summed over the shard group.
   double sumsq = sync_ ? sync_->sum_squares(replicated_)
                        : ops::sum_squares(Tensor(grads_.data(), grad_dtype_, {spec_.numel}));
-  if (tp_->size() > 1) {
-    // Each tensor-parallel rank holds its slices (replicated elements weighted 1/replicas).
+  if (tp_->size() > 1 || pp_comm_ != nullptr) {
+    // Each tensor-parallel rank holds its slices (replicated elements weighted 1/replicas), each
+    // pipeline stage its units (a tied vocabulary on two stages counted half on each).
     if (!sync_) {
       for (const ReplicatedRange& r : replicated_) {
         sumsq -= (1.0 - 1.0 / r.replicas) *
@@ -375,7 +563,8 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
       }
     }
     float total = float(sumsq);
-    tp_comm_->all_reduce(&total, 1, DType::F32, DType::F32);
+    if (tp_->size() > 1) tp_comm_->all_reduce(&total, 1, DType::F32, DType::F32);
+    if (pp_comm_ != nullptr) pp_comm_->all_reduce(&total, 1, DType::F32, DType::F32);
     sumsq = total;
   }
   s.grad_norm = std::sqrt(sumsq) / scaler_.scale();

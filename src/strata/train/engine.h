@@ -13,6 +13,7 @@
 #include "strata/model/transformer.h"
 #include "strata/optim/loss_scaler.h"
 #include "strata/optim/optimizer.h"
+#include "strata/pipeline/schedule.h"
 #include "strata/train/config.h"
 
 namespace strata {
@@ -23,6 +24,7 @@ class Sampler;
 }  // namespace data
 namespace comm {
 class Communicator;
+class PeerExchange;
 }  // namespace comm
 class ZeroSync;
 
@@ -55,9 +57,10 @@ class Engine {
   // cfg must be resolved (resolve_batch) for the data-parallel size: dp's size, or 1 without dp.
   // The dataset, dp and tp, when given, must outlive the engine; without a dataset, only
   // train_batch_on() can train. tp: the tensor-parallel group (parallelism.tensor ranks; every
-  // rank of it reads the same samples), or nullptr for one rank.
+  // rank of it reads the same samples), or nullptr for one rank. pp: the pipeline group (this
+  // rank's stage is its rank there), or nullptr for one stage.
   Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp = nullptr,
-         comm::Communicator* tp = nullptr);
+         comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr);
   ~Engine();
 
   // One optimizer step over the next global batch of the dataset.
@@ -76,13 +79,12 @@ class Engine {
   void gather_params(void* out);
   // ZeRO (stages 1-3 with a data-parallel communicator), or nullptr: stage 0.
   ZeroSync* zero() { return shard_ != nullptr ? sync_.get() : nullptr; }
-  Transformer& model() { return *model_; }
-  // The step's actions for this rank: pp = 1 runs F0 B0 F1 B1 … over the accumulation steps.
-  struct Action {
-    enum Kind : uint8_t { Forward, Backward } kind;
-    int micro;
-  };
-  const std::vector<Action>& actions() const { return actions_; }
+  // The first of this stage's model chunks (the whole model without a pipeline).
+  Transformer& model() { return *chunks_.front(); }
+  // This rank's actions in a step (pipeline/schedule.h): without a pipeline F0 B0 F1 B1 … over
+  // the accumulation steps.
+  const std::vector<pipeline::Action>& schedule() const { return schedule_; }
+  int stage() const { return stage_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
   // flat buffers: not under ZeRO stages 2-3 (an error).
@@ -97,7 +99,7 @@ class Engine {
   std::unique_ptr<data::Sampler> sampler_;
   DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
   Buffer params_, grads_;
-  std::unique_ptr<Transformer> model_;
+  std::vector<std::unique_ptr<Transformer>> chunks_;  // this stage's model chunks, local order
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
@@ -107,7 +109,23 @@ class Engine {
   std::unique_ptr<comm::Communicator> kv_comm_;  // ranks sharing key/value heads (kv_heads < tp)
   std::unique_ptr<tp::Group> tp_;
   std::vector<ReplicatedRange> replicated_;  // counted once in the gradient norm
-  std::vector<Action> actions_;
+  // Pipeline parallelism: the stage, its chunks' global indices, its actions, the transfers.
+  comm::Communicator* pp_comm_ = nullptr;
+  int stage_ = 0, stages_ = 1;
+  std::vector<int> chunk_global_;  // local chunk -> global chunk
+  std::vector<pipeline::Action> schedule_;
+  std::unique_ptr<comm::PeerExchange> peers_;
+  Buffer pipe_;  // per chunk: a received activation, a received gradient; then the send pool
+  std::vector<void*> recv_act_, recv_grad_, send_pool_;
+  std::vector<Tensor> last_dx_;  // per chunk: the input gradient its last backward returned
+  size_t send_next_ = 0;
+  // Tied embeddings across stages: the first and last stage's vocabulary units (same dp, tp).
+  std::unique_ptr<comm::Communicator> embed_comm_;
+  int64_t vocab_numel_ = 0;  // elements of the vocabulary units at the start of the flat buffer
+  void build_pipeline();
+  void run_schedule(const int32_t* inputs, const int32_t* targets, float dloss, double& loss_sum,
+                    double& forward_s, double& backward_s);
+  void sync_tied_embeddings();
   // ZeRO: the groups the states are sharded over and (MiCS) replicated across (shard_ is null
   // at stage 0).
   std::unique_ptr<comm::Communicator> shard_comm_, replica_comm_;

@@ -57,11 +57,12 @@ GradReducer::GradReducer(comm::Communicator& group, const ModelSpec& spec,
 }
 
 void GradReducer::begin_micro(bool boundary) {
-  armed_ = boundary;
-  if (boundary) {
+  if (boundary && !stepping_) {  // the step's first final backward
     next_ = 0;
     done_floor_ = units_.back().offset + units_.back().numel;  // nothing final yet
+    stepping_ = true;
   }
+  armed_ = boundary;
 }
 
 void GradReducer::issue(size_t r) {
@@ -119,7 +120,7 @@ void GradReducer::unit_done(int unit, bool final) {
 }
 
 void GradReducer::finish() {
-  STRATA_CHECK(armed_, "gradient reduction finished outside the accumulation boundary");
+  STRATA_CHECK(stepping_, "gradient reduction finished outside the accumulation boundary");
   const auto t0 = clock_type::now();
   if (stage_ <= 1) {
     while (next_ < ranges_.size()) issue(next_++);
@@ -128,7 +129,7 @@ void GradReducer::finish() {
   } else {
     for (Slot& s : slots_) settle(s);
   }
-  armed_ = false;
+  armed_ = stepping_ = false;
 }
 
 bool GradReducer::in_flight() const {

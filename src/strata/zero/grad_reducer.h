@@ -36,7 +36,9 @@ class GradReducer {
               const ZeroOptions& o, const ZeroBuffers& bufs, void* flat, void* partition,
               void* slots);
 
-  // Before each micro-batch: `boundary` for the last one of the accumulation.
+  // Before each micro-batch's backward (or its forward: the same with one chunk): `boundary` for
+  // the last backward of the accumulation over the units it reaches (under a pipeline schedule,
+  // per model chunk); reductions of units below the lowest such unit wait for finish().
   void begin_micro(bool boundary);
   // Stages 2-3: where backward accumulates the unit (its first element; zeroed); else nullptr.
   void* grads_for(int unit);
@@ -80,7 +82,8 @@ class GradReducer {
   std::vector<comm::Handle> pending_;  // one per range
   size_t next_ = 0;                    // next range to issue
   int64_t done_floor_ = 0;             // every element at or above this offset is final
-  bool armed_ = false;
+  bool armed_ = false;     // the running backward is the last one of its units in this step
+  bool stepping_ = false;  // a final backward ran since the last finish()
   // Stages 2-3.
   std::vector<Slot> slots_;
   std::vector<int> slot_of_;  // per unit: the slot its last grads_for() handed out
