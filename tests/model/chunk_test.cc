@@ -138,10 +138,17 @@ TEST(ChunkDevice, ADeviceWithoutABackendIsRefused) {
 
 // Chunk boundaries fall between whole blocks, and the head stays whole.
 TEST(ChunkDevice, BoundariesInsideABlockOrTheHeadAreRefused) {
-  const ModelSpec spec = build_model_spec(tiny("llama"));
+  ModelConfig m = tiny("llama");
+  m.vocab = 1000;  // several vocabulary and output units
+  const ModelSpec spec = build_model_spec(m);
   const int mlp0 = spec.units_of(UnitKind::Mlp)[0];
   const int out0 = spec.units_of(UnitKind::Output)[0];  // after the final norm
-  for (ChunkOptions o : {ChunkOptions{0, mlp0}, ChunkOptions{mlp0, -1}, ChunkOptions{0, out0}}) {
+  ASSERT_GT(spec.units_of(UnitKind::Vocab).size(), 1u) << "the test needs several vocabulary units";
+  const int U = int(spec.units.size());
+  // Inside a block; ending inside the head; ending inside the embedding (its vocabulary units);
+  // starting inside the head (past the final norm).
+  for (ChunkOptions o : {ChunkOptions{0, mlp0}, ChunkOptions{mlp0, -1}, ChunkOptions{0, out0},
+                         ChunkOptions{0, 1}, ChunkOptions{out0, U}}) {
     EXPECT_THROW(make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 16, o), Error)
         << o.unit_begin << ".." << o.unit_end;
   }

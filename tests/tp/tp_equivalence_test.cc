@@ -222,15 +222,19 @@ TEST_F(TensorParallel, MicsShardsBesideTensorParallelism) {
 // vocabulary-parallel layers, the vocabulary-parallel cross-entropy, and the replicated norms.
 TEST_F(TensorParallel, EachParallelLayerMatchesTheSerialLayer) {
   // (also: the input- and weight-gradient halves run apart give the fused backward's bits)
+  // B = 1: under sequence parallelism a rank's rows then start inside a sequence (position
+  // offsets); B = 4: several sequences per rank.
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     for (int tp : tp_sizes()) {
-      for (bool sp : {false, true}) {
+      for (auto [sp, B] : {std::pair{false, 4}, {true, 4}, {true, 1}}) {
+        SCOPED_TRACE("micro-batch " + std::to_string(B));
         auto j = config(preset);
-        j["train_micro_batch_size_per_gpu"] = 4;
+        j["train_micro_batch_size_per_gpu"] = B;
+        j["train_batch_size"] = B;
         Config serial_cfg = parse_config(j);
         resolve_batch(serial_cfg, 1);
         Engine serial(serial_cfg, nullptr);
-        const int T = serial_cfg.model.seq_len, N = 4 * T;
+        const int T = serial_cfg.model.seq_len, N = B * T;
         std::vector<int32_t> in, tg;
         for (int i = 0; i < N; ++i) {
           in.push_back((i * 131 + 7) % kVocab);
@@ -277,7 +281,7 @@ TEST_F(TensorParallel, EachParallelLayerMatchesTheSerialLayer) {
           std::vector<float> deferred(size_t(spec.numel), 0.0f);
           auto model =
               make_transformer(spec, DType::F32, DType::F32, const_cast<void*>(engine.params()),
-                               deferred.data(), 4, T, ChunkOptions{0, -1, 1, true}, &group);
+                               deferred.data(), B, T, ChunkOptions{0, -1, 1, true}, &group);
           model->forward(0, in.data(), Tensor(), tg.data(), 1.0f / float(N), true);
           model->backward_input(0, Tensor());
           model->backward_weight(0);
@@ -302,7 +306,10 @@ TEST_F(TensorParallel, EachParallelLayerMatchesTheSerialLayer) {
             for (int64_t lc = 0; lc < lcols; ++lc) {
               int64_t gr = lr, gc = lc;
               if (p.split_axis == 0) {
-                if (lr >= int64_t(map.size())) continue;  // padding
+                if (lr >= int64_t(map.size())) {  // vocabulary padding: never trained
+                  EXPECT_EQ(g[p.offset + lr * lcols + lc], 0.0f) << p.name << " padding row";
+                  continue;
+                }
                 gr = map[size_t(lr)];
               } else if (p.split_axis == 1) {
                 gc = map[size_t(lc)];

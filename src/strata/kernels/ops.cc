@@ -133,6 +133,12 @@ void copy(Tensor dst, Tensor src) {
   convert(dst.data, dst.dtype, src.data, src.dtype, size_t(src.numel()));
 }
 
+void copy_from_host(Tensor dst, const void* src) {
+  constexpr const char* op = "copy_from_host";
+  on_cpu(op, {dst});
+  std::memcpy(dst.data, src, dst.nbytes());  // the host is the CPU backend's device
+}
+
 void add_inplace(Tensor y, Tensor x) {
   constexpr const char* op = "add_inplace";
   on_cpu(op, {y, x});
@@ -806,14 +812,14 @@ int64_t check_tokens(Tensor inputs, Tensor targets, int64_t V) {
     const int64_t bad = kernels::find_token_outside(in, inputs.numel(), 0, V);
     STRATA_INPUT_CHECK(bad < 0, "input token ", in[bad], " at position ", bad,
                        " is outside the vocabulary [0, ", V,
-                       "): the data was tokenized for another vocabulary (model.vocab_size)");
+                       "): the data was tokenized for another vocabulary (model.vocab)");
   }
   if (targets.data == nullptr) return 0;
   const int32_t* tg = tokens_of(op, targets);
   const int64_t bad = kernels::find_token_outside(tg, targets.numel(), INT32_MIN, V);
   STRATA_INPUT_CHECK(bad < 0, "target token ", tg[bad], " at position ", bad,
                      " is outside the vocabulary [0, ", V,
-                     "): the data was tokenized for another vocabulary (model.vocab_size)");
+                     "): the data was tokenized for another vocabulary (model.vocab)");
   return kernels::count_nonnegative(tg, targets.numel());
 }
 

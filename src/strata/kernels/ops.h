@@ -28,6 +28,9 @@ namespace strata::ops {
 void fill_zero(Tensor t);
 // dst = src, converting dtypes (same numel).
 void copy(Tensor dst, Tensor src);
+// dst = dst.nbytes() bytes at host address src (same dtype): host data (token ids) onto dst's
+// device.
+void copy_from_host(Tensor dst, const void* src);
 // y += x (same numel and dtype): the residual connection; accumulation in fp32, rounded once.
 void add_inplace(Tensor y, Tensor x);
 // y (M, N) += b (N) on every row, in fp32, rounded once (as linear_forward adds its bias).
@@ -130,8 +133,8 @@ void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets
 //      (max_rows over the ranks' gathered maxima)
 //   2. sums (2, N): row 0 Σ exp(logit − gmax) over valid columns, row 1 the target's logit where
 //      this rank owns the target (else 0).                             → sum over ranks
-//   3. losses (N) = log(sumexp) + gmax − target logit (0 for ignored targets); with dloss != 0
-//      (training) logits become dlogits as in the serial form, padding columns 0.
+//   3. losses (N) = log(sumexp) + gmax − target logit (0 for ignored targets); with train,
+//      logits become dlogits (scaled by dloss) as in the serial form, padding columns 0.
 void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid);
 void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int64_t v0,
                    int64_t valid);

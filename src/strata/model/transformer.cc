@@ -41,10 +41,10 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   QKVl_ = tpl_.qkv_rows, Hl_ = int64_t(tpl_.heads) * hd;
   ash_ = {B_, T_, tpl_.groups, tpl_.rep, int(hd)};
   places();
-  layout(false);
+  layout();  // sizes the arenas
   acts_.allocate(MemCategory::Activations, dev_);
   work_.allocate(MemCategory::Workspace, dev_);
-  layout(true);
+  layout();  // points into them
 }
 
 void TransformerImpl::places() {
@@ -65,6 +65,8 @@ void TransformerImpl::places() {
                " units of the model");
   const int first_block = L > 0 ? attn_.front() : final_;
   STRATA_CHECK(u0 == 0 || u0 >= first_block, "a chunk cannot start inside the embedding");
+  STRATA_CHECK(u1 >= first_block, "a chunk cannot end inside the embedding");
+  STRATA_CHECK(u0 <= final_, "a chunk cannot start inside the head");
   STRATA_CHECK(u1 == U || u1 <= final_, "a chunk cannot end inside the head");
   has_embed_ = u0 == 0;
   has_head_ = u1 == U;
@@ -112,7 +114,7 @@ void TransformerImpl::places() {
   }
 }
 
-void TransformerImpl::layout(bool allocate) {
+void TransformerImpl::layout() {
   acts_.rewind();
   work_.rewind();
   const size_t ps = dtype_size(pt_), f4 = sizeof(float);
@@ -158,11 +160,10 @@ void TransformerImpl::layout(bool allocate) {
       if (has_embed_) s.denc = act(Ns * C, ps);
     }
   }
-  const int64_t big = std::max<int64_t>({QKVl_, FCHl_, C});
   dres_ = wk(Ns * C, ps);
-  dc_ = wk(N * C, ps);
-  dbig_ = wk(N * big, ps);
-  dbig2_ = wk(N * std::max<int64_t>({Fl_, Hl_, C}), ps);
+  dc_ = wk(Ns * C, ps);
+  dbig_ = wk(N * std::max(QKVl_, FCHl_), ps);
+  dbig2_ = wk(N * std::max(Fl_, Hl_), ps);
   if (sp_) gath_ = wk(N * C, ps);  // a norm's output, gathered
   if (sp_) part_ = wk(N * C, ps);  // a row-parallel layer's partial output, all rows
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
@@ -184,7 +185,6 @@ void TransformerImpl::layout(bool allocate) {
   // The row-parallel output gradients are dres itself but under sequence parallelism, where they
   // are gathered into part_.
   fused_ = {part_, dbig_, dc_, part_, dbig_, dc_};
-  (void)allocate;
 }
 
 Slot& TransformerImpl::slot_of(int mb) {
@@ -270,7 +270,7 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
   Slot& s = *free;
   if (has_embed_) {
     STRATA_CHECK(tokens != nullptr, "the first chunk needs token ids");
-    std::copy(tokens, tokens + N_, s.tokens);  // host ids; a device backend uploads here
+    ops::copy_from_host(ids(s.tokens), tokens);
   } else {
     STRATA_CHECK(hidden.data != nullptr && hidden.numel() == Ns_ * C_ && hidden.dtype == pt_,
                  "chunk input must be (", Ns_, ", ", C_, ") ", dtype_name(pt_), ", got ",
@@ -279,9 +279,9 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
   }
   if (has_head_) {
     STRATA_CHECK(targets != nullptr, "the last chunk needs targets");
-    std::copy(targets, targets + N_, s.targets);
+    ops::copy_from_host(ids(s.targets), targets);
   }
-  const Tensor tk(s.tokens, DType::I32, {N_}), tg(s.targets, DType::I32, {N_});
+  const Tensor tk = ids(s.tokens), tg = ids(s.targets);
   const int64_t counted =
       ops::check_tokens(has_embed_ ? tk : Tensor(), has_head_ ? tg : Tensor(), cfg_.vocab);
   s.counted = has_head_ ? counted : 0;

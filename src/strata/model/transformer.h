@@ -104,6 +104,7 @@ class Transformer {
   virtual int64_t counted_tokens(int mb) const = 0;
   // Seconds the chunk spent in tensor-parallel collectives since the last call.
   virtual double take_tp_seconds() = 0;
+  virtual bool defers_weight() const = 0;
 
   // One micro-batch through the whole chunk list of one process (pp = 1): forward, then
   // backward. Convenience for the single-chunk model.
@@ -111,7 +112,10 @@ class Transformer {
                  UnitHook* hook = nullptr) {
     return forward(0, inputs, Tensor(), targets, dloss, train, hook);
   }
-  void backward(UnitHook* hook = nullptr) { backward_input(0, Tensor(), hook); }
+  void backward(UnitHook* hook = nullptr) {
+    backward_input(0, Tensor(), hook);
+    if (defers_weight()) backward_weight(0, hook);
+  }
 };
 
 // params: flat buffer of spec.numel elements of `param_dtype`; grads: the same in `grad_dtype`.

@@ -98,6 +98,7 @@ class TransformerImpl final : public Transformer {
                  bool train, UnitHook* hook) override;
   Tensor output(int mb) const override;
   Tensor hidden_view(void* p) const override { return hid(p); }
+  bool defers_weight() const override { return chunk_.defer_weight; }
   Tensor backward_input(int mb, Tensor dout, UnitHook* hook) override;
   void backward_weight(int mb, UnitHook* hook) override;
   Tensor logits(int mb) const override { return mat(slot_of(mb).logits, pt_, N_, Vl_); }
@@ -110,7 +111,7 @@ class TransformerImpl final : public Transformer {
 
  private:
   void places();
-  void layout(bool allocate);
+  void layout();  // carves the arenas (twice: to size them, then to point into them)
   Slot& slot_of(int mb);
   const Slot& slot_of(int mb) const { return const_cast<TransformerImpl*>(this)->slot_of(mb); }
   // Views of the chunk's memory, on its device.

@@ -34,7 +34,7 @@ void TransformerImpl::norm_forward(void* out, float* mean, float* rstd, const vo
 }
 
 void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
-  const Tensor tokens(s.tokens, DType::I32, {N_});
+  const Tensor tokens = ids(s.tokens);
   // Vocabulary-parallel: each rank writes the rows of the tokens it owns, the rest stay zero,
   // and the sum over the group is the embedding (under SP, each rank keeps its block of rows).
   const bool multi = tp_->size() > 1;
@@ -120,7 +120,7 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
     ops::gemm(logit_cols(s, unit.row_begin), lnf, mat(acquire(hook, u), pt_, rows, C_), g);
     release(hook, u);
   }
-  const Tensor logits = mat(s.logits, pt_, N_, Vl_), targets(s.targets, DType::I32, {N_});
+  const Tensor logits = mat(s.logits, pt_, N_, Vl_), targets = ids(s.targets);
   const Tensor losses = f32(s.losses, N_);
   if (tp_->size() == 1) {
     if (train) {
@@ -145,7 +145,7 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
 
 // --- backward -----------------------------------------------------------------------------------
 
-// dres (Ns, C) fp? : on exit the gradient of the final norm's input.
+// dres (Ns, C): on exit the gradient of the final norm's input.
 void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
   // dlnf (N, C) fp32 = Σ_units dlogits[:, rows] · W[rows] (this rank's vocabulary columns: a
   // partial sum over the group), rounded once.
@@ -234,12 +234,19 @@ Tensor TransformerImpl::row_parallel_backward(int l, ParamRole w, ParamRole b, v
                                               void* stash, Tensor x, Tensor dx, bool fuse) {
   Tensor dy = sp_ ? gathered(dres_, stash) : hid(dres_);
   if (!fuse && !sp_) ops::copy(full(stash), dy), dy = full(stash);
-  if (fuse && tp_->size() == 1) {
-    ops::linear_backward(dx, grad(l, w, G), grad(l, b, G), dy, x, param(l, w, P, pt_));
+  if (!fuse) {
+    ops::linear_backward_input(dx, dy, param(l, w, P, pt_), false);
     return dy;
   }
-  ops::linear_backward_input(dx, dy, param(l, w, P, pt_), false);
-  if (fuse) row_parallel_weight(l, w, b, G, dy, x);
+  // Input and weight gradients in one call (dy widened once where half operands are); under
+  // sequence parallelism the bias's gradient comes from this rank's rows only.
+  ops::linear_backward(dx, grad(l, w, G), sp_ ? Tensor() : grad(l, b, G), dy, x,
+                       param(l, w, P, pt_));
+  const Tensor db = grad(l, b, G);
+  if (sp_ && db.data != nullptr) {
+    const int64_t r = tp_->rank();
+    ops::linear_backward_weight(Tensor(), db, dy.slice0(r * Ns_, (r + 1) * Ns_), Tensor());
+  }
   return dy;
 }
 
@@ -414,7 +421,7 @@ void TransformerImpl::embed_weight(Slot& s, Tensor denc, UnitHook* hook) {
     done(hook, position_, true);
   }
   const Tensor d = sp_ ? gathered(denc.data, part_) : denc;
-  const Tensor tokens(s.tokens, DType::I32, {N_});
+  const Tensor tokens = ids(s.tokens);
   for (size_t k = vocab_.size(); k-- > 0;) {
     const int u = vocab_[k];
     const UnitSpec& unit = spec_.units[size_t(u)];

@@ -17,8 +17,9 @@ namespace strata::tp {
 
 class Group {
  public:
-  // comm: the tensor-parallel communicator, or nullptr for one rank (every mapping is then the
-  // identity). kv: the ranks that hold the same key/value heads (kv_heads < tp), or nullptr.
+  // comm: the tensor-parallel communicator, or nullptr for one rank (all_reduce is then a no-op;
+  // the model calls all_gather and reduce_scatter only with more than one rank). kv: the ranks
+  // that hold the same key/value heads (kv_heads < tp), or nullptr.
   Group(comm::Communicator* comm = nullptr, comm::Communicator* kv = nullptr,
         bool sequence_parallel = false);
 
@@ -40,7 +41,8 @@ class Group {
   // (reduce_scatter_to_sequence_parallel_region's forward).
   void reduce_scatter(Tensor shard, Tensor full);
 
-  // Seconds spent in the collectives since the last reset, and the bytes this rank put on the wire.
+  // Seconds spent in the collectives since the last reset (their bytes: the communicators'
+  // wire_bytes).
   double seconds() const { return seconds_; }
   void reset_seconds() { seconds_ = 0.0; }
 

@@ -224,6 +224,8 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
   j["gather_exposed_s"] = s.gather_exposed_s;
   j["comm_bytes"] = s.comm_bytes;
   j["cross_group_bytes"] = s.cross_group_bytes;
+  j["tp_comm_s"] = s.tp_comm_s;
+  j["tp_bytes"] = s.tp_bytes;
   j["tokens_per_s"] = s.tokens_per_s;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;
