@@ -170,5 +170,33 @@ TEST_F(Pipeline, EveryScheduleGivesTheSingleProcessLosses) {
   }
 }
 
+// dp 2 × tp 2 × pp 2 on 8 ranks (virtual stages too): the transfers between stages are split over
+// the tp ranks and re-gathered (without sequence parallelism), or carry each rank's rows (with
+// it); the norm and the loss are reduced over all three groups.
+TEST_F(Pipeline, ThreeDimensionsGiveTheSingleProcessLosses) {
+  if (world_size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    const int gbs = 32;
+    const Run ref = serial(config(preset, gbs));
+    for (const char* schedule : {"1f1b", "interleaved", "zero_bubble"}) {
+      const bool interleaved = std::string(schedule) == "interleaved";
+      for (bool sp : {false, true}) {
+        for (int zero : {1, 2}) {
+          nlohmann::json par = {{"pipeline", 2},
+                                {"tensor", 2},
+                                {"schedule", schedule},
+                                {"sequence_parallel", sp},
+                                {"virtual_stages", interleaved ? 2 : 1}};
+          auto j = config(preset, gbs);
+          j["zero_optimization"] = {{"stage", zero}};
+          expect_same(parallel(j, par, 4), ref,
+                      std::string(preset) + " dp2 tp2 pp2 " + schedule +
+                          (sp ? " sp" : "") + " zero=" + std::to_string(zero));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

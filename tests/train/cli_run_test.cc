@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -168,7 +169,8 @@ TEST_F(CliRunTest, TensorAndPipelineParallelTrainingMatchesOneProcess) {
   std::string err;
   ASSERT_EQ(run("launch -n 4 -- " + args + dir_ +
                     "/grid --set parallelism.tensor=2 --set parallelism.pipeline=2 "
-                    "--set parallelism.sequence_parallel=true --set zero_optimization.stage=1",
+                    "--set parallelism.sequence_parallel=true --set zero_optimization.stage=1 "
+                    "--trace-steps 2:3",
                 &err),
             0)
       << err;
@@ -181,6 +183,19 @@ TEST_F(CliRunTest, TensorAndPipelineParallelTrainingMatchesOneProcess) {
   const auto j = nlohmann::json::parse(line);
   ASSERT_TRUE(j.contains("tp_bytes") && j.contains("tp_comm_s")) << line;
   EXPECT_GT(j["tp_bytes"].get<uint64_t>(), 0u) << line;
+  // --trace-steps 2:3: every rank's actions of both steps in one Chrome trace.
+  std::ifstream trace_file(dir_ + "/grid/trace.json");
+  ASSERT_TRUE(trace_file.good());
+  const auto trace = nlohmann::json::parse(trace_file);
+  std::set<int> threads;
+  int forwards = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    threads.insert(e["tid"].get<int>());
+    forwards += e["name"].get<std::string>().rfind("F", 0) == 0;
+  }
+  EXPECT_EQ(threads, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(forwards, 4 * 2 * 2) << "4 ranks x 2 micro-batches x 2 steps";
 }
 
 // The seed config (ZeRO stage 3, overlap_comm, bf16 communication, 16 micro-batches) on 4

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "strata/data/prepare.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/cpu_features.h"
+#include "strata/pipeline/schedule.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
@@ -31,7 +33,80 @@ struct TrainArgs {
   int64_t steps = -1;
   std::string run_dir;
   std::string data;
+  std::string trace_steps;  // "A:B" (1-based, inclusive) or "A"
 };
+
+// --trace-steps: the first and last step traced.
+std::pair<int64_t, int64_t> parse_trace_steps(const std::string& s) {
+  if (s.empty()) return {0, -1};
+  const size_t colon = s.find(':');
+  const std::string a = s.substr(0, colon),
+                    b = colon == std::string::npos ? a : s.substr(colon + 1);
+  char* end = nullptr;
+  const long long first = std::strtoll(a.c_str(), &end, 10);
+  const bool ok_a = !a.empty() && *end == '\0';
+  const long long last = std::strtoll(b.c_str(), &end, 10);
+  const bool ok_b = !b.empty() && *end == '\0';
+  STRATA_INPUT_CHECK(ok_a && ok_b && first >= 1 && last >= first, "--trace-steps ", s,
+                     ": give the first and last step to trace as A:B (1-based, A <= B), e.g. 3:5");
+  return {first, last};
+}
+
+// Every rank's action spans of the last step, gathered to rank 0 as Chrome trace events: one
+// thread per rank (its stage and tensor rank in the name), the step placed after the traced
+// steps before it (`offset_us`, advanced past this step's end).
+void gather_trace(const Engine& engine, MPI_Comm world, bool rank0, const comm::GridCoord& at,
+                  nlohmann::json& events, double& offset_us) {
+  std::vector<double> mine;
+  for (const Engine::ActionSpan& e : engine.last_trace()) {
+    mine.insert(mine.end(), {double(int(e.action.op)), double(e.action.micro),
+                             double(e.action.chunk), double(e.action.peer), e.start_s, e.end_s,
+                             double(at.pp), double(at.tp), double(at.dp)});
+  }
+  int n = int(mine.size()), ranks = 1, rank = 0;
+  std::vector<double> all = mine;
+  std::vector<int> counts(1, n), displs(1, 0);
+  if (world != MPI_COMM_NULL) {
+    MPI_Comm_size(world, &ranks);
+    MPI_Comm_rank(world, &rank);
+    counts.assign(size_t(ranks), 0);
+    MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, world);
+    displs.assign(size_t(ranks), 0);
+    for (int r = 1; r < ranks; ++r)
+      displs[size_t(r)] = displs[size_t(r - 1)] + counts[size_t(r - 1)];
+    all.assign(rank0 ? size_t(displs.back() + counts.back()) : 0, 0.0);
+    MPI_Gatherv(mine.data(), n, MPI_DOUBLE, all.data(), counts.data(), displs.data(), MPI_DOUBLE, 0,
+                world);
+  }
+  if (!rank0) return;
+  double end_us = offset_us;
+  for (int r = 0; r < ranks; ++r) {
+    for (int i = displs[size_t(r)]; i < displs[size_t(r)] + counts[size_t(r)]; i += 9) {
+      const double* e = all.data() + i;
+      const pipeline::Action a{pipeline::Op(int(e[0])), int(e[1]), int(e[2]), int(e[3])};
+      const double ts = offset_us + 1e6 * e[4], dur = 1e6 * (e[5] - e[4]);
+      events.push_back({{"name", pipeline::action_name(a)},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", r},
+                        {"ts", ts},
+                        {"dur", dur}});
+      end_us = std::max(end_us, ts + dur);
+      if (i == displs[size_t(r)] && offset_us == 0.0) {
+        events.push_back(
+            {{"name", "thread_name"},
+             {"ph", "M"},
+             {"pid", 0},
+             {"tid", r},
+             {"args",
+              {{"name", "rank " + std::to_string(r) + " (stage " + std::to_string(int(e[6])) +
+                            ", tp " + std::to_string(int(e[7])) + ", dp " +
+                            std::to_string(int(e[8])) + ")"}}}});
+      }
+    }
+  }
+  offset_us = end_us + 1000.0;  // a millisecond between steps
+}
 
 constexpr int64_t kDefaultSteps = 200;
 constexpr const char* kDemoCorpus = "/usr/share/common-licenses";
@@ -121,8 +196,18 @@ void run_train(const TrainArgs& a) {
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
   std::unique_ptr<MetricsLog> log;
   if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir);
+  const auto [trace_first, trace_last] = parse_trace_steps(a.trace_steps);
+  nlohmann::json trace_events = nlohmann::json::array();
+  double trace_offset_us = 0.0;
+  const comm::GridCoord coord = groups ? groups->coord() : comm::GridCoord{};
   for (int64_t i = 0; i < steps; ++i) {
+    const bool traced = i + 1 >= trace_first && i + 1 <= trace_last;
+    engine.set_tracing(traced);
     StepMetrics s = engine.train_batch();
+    if (traced) {
+      gather_trace(engine, groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank0, coord, trace_events,
+                   trace_offset_us);
+    }
     if (!rank0) continue;
     log->write(s, peak);
     const bool print = cfg.steps_per_print > 0 &&
@@ -130,6 +215,13 @@ void run_train(const TrainArgs& a) {
     if (print) std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
     if (s.step == 1) std::printf("memory (measured, step 1): %s\n", describe_peaks(s).c_str());
     std::fflush(stdout);
+  }
+  if (rank0 && trace_last >= trace_first) {
+    const std::string path = (std::filesystem::path(cfg.train.run_dir) / "trace.json").string();
+    std::ofstream(path) << nlohmann::json{{"traceEvents", trace_events}}.dump();
+    std::printf("trace of steps %lld-%lld (every rank's actions): %s\n",
+                static_cast<long long>(trace_first),
+                static_cast<long long>(std::min(trace_last, steps)), path.c_str());
   }
   if (rank0) {
     std::printf("done: %lld steps, metrics in %s\n", static_cast<long long>(steps),
@@ -148,6 +240,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "optimizer steps (train.steps)");
   cmd->add_option("--run-dir", args->run_dir, "directory for metrics and data (train.run_dir)");
   cmd->add_option("--data", args->data, "dataset path (data.path)");
+  cmd->add_option("--trace-steps", args->trace_steps,
+                  "A:B: write every rank's actions of steps A..B (1-based) as one Chrome trace, "
+                  "<run_dir>/trace.json (opens in Perfetto)");
   cmd->callback([args] { run_train(*args); });
 }
 

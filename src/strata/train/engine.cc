@@ -366,6 +366,7 @@ void Engine::build_pipeline() {
                                        cfg_.model.seq_len, o, tp_.get()));
   }
   last_dx_.assign(chunks_.size(), Tensor());
+  trace_.reserve(schedule_.size());
   if (stages_ == 1) return;
   STRATA_INPUT_CHECK(cfg_.zero.stage <= 2 || shard_ == nullptr,
                      "zero_optimization.stage 3 with parallelism.pipeline=", stages_,
@@ -418,6 +419,18 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
   send_next_ = 0;
   // Messages are tagged by (micro-batch, receiving global chunk, activation | gradient).
   auto tag = [&](int micro, int g, int kind) { return (micro * (last + 1) + g) * 2 + kind; };
+  // With tensor parallelism and no sequence parallelism every tp rank holds the same hidden
+  // states: each sends and receives only its block of rows, re-gathered over tp on arrival.
+  const int tps = tp_->size();
+  const bool split = tps > 1 && !tp_->sequence_parallel() &&
+                     int64_t(cfg_.train_micro_batch_size_per_gpu) * T % tps == 0;
+  auto tp_part = [&](const Tensor& t) {
+    if (!split) return t;
+    const int64_t rows = t.dim(0) / tps;
+    return t.slice0(tp_->rank() * rows, (tp_->rank() + 1) * rows);
+  };
+  const auto step0 = clock::now();
+  trace_.clear();
   for (const pipeline::Action& a : schedule_) {
     const int k = a.chunk, g = chunk_global_[size_t(k)];
     Transformer& c = *chunks_[size_t(k)];
@@ -428,15 +441,17 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
       case Op::RecvGradient: {
         const bool act = a.op == Op::RecvActivation;
         const Tensor in = c.hidden_view(act ? recv_act_[size_t(k)] : recv_grad_[size_t(k)]);
-        peers_->recv(in.data, size_t(in.numel()), pt, a.peer, tag(a.micro, g, act ? 0 : 1),
+        const Tensor part = tp_part(in);
+        peers_->recv(part.data, size_t(part.numel()), pt, a.peer, tag(a.micro, g, act ? 0 : 1),
                      act ? "an activation" : "a gradient");
+        if (part.data != in.data || part.numel() != in.numel()) tp_->all_gather(in, part);
         break;
       }
       case Op::SendActivation:
       case Op::SendGradient: {
         const bool act = a.op == Op::SendActivation;
-        const Tensor out = act ? c.output(a.micro) : last_dx_[size_t(k)];
-        const Tensor copy = c.hidden_view(send_pool_.at(send_next_++));
+        const Tensor out = tp_part(act ? c.output(a.micro) : last_dx_[size_t(k)]);
+        const Tensor copy(send_pool_.at(send_next_++), pt, {out.numel()}, out.device);
         ops::copy(copy, out);  // the pool holds it until the step's sends complete
         peers_->send(copy.data, size_t(copy.numel()), pt, a.peer,
                      tag(a.micro, act ? g + 1 : g - 1, act ? 0 : 1),
@@ -462,6 +477,10 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
         }
         backward_s += std::chrono::duration<double>(clock::now() - t0).count();
         break;
+    }
+    if (tracing_) {
+      trace_.push_back({a, std::chrono::duration<double>(t0 - step0).count(),
+                        std::chrono::duration<double>(clock::now() - step0).count()});
     }
   }
   if (peers_) peers_->wait_sends();

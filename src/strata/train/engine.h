@@ -85,6 +85,14 @@ class Engine {
   // the accumulation steps.
   const std::vector<pipeline::Action>& schedule() const { return schedule_; }
   int stage() const { return stage_; }
+  // Tracing: while on, each step records when each of this rank's actions started and ended,
+  // in seconds from the step's start (the last step's, until the next).
+  struct ActionSpan {
+    pipeline::Action action;
+    double start_s = 0, end_s = 0;
+  };
+  void set_tracing(bool on) { tracing_ = on; }
+  const std::vector<ActionSpan>& last_trace() const { return trace_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
   // flat buffers: not under ZeRO stages 2-3 (an error).
@@ -118,6 +126,8 @@ class Engine {
   Buffer pipe_;  // per chunk: a received activation, a received gradient; then the send pool
   std::vector<void*> recv_act_, recv_grad_, send_pool_;
   std::vector<Tensor> last_dx_;  // per chunk: the input gradient its last backward returned
+  bool tracing_ = false;
+  std::vector<ActionSpan> trace_;  // reserved for the schedule: recording allocates nothing
   size_t send_next_ = 0;
   // Tied embeddings across stages: the first and last stage's vocabulary units (same dp, tp).
   std::unique_ptr<comm::Communicator> embed_comm_;
@@ -158,7 +168,8 @@ std::string describe_memory(const MemoryPrediction& m);
 // reduce-scatter per sublayer forward, two all-gathers (the output gradient, the input re-gathered
 // for the weight gradient) and a reduce-scatter per sublayer backward, and the all-reduces of the
 // replicated parameters' partial gradients; the vocabulary-parallel cross-entropy's two
-// reductions; the gradient norm's. 0 at tp = 1.
+// reductions; the gradient norm's. 0 at tp = 1. Without pipeline parallelism (a stage's blocks
+// and the pipeline transfers' re-gathering are not counted).
 uint64_t predict_tp_bytes(const Config& cfg, const ModelSpec& spec);
 
 // An input error when the predicted model states of this host's ranks (OMPI_COMM_WORLD_LOCAL_SIZE)
