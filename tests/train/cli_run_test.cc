@@ -198,6 +198,34 @@ TEST_F(CliRunTest, TensorAndPipelineParallelTrainingMatchesOneProcess) {
   EXPECT_EQ(forwards, 4 * 2 * 2) << "4 ranks x 2 micro-batches x 2 steps";
 }
 
+// A stage failing mid-schedule (an injected fault before one of its actions) ends the whole job
+// within seconds, naming the rank, whichever stage fails: its peers, waiting for its messages,
+// are taken down with it (MPI_Abort), never left hanging. Bounded by `timeout`.
+TEST_F(CliRunTest, PipelineStageFailingMidScheduleAbortsTheJob) {
+  for (int rank : {0, 1}) {
+    const std::string cmd = "timeout 120 '" + std::string(STRATA_BINARY) +
+                            "' launch -n 2 -- train --config " + dir_ + "/tiny.json --data " +
+                            dir_ + "/good.bin --steps 4 --set model.layers=2 " +
+                            "--set parallelism.pipeline=2 --set parallelism.timeout_s=30 " +
+                            "--fault rank=" + std::to_string(rank) + ",step=2,action=3 " +
+                            "--run-dir " + dir_ + "/fault >'" + dir_ + "/fault.txt' 2>&1";
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = std::system(cmd.c_str());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_NE(WEXITSTATUS(status), 0);
+    EXPECT_NE(WEXITSTATUS(status), 124) << "the job hung until timeout killed it";
+    EXPECT_LT(seconds, 60.0);
+    std::ifstream in(dir_ + "/fault.txt");
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find("strata: rank " + std::to_string(rank) + " on"), std::string::npos)
+        << text.str();
+    EXPECT_NE(text.str().find("injected fault at step 2"), std::string::npos) << text.str();
+  }
+}
+
 // The seed config (ZeRO stage 3, overlap_comm, bf16 communication, 16 micro-batches) on 4
 // ranks, as the README's demo runs it: the loss falls, and the start-up prediction of model-state
 // memory equals what the first step measured.

@@ -34,7 +34,40 @@ struct TrainArgs {
   std::string run_dir;
   std::string data;
   std::string trace_steps;  // "A:B" (1-based, inclusive) or "A"
+  std::string fault;        // "rank=R,step=S,action=N"
 };
+
+// --fault rank=R,step=S,action=N: world rank R throws before its action N of step S.
+struct Fault {
+  int rank = -1;
+  int64_t step = 0, action = 0;
+};
+Fault parse_fault(const std::string& s) {
+  Fault f;
+  if (s.empty()) return f;
+  bool seen[3] = {false, false, false};
+  for (size_t at = 0; at <= s.size();) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, comma - at);
+    const size_t eq = item.find('=');
+    char* end = nullptr;
+    const long long v =
+        eq == std::string::npos ? -1 : std::strtoll(item.c_str() + eq + 1, &end, 10);
+    const std::string key = item.substr(0, eq);
+    const bool ok = eq != std::string::npos && *end == '\0' && v >= 0;
+    STRATA_INPUT_CHECK(ok && (key == "rank" || key == "step" || key == "action"), "--fault ", s,
+                       ": expected rank=R,step=S,action=N (non-negative integers)");
+    const int k = key == "rank" ? 0 : key == "step" ? 1 : 2;
+    seen[k] = true;
+    if (k == 0) f.rank = int(v);
+    if (k == 1) f.step = v;
+    if (k == 2) f.action = v;
+    at = comma + 1;
+  }
+  STRATA_INPUT_CHECK(seen[0] && seen[1] && seen[2] && f.step >= 1, "--fault ", s,
+                     ": give rank=R,step=S,action=N with S >= 1");
+  return f;
+}
 
 // --trace-steps: the first and last step traced.
 std::pair<int64_t, int64_t> parse_trace_steps(const std::string& s) {
@@ -197,6 +230,10 @@ void run_train(const TrainArgs& a) {
   std::unique_ptr<MetricsLog> log;
   if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir);
   const auto [trace_first, trace_last] = parse_trace_steps(a.trace_steps);
+  const Fault fault = parse_fault(a.fault);
+  if (fault.rank == (comm::initialized() ? comm::world_rank() : 0)) {
+    engine.inject_fault(fault.step, size_t(fault.action));
+  }
   nlohmann::json trace_events = nlohmann::json::array();
   double trace_offset_us = 0.0;
   const comm::GridCoord coord = groups ? groups->coord() : comm::GridCoord{};
@@ -240,6 +277,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "optimizer steps (train.steps)");
   cmd->add_option("--run-dir", args->run_dir, "directory for metrics and data (train.run_dir)");
   cmd->add_option("--data", args->data, "dataset path (data.path)");
+  cmd->add_option("--fault", args->fault,
+                  "rank=R,step=S,action=N: rank R fails before its action N of step S (tests)");
   cmd->add_option("--trace-steps", args->trace_steps,
                   "A:B: write every rank's actions of steps A..B (1-based) as one Chrome trace, "
                   "<run_dir>/trace.json (opens in Perfetto)");

@@ -432,6 +432,10 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
   const auto step0 = clock::now();
   trace_.clear();
   for (const pipeline::Action& a : schedule_) {
+    if (step_ + 1 == fault_step_ && size_t(&a - schedule_.data()) == fault_action_) {
+      STRATA_RUNTIME_FAIL("injected fault at step ", fault_step_, ", action ", fault_action_, " (",
+                          pipeline::action_name(a), ") of pipeline stage ", stage_);
+    }
     const int k = a.chunk, g = chunk_global_[size_t(k)];
     Transformer& c = *chunks_[size_t(k)];
     const int64_t at = a.micro * mb * T;

@@ -92,6 +92,10 @@ class Engine {
     double start_s = 0, end_s = 0;
   };
   void set_tracing(bool on) { tracing_ = on; }
+  // Fault injection (tests, `train --fault`): the step numbered `step` (1-based) throws a
+  // runtime error just before this rank's action number `action` of it, as a failing stage
+  // would mid-schedule. step 0: none.
+  void inject_fault(int64_t step, size_t action) { fault_step_ = step, fault_action_ = action; }
   const std::vector<ActionSpan>& last_trace() const { return trace_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
@@ -127,6 +131,8 @@ class Engine {
   std::vector<void*> recv_act_, recv_grad_, send_pool_;
   std::vector<Tensor> last_dx_;  // per chunk: the input gradient its last backward returned
   bool tracing_ = false;
+  int64_t fault_step_ = 0;
+  size_t fault_action_ = 0;
   std::vector<ActionSpan> trace_;  // reserved for the schedule: recording allocates nothing
   size_t send_next_ = 0;
   // Tied embeddings across stages: the first and last stage's vocabulary units (same dp, tp).
