@@ -14,6 +14,8 @@
 #include "strata/core/rng.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/cpu_features.h"
+#include "strata/pipeline/schedule.h"
+#include "strata/pipeline/schedule_check.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
@@ -56,12 +58,66 @@ struct BenchArgs {
   // Tensor parallelism over groups of this many ranks (dp = ranks / tensor).
   int tensor = 1;
   bool sequence_parallel = false;
+  // Pipeline parallelism: stages, schedule, micro-batches per step, virtual stages.
+  int pipeline = 1;
+  std::string schedule = "1f1b";
+  int micro = 1;
+  int virtual_stages = 1;
+  std::string partition = "time";
 };
+
+// The pipeline bubble of the last step, measured: 1 - (compute time of every rank's forward and
+// backward actions) / (ranks × the slowest rank's span of its actions); and the checker's figure
+// for the same schedule with the measured mean forward, input- and weight-gradient times, each
+// stage's scaled so that its simulated compute equals its measured compute (stages differ: the
+// embedding on the first, the logits on the last).
+struct Bubble {
+  double measured = 0, predicted = 0;
+};
+Bubble pipeline_bubble(const Engine& engine, const Config& cfg) {
+  using pipeline::Op;
+  double f = 0, b = 0, w = 0, busy = 0, span = 0;
+  int nf = 0, nb = 0, nw = 0;
+  for (const Engine::ActionSpan& e : engine.last_trace()) {
+    const double d = e.end_s - e.start_s;
+    span = std::max(span, e.end_s);
+    if (e.action.op == Op::Forward) f += d, ++nf, busy += d;
+    if (e.action.op == Op::Backward || e.action.op == Op::BackwardInput) b += d, ++nb, busy += d;
+    if (e.action.op == Op::BackwardWeight) w += d, ++nw, busy += d;
+  }
+  // Over the world: busy time, per-kind totals and counts; the longest span.
+  double v[7] = {busy, f, b, w, double(nf), double(nb), double(nw)};
+  MPI_Allreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &span, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  int ranks = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  Bubble r;
+  r.measured = 1.0 - v[0] / (double(ranks) * span);
+  const ParallelismConfig& p = cfg.parallelism;
+  pipeline::ScheduleSpec s{pipeline::parse_schedule(p.schedule), p.pipeline,
+                           int(cfg.gradient_accumulation_steps), p.virtual_stages};
+  pipeline::Costs c;
+  c.forward = v[1] / std::max(1.0, v[4]);
+  c.backward_input = v[2] / std::max(1.0, v[5]);
+  c.backward_weight = v[6] > 0 ? v[3] / v[6] : 0.0;  // a fused Backward's time is all in B
+  // Per stage: measured compute over what the mean costs give it.
+  std::vector<double> busy_of(size_t(p.pipeline), 0.0), model_of(size_t(p.pipeline), 0.0);
+  busy_of[size_t(engine.stage())] = busy;
+  model_of[size_t(engine.stage())] =
+      nf * c.forward + nb * c.backward_input + nw * c.backward_weight;
+  MPI_Allreduce(MPI_IN_PLACE, busy_of.data(), p.pipeline, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, model_of.data(), p.pipeline, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  for (int st = 0; st < p.pipeline; ++st) {
+    c.stage_scale.push_back(busy_of[size_t(st)] / model_of[size_t(st)]);
+  }
+  r.predicted = pipeline::check(s, pipeline::generate(s), c).bubble_fraction;
+  return r;
+}
 
 void run_bench(const BenchArgs& a) {
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = world == 1 || comm::world_rank() == 0;
-  const comm::RankGrid grid(world, a.tensor, 1);
+  const comm::RankGrid grid(world, a.tensor, a.pipeline);
   std::unique_ptr<comm::ProcessGroups> groups;
   if (world > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
   const MachinePeak machine = measure_machine_peak(world > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL);
@@ -72,7 +128,7 @@ void run_bench(const BenchArgs& a) {
   for (const std::string& dt : a.dtypes) {
     DType dtype = parse_dtype(dt, "--dtype");
     nlohmann::json j = {{"train_micro_batch_size_per_gpu", a.micro_batch},
-                        {"gradient_accumulation_steps", 1},
+                        {"gradient_accumulation_steps", a.micro},
                         {"gradient_clipping", 1.0},
                         {"steps_per_print", 0},
                         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
@@ -80,18 +136,39 @@ void run_bench(const BenchArgs& a) {
                         {"zero_optimization",
                          {{"overlap_comm", a.overlap == "on"}, {"reduce_bucket_size", a.bucket}}}};
     if (a.seq_len > 0) j["model"]["seq_len"] = a.seq_len;
-    j["parallelism"] = {{"tensor", a.tensor}, {"sequence_parallel", a.sequence_parallel}};
+    j["parallelism"] = {{"tensor", a.tensor},
+                        {"sequence_parallel", a.sequence_parallel},
+                        {"pipeline", a.pipeline},
+                        {"schedule", a.schedule},
+                        {"virtual_stages", a.virtual_stages},
+                        {"partition", a.partition}};
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
     Config cfg = parse_config(j);
     resolve_batch(cfg, grid.dp());
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
-    Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr);
+    Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
+                  groups ? &groups->pp() : nullptr);
+    engine.set_tracing(a.pipeline > 1);
     const double peak = machine.gflops();
     for (int i = 0; i < a.warmup; ++i) engine.train_batch();
     std::vector<StepMetrics> runs;
-    for (int i = 0; i < a.steps; ++i) runs.push_back(engine.train_batch());
+    std::vector<Bubble> bubbles;
+    for (int i = 0; i < a.steps; ++i) {
+      runs.push_back(engine.train_batch());
+      if (a.pipeline > 1) bubbles.push_back(pipeline_bubble(engine, cfg));
+    }
     if (!rank0) continue;
+    if (a.pipeline > 1) {
+      std::sort(bubbles.begin(), bubbles.end(),
+                [](const Bubble& x, const Bubble& y) { return x.measured < y.measured; });
+      const Bubble& m = bubbles[bubbles.size() / 2];
+      std::printf(
+          "bench pp=%d schedule=%s micro=%d virtual=%d | bubble measured %.4f, checker %.4f "
+          "(with the measured action times), ratio %.3f\n",
+          a.pipeline, a.schedule.c_str(), a.micro, a.virtual_stages, m.measured, m.predicted,
+          m.measured / m.predicted);
+    }
     std::sort(runs.begin(), runs.end(),
               [](const StepMetrics& x, const StepMetrics& y) { return x.seconds < y.seconds; });
     const StepMetrics& med = runs[runs.size() / 2];
@@ -153,6 +230,19 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tensor", args->tensor, "tensor-parallel size (dp = ranks / tensor)")
       ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--pipeline", args->pipeline, "pipeline stages (dp = ranks / tensor / pipeline)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--schedule", args->schedule, "gpipe | 1f1b | interleaved | zero_bubble")
+      ->capture_default_str();
+  cmd->add_option("--micro", args->micro, "micro-batches per step (gradient accumulation)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--partition", args->partition, "pipeline partition: uniform | parameters | time")
+      ->capture_default_str();
+  cmd->add_option("--virtual", args->virtual_stages, "virtual stages (interleaved)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_flag("--sequence-parallel", args->sequence_parallel,
                 "with --tensor > 1: split activations outside the tensor-parallel regions");

@@ -15,6 +15,9 @@ namespace strata::pipeline {
 // sender does not wait for it).
 struct Costs {
   double forward = 1, backward_input = 1, backward_weight = 1, send = 0;
+  // Optional, per stage: its compute actions take stage_scale[s] times the costs above (stages
+  // of unequal work, e.g. the head's logits on the last); empty = 1 everywhere.
+  std::vector<double> stage_scale;
 };
 
 struct TimedAction {
