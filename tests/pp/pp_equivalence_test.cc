@@ -15,6 +15,7 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
+#include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
@@ -173,6 +174,36 @@ TEST_F(Pipeline, EveryScheduleGivesTheSingleProcessLosses) {
   }
 }
 
+// ZeRO stage 3 under a pipeline is refused, naming the keys and the reason; an interleaved
+// schedule whose micro-batches are not a multiple of the stages is refused too.
+TEST_F(Pipeline, UnsupportedLayoutsAreRefusedWithTheReason) {
+  if (world_size() != 2) GTEST_SKIP() << "runs at 2 ranks";
+  const comm::RankGrid grid(2, 1, 2);
+  comm::ProcessGroups groups(grid, MPI_COMM_WORLD);
+  auto build = [&](nlohmann::json j) {
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, 1);
+    Engine engine(cfg, dataset_.get(), &groups.dp(), &groups.tp(), &groups.pp());
+  };
+  auto j = config("gpt2-tiny", 8);
+  j["train_micro_batch_size_per_gpu"] = 2;
+  j["parallelism"] = {{"pipeline", 2}};
+  j["zero_optimization"] = {{"stage", 3}};
+  try {
+    build(j);
+    ADD_FAILURE() << "ZeRO-3 with a pipeline was accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.stage 3 with parallelism.pipeline"),
+              std::string::npos)
+        << e.what();
+  }
+  j["zero_optimization"] = {{"stage", 1}};
+  j["train_batch_size"] = 3;  // 3 micro-batches of 1
+  j["train_micro_batch_size_per_gpu"] = 1;
+  j["parallelism"] = {{"pipeline", 2}, {"schedule", "interleaved"}, {"virtual_stages", 2}};
+  EXPECT_THROW(build(j), InputError) << "3 micro-batches over 2 interleaved stages";
+}
+
 // dp 2 × tp 2 × pp 2 on 8 ranks (virtual stages too): the transfers between stages are split over
 // the tp ranks and re-gathered (without sequence parallelism), or carry each rank's rows (with
 // it); the norm and the loss are reduced over all three groups.
@@ -193,8 +224,8 @@ TEST_F(Pipeline, ThreeDimensionsGiveTheSingleProcessLosses) {
           auto j = config(preset, gbs);
           j["zero_optimization"] = {{"stage", zero}};
           expect_same(parallel(j, par, 4), ref,
-                      std::string(preset) + " dp2 tp2 pp2 " + schedule +
-                          (sp ? " sp" : "") + " zero=" + std::to_string(zero));
+                      std::string(preset) + " dp2 tp2 pp2 " + schedule + (sp ? " sp" : "") +
+                          " zero=" + std::to_string(zero));
         }
       }
     }

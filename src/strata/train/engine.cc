@@ -206,7 +206,18 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
       tp_comm_(tp),
       pp_comm_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {
   if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
-  if (pp_comm_ != nullptr) stage_ = pp_comm_->rank(), stages_ = pp_comm_->size();
+  if (pp_comm_ != nullptr) {
+    stage_ = pp_comm_->rank(), stages_ = pp_comm_->size();
+    STRATA_INPUT_CHECK(!zero_in_effect(cfg, dp) || cfg.zero.stage <= 2,
+                       "zero_optimization.stage 3 with parallelism.pipeline=", stages_,
+                       " is not supported: stage 3 gathers each unit in a static order computed "
+                       "from one forward and one backward pass, and a pipeline schedule "
+                       "interleaves the passes of several micro-batches; use stage 1 or 2 (the "
+                       "optimizer states and gradients are still sharded) or "
+                       "parallelism.pipeline=1");
+    pipeline::validate({pipeline::parse_schedule(cfg.parallelism.schedule), stages_,
+                        int(cfg.gradient_accumulation_steps), cfg.parallelism.virtual_stages});
+  }
   if (tp_comm_ != nullptr && tp_comm_->size() > 1 && spec_.tp.kv_replicated) {
     // The ranks that hold the same key/value heads: tp / kv_heads consecutive ranks.
     const int share = tp_comm_->size() / cfg.model.kv_heads;
@@ -368,12 +379,6 @@ void Engine::build_pipeline() {
   last_dx_.assign(chunks_.size(), Tensor());
   trace_.reserve(schedule_.size());
   if (stages_ == 1) return;
-  STRATA_INPUT_CHECK(cfg_.zero.stage <= 2 || shard_ == nullptr,
-                     "zero_optimization.stage 3 with parallelism.pipeline=", stages_,
-                     " is not supported: stage 3 gathers each unit in a static order computed "
-                     "from one forward and one backward pass, and a pipeline schedule interleaves "
-                     "the passes of several micro-batches; use stage 1 or 2 (the optimizer "
-                     "states and gradients are still sharded) or parallelism.pipeline=1");
   peers_ = std::make_unique<comm::PeerExchange>(*pp_comm_,
                                                 std::chrono::seconds(cfg_.parallelism.timeout_s));
   // Hidden states between chunks: (rows, C), rows = B·T or B·T/tp under sequence parallelism.
