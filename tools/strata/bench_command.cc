@@ -107,10 +107,10 @@ Bubble pipeline_bubble(const Engine& engine, const Config& cfg) {
       nf * c.forward + nb * c.backward_input + nw * c.backward_weight;
   MPI_Allreduce(MPI_IN_PLACE, busy_of.data(), p.pipeline, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(MPI_IN_PLACE, model_of.data(), p.pipeline, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  for (int st = 0; st < p.pipeline; ++st) {
-    c.stage_scale.push_back(busy_of[size_t(st)] / model_of[size_t(st)]);
-  }
-  r.predicted = pipeline::check(s, pipeline::generate(s), c).bubble_fraction;
+  std::vector<double> scale;
+  for (int st = 0; st < p.pipeline; ++st)
+    scale.push_back(busy_of[size_t(st)] / model_of[size_t(st)]);
+  r.predicted = pipeline::check(s, pipeline::generate(s), c, 0, scale).bubble_fraction;
   return r;
 }
 

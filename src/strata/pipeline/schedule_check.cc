@@ -213,10 +213,10 @@ void match(const std::vector<std::vector<Action>>& lists, const Limits& L, const
 }  // namespace
 
 CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
-                  const Costs& c, int max_in_flight) {
-  STRATA_INPUT_CHECK(c.stage_scale.empty() || int(c.stage_scale.size()) == s.stages,
+                  const Costs& c, int max_in_flight, const std::vector<double>& stage_scale) {
+  STRATA_INPUT_CHECK(stage_scale.empty() || int(stage_scale.size()) == s.stages,
                      "schedule costs: stage_scale needs one factor per stage (", s.stages,
-                     "), got ", c.stage_scale.size());
+                     "), got ", stage_scale.size());
   STRATA_INPUT_CHECK(s.stages >= 1 && s.micro >= 1 && s.virtual_stages >= 1,
                      "schedule check: stages, micro-batches and virtual stages must be >= 1, got ",
                      s.stages, ", ", s.micro, ", ", s.virtual_stages);
@@ -263,7 +263,7 @@ CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>&
           now = std::max(now, t + c.send);
         } else {
           const double d =
-              cost(a.op, c) * (c.stage_scale.empty() ? 1.0 : c.stage_scale.at(size_t(stage)));
+              cost(a.op, c) * (stage_scale.empty() ? 1.0 : stage_scale.at(size_t(stage)));
           timeline[size_t(stage)].push_back({stage, a, now, now + d});
           now += d, busy += d;
         }

@@ -15,9 +15,6 @@ namespace strata::pipeline {
 // sender does not wait for it).
 struct Costs {
   double forward = 1, backward_input = 1, backward_weight = 1, send = 0;
-  // Optional, per stage: its compute actions take stage_scale[s] times the costs above (stages
-  // of unequal work, e.g. the head's logits on the last); empty = 1 everywhere.
-  std::vector<double> stage_scale;
 };
 
 struct TimedAction {
@@ -58,8 +55,11 @@ struct CheckResult {
 //    receive by exactly one send;
 //  - no deadlock: when every unfinished stage waits on a receive whose send is not issued, the
 //    message names each stage, what it waits for and where that send is.
+// stage_scale (optional, one factor per stage): stage s's compute actions take stage_scale[s]
+// times the costs (stages of unequal work, e.g. the head's logits on the last).
 CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
-                  const Costs& c = {}, int max_in_flight = 0);
+                  const Costs& c = {}, int max_in_flight = 0,
+                  const std::vector<double>& stage_scale = {});
 
 // The bubble fraction the literature gives, with sends free, in check's definition (idle time
 // over stages × makespan; a bubble B relative to the ideal time I is B / (B + I)):
