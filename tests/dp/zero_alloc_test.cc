@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "strata/comm/communicator.h"
+#include "strata/comm/topology.h"
 #include "strata/core/memory.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
@@ -63,6 +64,38 @@ TEST(ZeroAllocations, SteadyStateStepAllocatesNothing) {
       EXPECT_FALSE(engine.zero()->in_flight());
       EXPECT_TRUE(test::allocates_nothing_of_its_own(r))
           << "rank " << world.rank() << " step " << step;
+      test::expect_tracker_back_at(level, m.peak_bytes);
+    }
+  }
+}
+
+// A pipeline step (2 stages, 1F1B and zero-bubble, ZeRO-1 inside each stage's dp group of one)
+// allocates nothing either: the transfers use the buffers and send ring made at construction.
+TEST(ZeroAllocations, PipelineStepAllocatesNothing) {
+  const comm::RankGrid grid(2, 1, 2);
+  comm::ProcessGroups groups(grid, MPI_COMM_WORLD);
+  for (const char* schedule : {"1f1b", "zero_bubble"}) {
+    SCOPED_TRACE(schedule);
+    nlohmann::json j = {{"train_batch_size", 8},
+                        {"train_micro_batch_size_per_gpu", 2},
+                        {"steps_per_print", 0},
+                        {"model", {{"preset", "gpt2-tiny"}}},
+                        {"parallelism", {{"pipeline", 2}, {"schedule", schedule}}},
+                        {"zero_optimization", {{"stage", 1}, {"overlap_comm", true}}}};
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, 1);
+    Engine engine(cfg, nullptr, &groups.dp(), &groups.tp(), &groups.pp());
+    std::vector<int32_t> tokens(size_t(cfg.train_batch_size * cfg.model.seq_len));
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5) % 64);
+    for (int i = 0; i < 3; ++i) engine.train_batch_on(tokens.data(), tokens.data());
+    for (int step = 0; step < 3; ++step) {
+      const std::array<size_t, kNumMemCategories> level = test::tracker_levels();
+      test::start_counting();
+      const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
+      const AllocReport r = test::stop_counting();
+      EXPECT_TRUE(test::allocates_nothing_of_its_own(r))
+          << "stage " << engine.stage() << " step " << step << "\n"
+          << r.describe();
       test::expect_tracker_back_at(level, m.peak_bytes);
     }
   }

@@ -152,6 +152,8 @@ TEST(Partition, BalancedSplitsAreOptimal) {
           if (u.layer >= 0) block[size_t(u.layer)] += double(u.numel);
           if (u.kind == UnitKind::Vocab || u.kind == UnitKind::Position) emb += double(u.numel);
           if (u.kind == UnitKind::FinalNorm || u.kind == UnitKind::Output) head += double(u.numel);
+          // A tied vocabulary is held by the last stage too (for its logits).
+          if (u.kind == UnitKind::Vocab && cfg.tied_embeddings) head += double(u.numel);
         }
         const StagePlan byp = partition(spec, n, PartitionMethod::Parameters);
         expect_well_formed(spec, byp, n);

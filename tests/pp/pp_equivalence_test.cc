@@ -119,13 +119,14 @@ class Pipeline : public ::testing::Test {
   // pipeline (the last stage's output-projection parts of every micro-batch, then the first
   // stage's embedding parts, where one process alternates them), and Adam turns the rounding of
   // a near-cancelling sum into a full-size update of that element: measured 1.4e-5 by step 2
-  // for GPT-2 (the losses stay within 1e-7), 3e-8 for Llama (untied).
+  // for GPT-2 (the losses stay within 1e-7); Llama (untied) is held to 1e-6 throughout.
   static void expect_same(const Run& got, const Run& ref, const std::string& what) {
+    const bool tied = what.rfind("gpt2", 0) == 0;
     for (int s = 0; s < kSteps; ++s) {
       EXPECT_NEAR(got.loss[size_t(s)], ref.loss[size_t(s)], 1e-5 * ref.loss[size_t(s)])
           << what << " loss, step " << s;
       EXPECT_NEAR(got.norm[size_t(s)], ref.norm[size_t(s)],
-                  (s == 0 ? 1e-6 : 1e-4) * ref.norm[size_t(s)])
+                  (s == 0 || !tied ? 1e-6 : 1e-4) * ref.norm[size_t(s)])
           << what << " grad norm, step " << s;
     }
   }
@@ -161,7 +162,10 @@ TEST_F(Pipeline, EveryScheduleGivesTheSingleProcessLosses) {
                                   {"tensor", use_tp ? 2 : 1},
                                   {"virtual_stages", interleaved ? 2 : 1}};
             auto j = config(preset, gbs, layers);
-            j["zero_optimization"] = {{"stage", zero}};
+            // Overlapped reductions in small buckets: ZeRO reduces each unit as soon as its last
+            // backward of the step (its weight gradients under zero_bubble) is done.
+            j["zero_optimization"] = {
+                {"stage", zero}, {"overlap_comm", true}, {"reduce_bucket_size", 1000}};
             const Run got = parallel(j, par, micro);
             expect_same(got, ref_l,
                         std::string(preset) + " pp=" + std::to_string(pp) + " " + schedule +

@@ -67,7 +67,8 @@ struct BenchArgs {
 };
 
 // The pipeline bubble of the last step, measured: 1 - (compute time of every rank's forward and
-// backward actions) / (ranks × the slowest rank's span of its actions); and the checker's figure
+// backward actions) / (ranks × the step's span, first action to last over all ranks); and the
+// checker's figure
 // for the same schedule with the measured mean forward, input- and weight-gradient times, each
 // stage's scaled so that its simulated compute equals its measured compute (stages differ: the
 // embedding on the first, the logits on the last).
@@ -76,11 +77,11 @@ struct Bubble {
 };
 Bubble pipeline_bubble(const Engine& engine, const Config& cfg) {
   using pipeline::Op;
-  double f = 0, b = 0, w = 0, busy = 0, span = 0;
+  double f = 0, b = 0, w = 0, busy = 0, first = 1e300, last = 0;
   int nf = 0, nb = 0, nw = 0;
   for (const Engine::ActionSpan& e : engine.last_trace()) {
     const double d = e.end_s - e.start_s;
-    span = std::max(span, e.end_s);
+    first = std::min(first, e.start_s), last = std::max(last, e.end_s);
     if (e.action.op == Op::Forward) f += d, ++nf, busy += d;
     if (e.action.op == Op::Backward || e.action.op == Op::BackwardInput) b += d, ++nb, busy += d;
     if (e.action.op == Op::BackwardWeight) w += d, ++nw, busy += d;
@@ -88,7 +89,10 @@ Bubble pipeline_bubble(const Engine& engine, const Config& cfg) {
   // Over the world: busy time, per-kind totals and counts; the longest span.
   double v[7] = {busy, f, b, w, double(nf), double(nb), double(nw)};
   MPI_Allreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(MPI_IN_PLACE, &span, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  // The step's span over every rank (one host: one steady clock).
+  MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &last, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  const double span = last - first;
   int ranks = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
   Bubble r;

@@ -112,12 +112,15 @@ void gather_trace(const Engine& engine, MPI_Comm world, bool rank0, const comm::
                 world);
   }
   if (!rank0) return;
+  // Aligned on the earliest action of the step over every rank (one host: one steady clock).
+  double t0 = 1e300;
+  for (size_t i = 0; i + 8 < all.size(); i += 9) t0 = std::min(t0, all[i + 4]);
   double end_us = offset_us;
   for (int r = 0; r < ranks; ++r) {
     for (int i = displs[size_t(r)]; i < displs[size_t(r)] + counts[size_t(r)]; i += 9) {
       const double* e = all.data() + i;
       const pipeline::Action a{pipeline::Op(int(e[0])), int(e[1]), int(e[2]), int(e[3])};
-      const double ts = offset_us + 1e6 * e[4], dur = 1e6 * (e[5] - e[4]);
+      const double ts = offset_us + 1e6 * (e[4] - t0), dur = 1e6 * (e[5] - e[4]);
       events.push_back({{"name", pipeline::action_name(a)},
                         {"ph", "X"},
                         {"pid", 0},

@@ -1,5 +1,8 @@
 #include "strata/comm/peer_exchange.h"
 
+#include <climits>
+#include <cstring>
+#include <string>
 #include <thread>
 
 #include "strata/comm/communicator.h"
@@ -9,43 +12,75 @@
 
 namespace strata::comm {
 
-PeerExchange::PeerExchange(const Communicator& group, std::chrono::seconds timeout)
-    : name_(group.name()), timeout_(timeout) {
+PeerExchange::PeerExchange(const Communicator& group, std::chrono::seconds timeout, int slots,
+                           size_t slot_bytes)
+    : timeout_(timeout),
+      ring_(MemCategory::CommBuffers, size_t(std::max(slots, 1)) * slot_bytes),
+      slot_bytes_(slot_bytes),
+      requests_(size_t(std::max(slots, 1)), MPI_REQUEST_NULL),
+      peer_of_(requests_.size(), -1),
+      tag_of_(requests_.size(), -1) {
   STRATA_MPI_CHECK(MPI_Comm_dup(group.mpi_comm(), &comm_));
   STRATA_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  STRATA_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  int* ub = nullptr;
+  int found = 0;
+  STRATA_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found));
+  if (found && ub != nullptr) tag_ub_ = *ub;
 }
 
 PeerExchange::~PeerExchange() {
   // Sends still in flight when an error unwinds the stack belong to a dying job: leave them.
-  if (sends_.empty() && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  for (MPI_Request r : requests_) {
+    if (r != MPI_REQUEST_NULL) {
+      ring_.leak();
+      return;
+    }
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag,
                         const char* what) {
-  MPI_Request r = MPI_REQUEST_NULL;
-  STRATA_CHECK(n <= size_t(INT32_MAX), "a pipeline message of ", n, " elements (", what,
-               ") exceeds MPI's count");
-  STRATA_MPI_CHECK(MPI_Isend(buf, int(n), detail::mpi_datatype(dtype), dst, tag, comm_, &r));
-  sends_.push_back(r);
-  bytes_ += n * dtype_size(dtype);
+  check_tag(tag, what);
+  const size_t bytes = n * dtype_size(dtype);
+  STRATA_CHECK(bytes <= slot_bytes_ && n <= size_t(INT_MAX), "a pipeline message of ", bytes,
+               " bytes (", what, ") exceeds its ", slot_bytes_, "-byte send buffer");
+  const size_t k = next_;
+  next_ = (next_ + 1) % requests_.size();
+  if (requests_[k] != MPI_REQUEST_NULL) wait(requests_[k], what, peer_of_[k], tag_of_[k]);
+  char* slot = static_cast<char*>(ring_.data()) + k * slot_bytes_;
+  std::memcpy(slot, buf, bytes);
+  peer_of_[k] = dst, tag_of_[k] = tag;
+  STRATA_MPI_CHECK(
+      MPI_Isend(slot, int(n), detail::mpi_datatype(dtype), dst, tag, comm_, &requests_[k]));
+  bytes_ += bytes;
 }
 
 void PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag, const char* what) {
+  STRATA_CHECK(n <= size_t(INT_MAX), "a pipeline message of ", n, " elements (", what,
+               ") exceeds MPI's count");
+  check_tag(tag, what);
   MPI_Request r = MPI_REQUEST_NULL;
   STRATA_MPI_CHECK(MPI_Irecv(buf, int(n), detail::mpi_datatype(dtype), src, tag, comm_, &r));
-  wait(r, std::string(what) + " from " + name_ + " rank " + std::to_string(src) + " (tag " +
-              std::to_string(tag) + ")");
+  wait(r, what, src, tag);
+}
+
+void PeerExchange::check_tag(int tag, const char* what) const {
+  STRATA_INPUT_CHECK(tag >= 0 && tag <= tag_ub_, "pipeline message tag ", tag, " (", what,
+                     ") exceeds this MPI library's MPI_TAG_UB ", tag_ub_,
+                     ": fewer micro-batches per step (gradient_accumulation_steps) or model "
+                     "chunks (parallelism.pipeline x virtual_stages)");
 }
 
 void PeerExchange::wait_sends() {
-  for (MPI_Request& r : sends_) wait(r, "completing a pipeline send on " + name_);
-  sends_.clear();
+  for (size_t k = 0; k < requests_.size(); ++k) {
+    if (requests_[k] != MPI_REQUEST_NULL) wait(requests_[k], "a send", peer_of_[k], tag_of_[k]);
+  }
 }
 
 // MPI_Test in a loop (progressing every other request of this process too), yielding the core;
-// past the timeout the job is aborted naming what was awaited.
-void PeerExchange::wait(MPI_Request& r, const std::string& what) {
+// past the timeout the job is aborted naming what was awaited. Allocates nothing unless it fails.
+void PeerExchange::wait(MPI_Request& r, const char* what, int peer, int tag) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int spins = 0;; ++spins) {
     int done = 0;
@@ -53,7 +88,9 @@ void PeerExchange::wait(MPI_Request& r, const std::string& what) {
     if (done) return;
     if (timeout_.count() > 0 && std::chrono::steady_clock::now() - t0 > timeout_) {
       abort_job(1, "waited more than " + std::to_string(timeout_.count()) + " s for " + what +
-                       " (a stage failed or the schedules disagree); aborting the job");
+                       " with pipeline peer " + std::to_string(peer) + " (tag " +
+                       std::to_string(tag) +
+                       "): a stage failed or the schedules disagree; aborting the job");
     }
     if (spins > 64) std::this_thread::yield();
   }

@@ -1,13 +1,14 @@
 // Point-to-point transfers between pipeline stages that cannot deadlock, whatever the message
-// size (DESIGN.md §6): every send is non-blocking (MPI_Isend) and completes in the background
-// while the sender goes on; a receive waits for its message (MPI_Irecv, then MPI_Test with the
-// watchdog), so a stage only ever waits for data some peer has sent or will send without waiting
-// itself. A schedule the checker accepts (pipeline/schedule.h, under exactly these semantics)
-// therefore runs to completion. wait_sends() completes the sends (at the end of a step, before
-// their buffers are reused).
+// size (DESIGN.md §6): every send is non-blocking (MPI_Isend from a copy in a ring of send
+// buffers) and completes in the background while the sender goes on; a receive waits for its
+// message (MPI_Irecv, then MPI_Test with the watchdog), so a stage only ever waits for data a
+// peer has sent or will send without waiting itself. A schedule the checker accepts
+// (pipeline/schedule_check.h, under exactly these semantics) therefore runs to completion.
 //
-// Runs on the calling thread, on its own duplicate of the group's MPI communicator, beside the
-// group's collectives (MPI_THREAD_MULTIPLE).
+// The ring holds as many messages as the caller bounds in flight (a schedule's sends that its
+// peers have not yet received); a send that finds every buffer busy first completes the oldest
+// send. Nothing is allocated after construction. Runs on the calling thread, on its own duplicate
+// of the group's MPI communicator, beside the group's collectives (MPI_THREAD_MULTIPLE).
 #pragma once
 
 #include <mpi.h>
@@ -15,10 +16,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/core/memory.h"
 
 namespace strata::comm {
 
@@ -26,15 +27,17 @@ class Communicator;
 
 class PeerExchange {
  public:
-  // Over the ranks of `group` (a collective over it: the communicator is duplicated). A receive
-  // waiting longer than `timeout` (0: forever) aborts the job naming this rank, the peer and
-  // the message.
-  PeerExchange(const Communicator& group, std::chrono::seconds timeout);
+  // Over the ranks of `group` (a collective over it: the communicator is duplicated), with
+  // `slots` send buffers of `slot_bytes` each. A receive or send waiting longer than `timeout`
+  // (0: forever) aborts the job naming this rank, the peer and the message.
+  PeerExchange(const Communicator& group, std::chrono::seconds timeout, int slots,
+               size_t slot_bytes);
   ~PeerExchange();
   PeerExchange(const PeerExchange&) = delete;
   PeerExchange& operator=(const PeerExchange&) = delete;
 
-  // buf (n elements) to group rank dst; buf must stay unchanged until wait_sends().
+  // Copies buf (n elements) into a send buffer and sends it to group rank dst; buf is free on
+  // return. `what` names the message in errors.
   void send(const void* buf, size_t n, DType dtype, int dst, int tag, const char* what);
   // Blocks until the message from src with tag arrives in buf.
   void recv(void* buf, size_t n, DType dtype, int src, int tag, const char* what);
@@ -43,12 +46,16 @@ class PeerExchange {
   uint64_t bytes_sent() const { return bytes_; }
 
  private:
-  void wait(MPI_Request& r, const std::string& what);
+  void wait(MPI_Request& r, const char* what, int peer, int tag);
+  void check_tag(int tag, const char* what) const;
+  int tag_ub_ = 32767;  // the MPI standard's least guarantee, until the library says
   MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  std::string name_;
   std::chrono::seconds timeout_;
-  std::vector<MPI_Request> sends_;
+  Buffer ring_;
+  size_t slot_bytes_;
+  std::vector<MPI_Request> requests_;  // per slot; MPI_REQUEST_NULL when free
+  std::vector<int> peer_of_, tag_of_;  // per slot, for error messages
+  size_t next_ = 0;                    // the oldest slot (sends are issued round robin)
   uint64_t bytes_ = 0;
 };
 

@@ -49,6 +49,9 @@ Layout layout_of(const ModelSpec& spec) {
     const UnitSpec& unit = spec.units[u];
     switch (unit.kind) {
       case UnitKind::Vocab:
+        // With tied embeddings the last stage holds a copy of the vocabulary for its logits.
+        if (spec.config.tied_embeddings) out.head_params += double(unit.numel);
+        [[fallthrough]];
       case UnitKind::Position:
         out.embedding_params += double(unit.numel);
         break;

@@ -15,7 +15,8 @@ namespace strata::pipeline {
 
 enum class PartitionMethod : uint8_t {
   Uniform,     // blocks evenly; the remainder one each to the middle chunks, then the first
-  Parameters,  // balance the parameters held (the embedding on the first, the output on the last)
+  Parameters,  // balance the parameters held (the embedding on the first; the output, or with tied
+               // embeddings the vocabulary's copy, on the last)
   Time,        // balance estimated forward FLOPs per sequence (chunk_flops)
   Explicit,    // the number of blocks of each chunk, given
 };

@@ -85,6 +85,13 @@ void resolve_batch(Config& c, int dp) {
                         __builtin_mul_overflow(product, int64_t(dp), &product);
   if (tb > 0 && mb > 0 && gas > 0 && !overflow && tb == product) {
     config_detail::check_tensor_split(c, mb);  // sequence parallelism splits mb's token rows
+    const ParallelismConfig& p = c.parallelism;
+    STRATA_INPUT_CHECK(p.pipeline == 1 || p.schedule != "interleaved" || gas % p.pipeline == 0,
+                       "parallelism.schedule \"interleaved\" runs the micro-batches in groups of "
+                       "parallelism.pipeline=",
+                       p.pipeline, ": gradient_accumulation_steps=", gas,
+                       " (micro-batches per step) must be a multiple of it; change "
+                       "gradient_accumulation_steps (or train_batch_size) or the schedule");
     c.train_batch_size = tb, c.train_micro_batch_size_per_gpu = mb;
     c.gradient_accumulation_steps = gas;
     return;

@@ -376,27 +376,44 @@ void Engine::build_pipeline() {
     chunks_.push_back(make_transformer(spec_, pt, grad_dtype_, params_.data(), grads_.data(), B,
                                        cfg_.model.seq_len, o, tp_.get()));
   }
+  // The executor keeps one receive buffer and one input gradient per chunk: a receive must
+  // come right before the compute that consumes it, a send right after the compute that made it
+  // (as every generator places them; the checker alone would accept other orders).
+  for (size_t i = 0; i < schedule_.size(); ++i) {
+    using pipeline::Op;
+    const pipeline::Action& a = schedule_[i];
+    const bool recv = a.op == Op::RecvActivation || a.op == Op::RecvGradient;
+    const bool send = a.op == Op::SendActivation || a.op == Op::SendGradient;
+    if (!recv && !send) continue;
+    const bool act = a.op == Op::RecvActivation || a.op == Op::SendActivation;
+    const size_t j = recv ? i + 1 : i - 1;
+    const bool ok = (recv || i > 0) && j < schedule_.size() && schedule_[j].micro == a.micro &&
+                    schedule_[j].chunk == a.chunk &&
+                    (act ? schedule_[j].op == Op::Forward
+                         : schedule_[j].op == Op::Backward || schedule_[j].op == Op::BackwardInput);
+    STRATA_CHECK(ok, "pipeline stage ", stage_, ": ", pipeline::action_name(a),
+                 " must be adjacent to the compute that ", recv ? "consumes" : "produces", " it");
+  }
   last_dx_.assign(chunks_.size(), Tensor());
   trace_.reserve(schedule_.size());
   if (stages_ == 1) return;
-  peers_ = std::make_unique<comm::PeerExchange>(*pp_comm_,
-                                                std::chrono::seconds(cfg_.parallelism.timeout_s));
   // Hidden states between chunks: (rows, C), rows = B·T or B·T/tp under sequence parallelism.
   const int64_t rows =
       int64_t(B) * cfg_.model.seq_len / (tp_->sequence_parallel() ? tp_->size() : 1);
   const size_t msg = size_t(rows) * size_t(cfg_.model.hidden) * dtype_size(pt);
-  size_t sends = 0;
-  for (const pipeline::Action& a : schedule_) {
-    sends += a.op == pipeline::Op::SendActivation || a.op == pipeline::Op::SendGradient;
-  }
-  const size_t bufs = 2 * size_t(v) + sends;
-  pipe_ = Buffer(MemCategory::CommBuffers, bufs * msg);
+  // Sends a peer has not yet received: a chunk's activation sends are received before its
+  // micro-batch's gradient comes back (at most its slots), its gradient sends before the
+  // upstream chunk frees that micro-batch (at most as many).
+  int ring = 2;
+  for (int n : slots) ring += 2 * n;
+  peers_ = std::make_unique<comm::PeerExchange>(
+      *pp_comm_, std::chrono::seconds(cfg_.parallelism.timeout_s), ring, msg);
+  pipe_ = Buffer(MemCategory::CommBuffers, 2 * size_t(v) * msg);
   char* at = static_cast<char*>(pipe_.data());
   for (int k = 0; k < v; ++k) {
     recv_act_.push_back(at), at += msg;
     recv_grad_.push_back(at), at += msg;
   }
-  for (size_t i = 0; i < sends; ++i) send_pool_.push_back(at), at += msg;
   if (cfg_.model.tied_embeddings) {
     // The first and the last stage hold the vocabulary units; their gradients are summed
     // between them (Megatron's embedding group), so both copies stay equal.
@@ -421,7 +438,6 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
   const int64_t gas = cfg_.gradient_accumulation_steps;
   const int last = stages_ * (stages_ > 1 ? cfg_.parallelism.virtual_stages : 1) - 1;
   const DType pt = cfg_.param_dtype();
-  send_next_ = 0;
   // Messages are tagged by (micro-batch, receiving global chunk, activation | gradient).
   auto tag = [&](int micro, int g, int kind) { return (micro * (last + 1) + g) * 2 + kind; };
   // With tensor parallelism and no sequence parallelism every tp rank holds the same hidden
@@ -434,7 +450,6 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
     const int64_t rows = t.dim(0) / tps;
     return t.slice0(tp_->rank() * rows, (tp_->rank() + 1) * rows);
   };
-  const auto step0 = clock::now();
   trace_.clear();
   for (const pipeline::Action& a : schedule_) {
     if (step_ + 1 == fault_step_ && size_t(&a - schedule_.data()) == fault_action_) {
@@ -460,9 +475,7 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
       case Op::SendGradient: {
         const bool act = a.op == Op::SendActivation;
         const Tensor out = tp_part(act ? c.output(a.micro) : last_dx_[size_t(k)]);
-        const Tensor copy(send_pool_.at(send_next_++), pt, {out.numel()}, out.device);
-        ops::copy(copy, out);  // the pool holds it until the step's sends complete
-        peers_->send(copy.data, size_t(copy.numel()), pt, a.peer,
+        peers_->send(out.data, size_t(out.numel()), pt, a.peer,
                      tag(a.micro, act ? g + 1 : g - 1, act ? 0 : 1),
                      act ? "an activation" : "a gradient");
         break;
@@ -488,8 +501,8 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
         break;
     }
     if (tracing_) {
-      trace_.push_back({a, std::chrono::duration<double>(t0 - step0).count(),
-                        std::chrono::duration<double>(clock::now() - step0).count()});
+      trace_.push_back({a, std::chrono::duration<double>(t0.time_since_epoch()).count(),
+                        std::chrono::duration<double>(clock::now().time_since_epoch()).count()});
     }
   }
   if (peers_) peers_->wait_sends();

@@ -85,8 +85,8 @@ class Engine {
   // the accumulation steps.
   const std::vector<pipeline::Action>& schedule() const { return schedule_; }
   int stage() const { return stage_; }
-  // Tracing: while on, each step records when each of this rank's actions started and ended,
-  // in seconds from the step's start (the last step's, until the next).
+  // Tracing: while on, each step records when each of this rank's actions started and ended, in
+  // seconds of the host's steady clock (one clock for every rank of a host); the last step's.
   struct ActionSpan {
     pipeline::Action action;
     double start_s = 0, end_s = 0;
@@ -127,14 +127,13 @@ class Engine {
   std::vector<int> chunk_global_;  // local chunk -> global chunk
   std::vector<pipeline::Action> schedule_;
   std::unique_ptr<comm::PeerExchange> peers_;
-  Buffer pipe_;  // per chunk: a received activation, a received gradient; then the send pool
-  std::vector<void*> recv_act_, recv_grad_, send_pool_;
+  Buffer pipe_;  // per chunk: a received activation, a received gradient
+  std::vector<void*> recv_act_, recv_grad_;
   std::vector<Tensor> last_dx_;  // per chunk: the input gradient its last backward returned
   bool tracing_ = false;
   int64_t fault_step_ = 0;
   size_t fault_action_ = 0;
   std::vector<ActionSpan> trace_;  // reserved for the schedule: recording allocates nothing
-  size_t send_next_ = 0;
   // Tied embeddings across stages: the first and last stage's vocabulary units (same dp, tp).
   std::unique_ptr<comm::Communicator> embed_comm_;
   int64_t vocab_numel_ = 0;  // elements of the vocabulary units at the start of the flat buffer

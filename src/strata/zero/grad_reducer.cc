@@ -42,6 +42,7 @@ GradReducer::GradReducer(comm::Communicator& group, const ModelSpec& spec,
     }
   } else if (stage_ == 1) {
     for (int u = int(units_.size()) - 1; u >= 0; --u) {
+      if (units_[size_t(u)].numel == 0) continue;  // on another pipeline stage
       ranges_.push_back(
           {units_[size_t(u)].offset, units_[size_t(u)].offset + units_[size_t(u)].numel, u});
     }

@@ -156,6 +156,7 @@ void ZeroSync::after_step() {
   const std::vector<UnitSpec>& units = part_->units();
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t c = part_->chunk(int(u));
+    if (c == 0) continue;  // a unit on another pipeline stage
     if (stage_ < 3) {
       char* out = full_params_ + size_t(units[u].offset) * ps_;
       gathers_[u] = shard_.all_gather_async(full_params_ + size_t(part_->chunk_begin(int(u))) * ps_,
