@@ -118,6 +118,24 @@ TEST_P(Chunks, SplitDeferredAndInFlightEqualTheWholeModel) {
     expect_equal(grads, "two chunks, deferred weight gradients");
     EXPECT_THROW(c0->backward_weight(0), Error) << "micro-batch 0's slot was freed";
   }
+  {  // Weight gradients deferred with one input slot (ZB-H1's pattern: F0 B0 F1 B1 W0 W1): what
+     // only the input gradient reads is freed by it and reused by the next micro-batch.
+    std::vector<float> grads(size_t(spec.numel), 0.0f);
+    ChunkOptions o{0, -1, 2, true};
+    o.input_slots = 1;
+    auto whole2 = make_transformer(spec, DType::F32, DType::F32, params.data(), grads.data(), B,
+                                   m.seq_len, o);
+    EXPECT_EQ(whole2->forward(0, b0.inputs.data(), Tensor(), b0.targets.data(), dloss, true), w0);
+    EXPECT_THROW(whole2->forward(1, b1.inputs.data(), Tensor(), b1.targets.data(), dloss, true),
+                 Error)
+        << "the only input slot is still held by micro-batch 0";
+    whole2->backward_input(0, Tensor());
+    EXPECT_EQ(whole2->forward(1, b1.inputs.data(), Tensor(), b1.targets.data(), dloss, true), w1);
+    whole2->backward_input(1, Tensor());
+    whole2->backward_weight(0);
+    whole2->backward_weight(1);
+    expect_equal(grads, "one chunk, one input slot, deferred weight gradients");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Chunks, ::testing::Values("gpt2", "llama"));

@@ -122,6 +122,13 @@ void TransformerImpl::layout() {
   auto act = [&](int64_t n, size_t e) { return acts_.take(n, e); };
   auto wk = [&](int64_t n, size_t e) { return work_.take(n, e); };
   const int nb = l1_ - l0_;
+  input_slots_.resize(size_t(chunk_.input_slots > 0 ? chunk_.input_slots : chunk_.slots));
+  for (InputSlot& in : input_slots_) {
+    in.blocks.resize(size_t(nb));
+    for (std::array<void*, 3>& b : in.blocks) {
+      b = {act(N * QKVl_, ps), act(int64_t(B_) * tpl_.heads * T_ * T_, ps), act(N * FCHl_, ps)};
+    }
+  }
   slots_.resize(size_t(chunk_.slots));
   for (Slot& s : slots_) {
     s.tokens = static_cast<int32_t*>(act(N, 4));
@@ -132,14 +139,11 @@ void TransformerImpl::layout() {
       a.ln1 = act(Ns * C, ps);
       a.ln1_mean = static_cast<float*>(act(Ns, f4));
       a.ln1_rstd = static_cast<float*>(act(Ns, f4));
-      a.qkv = act(N * QKVl_, ps);
-      a.att = act(int64_t(B_) * tpl_.heads * T_ * T_, ps);
       a.atty = act(N * Hl_, ps);
       a.res2 = act(Ns * C, ps);
       a.ln2 = act(Ns * C, ps);
       a.ln2_mean = static_cast<float*>(act(Ns, f4));
       a.ln2_rstd = static_cast<float*>(act(Ns, f4));
-      a.fch = act(N * FCHl_, ps);
       a.fch_act = act(N * Fl_, ps);
       a.res3 = act(Ns * C, ps);
     }
@@ -257,17 +261,42 @@ Tensor TransformerImpl::gathered(void* shard, void* into) {
   return full(into);
 }
 
+void TransformerImpl::take_input_slot(Slot& s) {
+  for (size_t k = 0; k < input_slots_.size(); ++k) {
+    InputSlot& in = input_slots_[k];
+    if (in.busy) continue;
+    in.busy = true;
+    s.input = int(k);
+    for (size_t b = 0; b < s.blocks.size(); ++b) {
+      s.blocks[b].qkv = in.blocks[b][0], s.blocks[b].att = in.blocks[b][1];
+      s.blocks[b].fch = in.blocks[b][2];
+    }
+    return;
+  }
+  STRATA_FAIL("all ", input_slots_.size(), " input-gradient activation slots of the chunk are in ",
+              "use: run an input-gradient backward before the next forward, or give the chunk "
+              "more input_slots");
+}
+
+void TransformerImpl::free_input_slot(Slot& s) {
+  if (s.input < 0) return;
+  input_slots_[size_t(s.input)].busy = false;
+  s.input = -1;
+  for (BlockActs& a : s.blocks) a.qkv = a.att = a.fch = nullptr;
+}
+
 double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
                                 const int32_t* targets, float dloss, bool train, UnitHook* hook) {
   Slot* free = nullptr;
   for (Slot& s : slots_) {
-    if (s.eval) s.mb = -1, s.eval = false;
+    if (s.eval) free_input_slot(s), s.mb = -1, s.eval = false;
     STRATA_CHECK(s.mb != mb, "micro-batch ", mb, " is already in flight in this chunk");
     if (s.mb < 0 && free == nullptr) free = &s;
   }
   STRATA_CHECK(free != nullptr, "all ", slots_.size(), " activation slots of the chunk are in ",
                "use: run a backward before the next forward, or give the chunk more slots");
   Slot& s = *free;
+  take_input_slot(s);
   if (has_embed_) {
     STRATA_CHECK(tokens != nullptr, "the first chunk needs token ids");
     ops::copy_from_host(ids(s.tokens), tokens);
@@ -323,6 +352,7 @@ Tensor TransformerImpl::backward_input(int mb, Tensor dout, UnitHook* hook) {
   }
   if (has_embed_) embed_backward(s, hook);
   s.input_done = true;
+  free_input_slot(s);
   if (!chunk_.defer_weight) s.mb = -1;
   return has_embed_ ? Tensor() : hid(dres_);
 }

@@ -61,6 +61,10 @@ struct ChunkOptions {
   bool defer_weight = false;    // backward_input() leaves the weight gradients to backward_weight()
                                 // (each slot then also keeps the output gradients they need)
   Device device = Device::CPU;  // where the parameters, gradients and activations live
+  // Micro-batches between forward and input-gradient backward (0: slots). What only that
+  // backward reads (attention probabilities, QKV, MLP pre-activations) lives in a pool of this
+  // many slots, freed by backward_input: with deferred weight gradients fewer than `slots`.
+  int input_slots = 0;
 };
 
 // A model chunk: a contiguous range of units (DESIGN.md §3, §6) on one rank of a tensor-parallel

@@ -71,8 +71,16 @@ struct BlockStash {
   void* dln2;   // (Ns, C)
 };
 
+// What only the input-gradient backward reads, per block: QKV (N, QKVl), the attention
+// probabilities (B, heads_l, T, T) and the MLP's pre-activation (N, FCHl).
+struct InputSlot {
+  bool busy = false;
+  std::vector<std::array<void*, 3>> blocks;
+};
+
 struct Slot {
   int mb = -1;              // micro-batch held, -1: free
+  int input = -1;           // its InputSlot while the input-gradient backward has not run
   bool eval = false;        // held by an evaluation forward: free for the next forward
   bool input_done = false;  // backward_input ran (defer_weight)
   int32_t *tokens = nullptr, *targets = nullptr;  // (N)
@@ -224,6 +232,9 @@ class TransformerImpl final : public Transformer {
 
   Arena acts_, work_;
   std::vector<Slot> slots_;
+  std::vector<InputSlot> input_slots_;
+  void take_input_slot(Slot& s);
+  void free_input_slot(Slot& s);
   // Workspace (shared by every slot).
   void *dres_ = nullptr, *dc_ = nullptr, *dbig_ = nullptr, *dbig2_ = nullptr;
   void *gath_ = nullptr, *part_ = nullptr;  // (N, C) each

@@ -355,14 +355,20 @@ void Engine::build_pipeline() {
   const pipeline::StagePlan plan = plan_chunks(full, p, stages_);
   // Activation slots per chunk: the most micro-batches whose forward ran and whose weight
   // gradients did not, in this stage's list.
+  // Input slots: the most whose forward ran and whose input gradient did not.
   std::vector<int> in_flight(size_t(v), 0), slots(size_t(v), 1);
+  std::vector<int> awaiting(size_t(v), 0), input_slots(size_t(v), 1);
   bool defer = false;
   for (const pipeline::Action& a : schedule_) {
-    int& n = in_flight[size_t(a.chunk)];
-    if (a.op == pipeline::Op::Forward)
-      slots[size_t(a.chunk)] = std::max(slots[size_t(a.chunk)], ++n);
-    if (a.op == pipeline::Op::Backward || a.op == pipeline::Op::BackwardWeight) --n;
-    if (a.op == pipeline::Op::BackwardInput) defer = true;
+    const size_t k = size_t(a.chunk);
+    using pipeline::Op;
+    if (a.op == Op::Forward) {
+      slots[k] = std::max(slots[k], ++in_flight[k]);
+      input_slots[k] = std::max(input_slots[k], ++awaiting[k]);
+    }
+    if (a.op == Op::Backward || a.op == Op::BackwardInput) --awaiting[k];
+    if (a.op == Op::Backward || a.op == Op::BackwardWeight) --in_flight[k];
+    if (a.op == Op::BackwardInput) defer = true;
   }
   const int B = int(cfg_.train_micro_batch_size_per_gpu);
   const DType pt = cfg_.param_dtype();
@@ -371,6 +377,7 @@ void Engine::build_pipeline() {
     ChunkOptions o;
     o.unit_begin = plan.chunks[size_t(g)].first, o.unit_end = plan.chunks[size_t(g)].second;
     o.slots = slots[size_t(k)];
+    o.input_slots = input_slots[size_t(k)];
     o.defer_weight = defer;
     chunk_global_.push_back(g);
     chunks_.push_back(make_transformer(spec_, pt, grad_dtype_, params_.data(), grads_.data(), B,
