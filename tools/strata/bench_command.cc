@@ -162,6 +162,14 @@ void run_bench(const BenchArgs& a) {
       runs.push_back(engine.train_batch());
       if (a.pipeline > 1) bubbles.push_back(pipeline_bubble(engine, cfg));
     }
+    // Activation peak of every stage (its largest over the stage's ranks).
+    std::vector<double> stage_acts(size_t(a.pipeline), 0.0);
+    if (a.pipeline > 1) {
+      stage_acts[size_t(engine.stage())] =
+          double(runs.back().peak_bytes[size_t(MemCategory::Activations)]);
+      MPI_Allreduce(MPI_IN_PLACE, stage_acts.data(), a.pipeline, MPI_DOUBLE, MPI_MAX,
+                    MPI_COMM_WORLD);
+    }
     if (!rank0) continue;
     if (a.pipeline > 1) {
       std::sort(bubbles.begin(), bubbles.end(),
@@ -172,6 +180,9 @@ void run_bench(const BenchArgs& a) {
           "(with the measured action times), ratio %.3f\n",
           a.pipeline, a.schedule.c_str(), a.micro, a.virtual_stages, m.measured, m.predicted,
           m.measured / m.predicted);
+      std::string per_stage;
+      for (double b : stage_acts) per_stage += " " + format_bytes(size_t(b));
+      std::printf("bench activations per stage:%s\n", per_stage.c_str());
     }
     std::sort(runs.begin(), runs.end(),
               [](const StepMetrics& x, const StepMetrics& y) { return x.seconds < y.seconds; });
