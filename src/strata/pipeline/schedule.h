@@ -76,10 +76,8 @@ void validate(const ScheduleSpec& s);
 //     its micro-batch is in range): the input gradients keep 1F1B's rhythm and the weight
 //     gradients of the last p-1 micro-batches fill the cool-down. Micro-batches whose input
 //     gradient is not done stay at 1F1B's p-s per stage; those whose weight gradient is not done
-//     reach p on every stage, 1F1B's peak (stage 0's). strata's executor keeps a micro-batch's
-//     whole activations until its weight gradient runs (plus the output gradients it needs), so
-//     under ZB-H1 every stage holds p micro-batches' activations, not p-s: more memory than
-//     1F1B on every stage but the first.
+//     reach p on every stage, 1F1B's peak (stage 0's). strata's model chunks keep what only the
+//     input gradient reads in slots freed by it (p-s of them) and the rest for p.
 std::vector<std::vector<Action>> generate(const ScheduleSpec& s);
 
 // The stage holding global chunk g, and the global chunk of local chunk k on stage s.
