@@ -169,6 +169,7 @@ class TransformerImpl final : public Transformer {
   Tensor row_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G, void* stash,
                                Tensor x, Tensor dx, bool fuse);
   void row_parallel_weight(int l, ParamRole w, ParamRole b, void* G, Tensor dy, Tensor x);
+  void sp_bias_grad(Tensor db, Tensor dy);
   void column_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G, Tensor dy,
                                 void* ln, void* dln, bool fuse);
   void row_parallel_forward(void* out, Tensor x, Tensor w, Tensor b);

@@ -238,27 +238,26 @@ Tensor TransformerImpl::row_parallel_backward(int l, ParamRole w, ParamRole b, v
     ops::linear_backward_input(dx, dy, param(l, w, P, pt_), false);
     return dy;
   }
-  // Input and weight gradients in one call (dy widened once where half operands are); under
-  // sequence parallelism the bias's gradient comes from this rank's rows only.
+  // Input and weight gradients in one call (dy widened once where half operands are).
   ops::linear_backward(dx, grad(l, w, G), sp_ ? Tensor() : grad(l, b, G), dy, x,
                        param(l, w, P, pt_));
-  const Tensor db = grad(l, b, G);
-  if (sp_ && db.data != nullptr) {
-    const int64_t r = tp_->rank();
-    ops::linear_backward_weight(Tensor(), db, dy.slice0(r * Ns_, (r + 1) * Ns_), Tensor());
-  }
+  sp_bias_grad(grad(l, b, G), dy);
   return dy;
 }
 
-// The bias was added after the sum over the group, on this rank's rows: its gradient is the sum
-// of dy over them.
 void TransformerImpl::row_parallel_weight(int l, ParamRole w, ParamRole b, void* G, Tensor dy,
                                           Tensor x) {
-  ops::linear_backward_weight(grad(l, w, G), Tensor(), dy, x);
-  const Tensor db = grad(l, b, G);
-  if (db.data == nullptr) return;
+  ops::linear_backward_weight(grad(l, w, G), sp_ ? Tensor() : grad(l, b, G), dy, x);
+  sp_bias_grad(grad(l, b, G), dy);
+}
+
+// The row-parallel bias is added after the sum over the group. Under sequence parallelism that
+// is on this rank's rows only, so its gradient sums dy over them (without it, over every row,
+// with the weight's gradient).
+void TransformerImpl::sp_bias_grad(Tensor db, Tensor dy) {
+  if (!sp_ || db.data == nullptr) return;
   const int64_t r = tp_->rank();
-  ops::linear_backward_weight(Tensor(), db, sp_ ? dy.slice0(r * Ns_, (r + 1) * Ns_) : dy, Tensor());
+  ops::linear_backward_weight(Tensor(), db, dy.slice0(r * Ns_, (r + 1) * Ns_), Tensor());
 }
 
 // Column-parallel linear (w: (out_l, C)) reading the norm output `ln` (Ns, C; gathered under SP):

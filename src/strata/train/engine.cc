@@ -178,13 +178,14 @@ pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& 
 
 // This rank's spec: its tensor-parallel slices of the units its pipeline stage holds (all of them
 // without a pipeline); with tied embeddings the last stage holds the vocabulary units too.
+// `plan` receives the units of every global chunk.
 ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
-                     const comm::Communicator* pp) {
+                     const comm::Communicator* pp, pipeline::StagePlan& plan) {
   const ModelSpec full = build_model_spec(cfg.model, shard, tp != nullptr ? tp->size() : 1,
                                           tp != nullptr ? tp->rank() : 0);
   const int stages = pp != nullptr ? pp->size() : 1;
+  plan = plan_chunks(full, cfg.parallelism, stages);
   if (stages == 1) return full;
-  const pipeline::StagePlan plan = plan_chunks(full, cfg.parallelism, stages);
   std::vector<bool> held(full.units.size(), false);
   for (size_t g = 0; g < plan.chunks.size(); ++g) {
     if (pipeline::stage_of(int(g), stages) != pp->rank()) continue;
@@ -201,7 +202,7 @@ ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
 Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp,
                comm::Communicator* tp, comm::Communicator* pp)
     : cfg_(cfg),
-      spec_(stage_spec(cfg, shard_size(cfg, dp), tp, pp)),
+      spec_(stage_spec(cfg, shard_size(cfg, dp), tp, pp, plan_)),
       dp_(dp),
       tp_comm_(tp),
       pp_comm_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {
@@ -350,9 +351,6 @@ void Engine::build_pipeline() {
       stages_ > 1 ? pipeline::parse_schedule(p.schedule) : pipeline::ScheduleKind::OneFOneB;
   sched.stages = stages_, sched.micro = gas, sched.virtual_stages = v;
   schedule_ = pipeline::generate(sched)[size_t(stage_)];
-  // Units of each global chunk, from the whole model's spec (same unit indices as spec_).
-  const ModelSpec full = build_model_spec(cfg_.model, spec_.align, tp_->size(), tp_->rank());
-  const pipeline::StagePlan plan = plan_chunks(full, p, stages_);
   // Activation slots per chunk: the most micro-batches whose forward ran and whose weight
   // gradients did not, in this stage's list.
   // Input slots: the most whose forward ran and whose input gradient did not.
@@ -375,7 +373,7 @@ void Engine::build_pipeline() {
   for (int k = 0; k < v; ++k) {
     const int g = pipeline::global_chunk(k, stage_, stages_);
     ChunkOptions o;
-    o.unit_begin = plan.chunks[size_t(g)].first, o.unit_end = plan.chunks[size_t(g)].second;
+    o.unit_begin = plan_.chunks[size_t(g)].first, o.unit_end = plan_.chunks[size_t(g)].second;
     o.slots = slots[size_t(k)];
     o.input_slots = input_slots[size_t(k)];
     o.defer_weight = defer;

@@ -13,6 +13,7 @@
 #include "strata/model/transformer.h"
 #include "strata/optim/loss_scaler.h"
 #include "strata/optim/optimizer.h"
+#include "strata/pipeline/partition.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/train/config.h"
 
@@ -107,6 +108,7 @@ class Engine {
 
  private:
   Config cfg_;
+  pipeline::StagePlan plan_;  // the units of every global model chunk (set with spec_)
   ModelSpec spec_;
   std::unique_ptr<data::Sampler> sampler_;
   DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
