@@ -11,34 +11,16 @@
 #include "strata/core/rng.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
+#include "tests/model/tiny_model.h"
 
 namespace strata {
 namespace {
 
-ModelConfig tiny(const std::string& family) {
-  ModelConfig m;
-  m.family = family;
-  m.layers = 4, m.hidden = 32, m.heads = 4, m.vocab = 96, m.seq_len = 16;
-  m.kv_heads = family == "gpt2" ? 4 : 2;
-  m.ffn_hidden = family == "gpt2" ? 128 : 64;
-  m.tied_embeddings = family == "gpt2";
-  return m;
-}
-
-struct Batch {
-  std::vector<int32_t> inputs, targets;
-};
+using test::Batch;
+using test::tiny;
 
 Batch batch(const ModelConfig& m, int B, uint64_t seed) {
-  Batch b;
-  const uint64_t key = rng_key(seed, "chunk_test");
-  for (int i = 0; i < B * m.seq_len; ++i) {
-    b.inputs.push_back(int32_t(rng_uniform(key, uint64_t(2 * i)) * float(m.vocab)) % m.vocab);
-    b.targets.push_back(
-        i % 7 == 3 ? -1
-                   : int32_t(rng_uniform(key, uint64_t(2 * i + 1)) * float(m.vocab)) % m.vocab);
-  }
-  return b;
+  return test::batch(m, B, seed, "chunk_test", 7, 3);
 }
 
 std::vector<float> initial_params(const ModelSpec& spec) {

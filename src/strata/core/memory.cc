@@ -13,7 +13,7 @@ const char* mem_category_name(MemCategory c) {
   static constexpr const char* kNames[kNumMemCategories] = {
       "params",          "master_params", "grads",
       "optimizer_state", "activations",   "checkpointed_activations",
-      "comm_buffers",    "workspace"};
+      "comm_buffers",    "workspace",     "host_checkpoints"};
   return kNames[int(c)];
 }
 

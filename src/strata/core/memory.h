@@ -17,11 +17,12 @@ enum class MemCategory : int {
   Grads,
   OptimizerState,
   Activations,
-  CheckpointedActivations,
+  CheckpointedActivations,  // inputs kept by fully recomputed blocks, in device memory
   CommBuffers,
   Workspace,
+  HostCheckpoints,  // the same, moved to host memory (activation_checkpointing.cpu_checkpointing)
 };
-inline constexpr int kNumMemCategories = 8;
+inline constexpr int kNumMemCategories = 9;
 const char* mem_category_name(MemCategory c);  // snake_case, e.g. "optimizer_state"
 
 class MemoryTracker {

@@ -126,6 +126,10 @@ void fill_zero(Tensor t) {
   if (t.data != nullptr) std::memset(t.data, 0, t.nbytes());
 }
 
+void synchronize(Device device) {
+  if (device == Device::CUDA) STRATA_FAIL("synchronize: no CUDA backend is built into strata");
+}
+
 void copy(Tensor dst, Tensor src) {
   constexpr const char* op = "copy";
   on_cpu(op, {dst, src});

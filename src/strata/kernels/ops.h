@@ -25,6 +25,9 @@
 namespace strata::ops {
 
 // --- memory ---------------------------------------------------------------------------------
+// Waits until every operation issued on `device` has finished (the CPU backend runs each one to
+// completion before it returns: nothing to wait for).
+void synchronize(Device device);
 void fill_zero(Tensor t);
 // dst = src, converting dtypes (same numel).
 void copy(Tensor dst, Tensor src);

@@ -1,5 +1,7 @@
 #include "strata/model/transformer.h"
 
+#include <chrono>
+
 #include "strata/comm/communicator.h"
 #include "strata/model/transformer_impl.h"
 
@@ -41,9 +43,24 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   QKVl_ = tpl_.qkv_rows, Hl_ = int64_t(tpl_.heads) * hd;
   ash_ = {B_, T_, tpl_.groups, tpl_.rep, int(hd)};
   places();
+  const RecomputeOptions& rc = chunk_.recompute;
+  STRATA_CHECK(rc.full.empty() || int(rc.full.size()) == cfg_.layers,
+               "full recompute is chosen per model block: ", rc.full.size(), " flags for ",
+               cfg_.layers, " blocks");
+  ckpt_.assign(size_t(l1_ - l0_), 0);
+  bool any = false;
+  for (int l = l0_; l < l1_; ++l) any |= (ckpt_[size_t(l - l0_)] = rc.is_full(l) ? 1 : 0) != 0;
+  shard_ = any && rc.partition && tp_->size() > 1 && !sp_;
+  shard_elems_ = (Ns_ * C_ + tp_->size() - 1) / tp_->size();
+  rc_seconds_.assign(size_t(l1_ - l0_), 0.0);
   layout();  // sizes the arenas
   acts_.allocate(MemCategory::Activations, dev_);
   work_.allocate(MemCategory::Workspace, dev_);
+  if (rc.host) {
+    ckpts_.allocate(MemCategory::HostCheckpoints, Device::CPU);
+  } else {
+    ckpts_.allocate(MemCategory::CheckpointedActivations, dev_);
+  }
   layout();  // points into them
 }
 
@@ -117,35 +134,71 @@ void TransformerImpl::places() {
 void TransformerImpl::layout() {
   acts_.rewind();
   work_.rewind();
+  ckpts_.rewind();
   const size_t ps = dtype_size(pt_), f4 = sizeof(float);
   const int64_t N = N_, Ns = Ns_, C = C_;
   auto act = [&](int64_t n, size_t e) { return acts_.take(n, e); };
   auto wk = [&](int64_t n, size_t e) { return work_.take(n, e); };
   const int nb = l1_ - l0_;
+  const int64_t att_n = int64_t(B_) * tpl_.heads * T_ * T_;
+  const bool selective = chunk_.recompute.selective;
+  bool any = false;
+  for (char c : ckpt_) any |= c != 0;
+  // The recompute set: one block's activations, shared by every fully recomputed block (and the
+  // attention probabilities by every block under selective recompute).
+  // What a block keeps per slot besides QKV, probabilities, pre-activation and output.
+  auto carve = [&](BlockActs& a) {
+    a.ln1 = act(Ns * C, ps);
+    a.ln1_mean = static_cast<float*>(act(Ns, f4));
+    a.ln1_rstd = static_cast<float*>(act(Ns, f4));
+    a.atty = act(N * Hl_, ps);
+    a.res2 = act(Ns * C, ps);
+    a.ln2 = act(Ns * C, ps);
+    a.ln2_mean = static_cast<float*>(act(Ns, f4));
+    a.ln2_rstd = static_cast<float*>(act(Ns, f4));
+    a.fch_act = act(N * Fl_, ps);
+  };
+  rc_ = BlockActs{};
+  if (any) carve(rc_), rc_.qkv = act(N * QKVl_, ps), rc_.fch = act(N * FCHl_, ps);
+  if (any || selective) rc_.att = act(att_n, ps);
+  if (selective && !any) rc_.atty = act(N * Hl_, ps);  // the recomputed attention's output
+  if (shard_) {
+    for (void*& w : whole_) w = act(shard_elems_ * tp_->size(), ps);
+  }
+  // Where a block's input lives: kept whole in the checkpoint pool (a fully recomputed block),
+  // sharded there with its whole in one of the two buffers in turn, or among the activations.
+  auto input_at = [&](Slot& s, int b) -> void* {
+    if (b >= nb || !ckpt_[size_t(b)]) return act(Ns * C, ps);
+    if (!shard_) return ckpts_.take(Ns * C, ps);
+    s.shard[size_t(b)] = ckpts_.take(shard_elems_, ps);
+    return whole_[size_t(b + 1) % 2];
+  };
   input_slots_.resize(size_t(chunk_.input_slots > 0 ? chunk_.input_slots : chunk_.slots));
   for (InputSlot& in : input_slots_) {
     in.blocks.resize(size_t(nb));
-    for (std::array<void*, 3>& b : in.blocks) {
-      b = {act(N * QKVl_, ps), act(int64_t(B_) * tpl_.heads * T_ * T_, ps), act(N * FCHl_, ps)};
+    for (size_t b = 0; b < size_t(nb); ++b) {
+      if (ckpt_[b]) {
+        in.blocks[b] = {};
+        continue;
+      }
+      in.blocks[b] = {act(N * QKVl_, ps), selective ? rc_.att : act(att_n, ps), act(N * FCHl_, ps)};
     }
   }
   slots_.resize(size_t(chunk_.slots));
   for (Slot& s : slots_) {
     s.tokens = static_cast<int32_t*>(act(N, 4));
     s.targets = static_cast<int32_t*>(act(N, 4));
-    s.encoded = act(Ns * C, ps);
+    s.shard.assign(size_t(nb), nullptr);
+    s.encoded = input_at(s, 0);
     s.blocks.resize(size_t(nb));
-    for (BlockActs& a : s.blocks) {
-      a.ln1 = act(Ns * C, ps);
-      a.ln1_mean = static_cast<float*>(act(Ns, f4));
-      a.ln1_rstd = static_cast<float*>(act(Ns, f4));
-      a.atty = act(N * Hl_, ps);
-      a.res2 = act(Ns * C, ps);
-      a.ln2 = act(Ns * C, ps);
-      a.ln2_mean = static_cast<float*>(act(Ns, f4));
-      a.ln2_rstd = static_cast<float*>(act(Ns, f4));
-      a.fch_act = act(N * Fl_, ps);
-      a.res3 = act(Ns * C, ps);
+    for (size_t b = 0; b < size_t(nb); ++b) {
+      BlockActs& a = s.blocks[b];
+      if (ckpt_[b]) {
+        a = rc_;
+      } else {
+        carve(a);
+      }
+      a.res3 = input_at(s, int(b) + 1);
     }
     if (has_head_) {
       s.lnf = act(Ns * C, ps);
@@ -268,6 +321,7 @@ void TransformerImpl::take_input_slot(Slot& s) {
     in.busy = true;
     s.input = int(k);
     for (size_t b = 0; b < s.blocks.size(); ++b) {
+      if (ckpt_[b]) continue;  // the recompute set's
       s.blocks[b].qkv = in.blocks[b][0], s.blocks[b].att = in.blocks[b][1];
       s.blocks[b].fch = in.blocks[b][2];
     }
@@ -282,7 +336,68 @@ void TransformerImpl::free_input_slot(Slot& s) {
   if (s.input < 0) return;
   input_slots_[size_t(s.input)].busy = false;
   s.input = -1;
-  for (BlockActs& a : s.blocks) a.qkv = a.att = a.fch = nullptr;
+  for (size_t b = 0; b < s.blocks.size(); ++b) {
+    if (!ckpt_[b]) s.blocks[b].qkv = s.blocks[b].att = s.blocks[b].fch = nullptr;
+  }
+}
+
+// A partitioned checkpoint: this rank's k elements of the next block's input, which the previous
+// block (or the embedding, l = l0 - 1) has just written whole.
+void TransformerImpl::keep_shard(Slot& s, int l) {
+  const size_t b = size_t(l + 1 - l0_);
+  if (b >= s.shard.size() || s.shard[b] == nullptr) return;
+  const int64_t total = Ns_ * C_, from = tp_->rank() * shard_elems_;
+  const int64_t n = std::max<int64_t>(0, std::min(shard_elems_, total - from));
+  const void* whole = l < l0_ ? s.encoded : s.blocks[size_t(l - l0_)].res3;
+  if (n > 0) {
+    ops::copy(vec(s.shard[b], pt_, n), vec(at(const_cast<void*>(whole), pt_, from), pt_, n));
+  }
+}
+
+void TransformerImpl::sync_boundary() const {
+  if (chunk_.recompute.synchronize) ops::synchronize(dev_);
+}
+
+// Block l's forward again, from its checkpoint (all-gathered when partitioned), through the
+// MLP's activation: what its backward reads, bit for bit what the first forward computed.
+const void* TransformerImpl::recompute(Slot& s, int l, UnitHook* hook) {
+  const auto t0 = std::chrono::steady_clock::now();
+  sync_boundary();
+  const size_t b = size_t(l - l0_);
+  const void* x = block_input(s, l);
+  if (s.shard[b] != nullptr) {
+    void* whole = whole_[0];
+    tp_->all_gather(vec(whole, pt_, shard_elems_ * tp_->size()),
+                    vec(s.shard[b], pt_, shard_elems_));
+    x = whole;
+  }
+  attn_forward(s, l, x, hook);
+  mlp_forward(s, l, hook, false);
+  sync_boundary();
+  rc_seconds_[b] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return x;
+}
+
+void TransformerImpl::recompute_attention(const BlockActs& a, int l) {
+  const auto t0 = std::chrono::steady_clock::now();
+  sync_boundary();
+  ops::attention_forward(mat(rc_.atty, pt_, N_, Hl_),
+                         vec(a.att, pt_, int64_t(B_) * tpl_.heads * T_ * T_),
+                         mat(a.qkv, pt_, N_, QKVl_), ash_);
+  sync_boundary();
+  rc_seconds_[size_t(l - l0_)] +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double TransformerImpl::take_recompute_seconds(std::vector<double>* per_block) {
+  double sum = 0.0;
+  if (per_block) per_block->resize(size_t(cfg_.layers), 0.0);
+  for (size_t b = 0; b < rc_seconds_.size(); ++b) {
+    sum += rc_seconds_[b];
+    if (per_block) (*per_block)[size_t(l0_) + b] += rc_seconds_[b];
+    rc_seconds_[b] = 0.0;
+  }
+  return sum;
 }
 
 double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
@@ -319,9 +434,14 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
   s.input_done = false;
   if (hook) hook->begin_pass(UnitHook::Pass::Forward);
   if (has_embed_) embed_forward(s, hook);
+  keep_shard(s, l0_ - 1);
   for (int l = l0_; l < l1_; ++l) {
+    const bool full = full_recompute(l);
+    if (full) sync_boundary();
     attn_forward(s, l, block_input(s, l), hook);
     mlp_forward(s, l, hook);
+    if (full) sync_boundary();
+    keep_shard(s, l);
   }
   if (!has_head_) return 0.0;
   return head_forward(s, block_input(s, l1_), dloss, train, hook);
@@ -347,8 +467,9 @@ Tensor TransformerImpl::backward_input(int mb, Tensor dout, UnitHook* hook) {
     ops::copy(hid(dres_), dout);
   }
   for (int l = l1_ - 1; l >= l0_; --l) {
+    const void* x = full_recompute(l) ? recompute(s, l, hook) : block_input(s, l);
     mlp_backward(s, l, hook);
-    attn_backward(s, l, block_input(s, l), hook);
+    attn_backward(s, l, x, hook);
   }
   if (has_embed_) embed_backward(s, hook);
   s.input_done = true;
@@ -364,8 +485,11 @@ void TransformerImpl::backward_weight(int mb, UnitHook* hook) {
                "input-gradient backward");
   if (has_head_) head_weight(s, hook);
   for (int l = l1_ - 1; l >= l0_; --l) {
+    // A fully recomputed block recomputes again: the input-gradient backward's recompute set
+    // has served other blocks since.
+    const void* x = full_recompute(l) ? recompute(s, l, hook) : block_input(s, l);
     mlp_weight(s, l, hook);
-    attn_weight(s, l, block_input(s, l), hook);
+    attn_weight(s, l, x, hook);
   }
   if (has_embed_) embed_weight(s, hid(s.denc), hook);
   s.mb = -1;
@@ -375,7 +499,8 @@ void TransformerImpl::backward_weight(int mb, UnitHook* hook) {
 
 using model_detail::TransformerImpl;
 
-std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass) {
+std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
+                             const RecomputeOptions& recompute) {
   const std::vector<int> vocab = spec.units_of(UnitKind::Vocab);
   const std::vector<int> pos = spec.units_of(UnitKind::Position);
   const std::vector<int> attn = spec.units_of(UnitKind::Attention);
@@ -397,6 +522,10 @@ std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass) {
     t.assign(out.rbegin(), out.rend());
     t.push_back(fin);
     for (size_t l = attn.size(); l-- > 0;) {
+      if (recompute.is_full(int(l))) {
+        t.push_back(attn[l]);
+        t.push_back(mlp[l]);
+      }
       t.push_back(mlp[l]);
       t.push_back(attn[l]);
     }

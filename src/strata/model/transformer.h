@@ -45,9 +45,42 @@ class UnitHook {
   virtual void unit_done(int /*unit*/, bool /*final*/) {}
 };
 
+// Activation checkpointing (DESIGN.md §3; ../shared/reference/megatron.md §6, deepspeed.md §1):
+// what a chunk keeps of each block between forward and backward, and what it recomputes.
+struct RecomputeOptions {
+  // By model block (empty: none): full recompute. The block keeps only its input (the
+  // checkpoint); backward reruns its forward from it (up to the MLP's activation: the last
+  // projection's output is not needed) before its backward.
+  std::vector<char> full;
+  // Every other block recomputes its attention core (the softmax probabilities, Megatron's
+  // selective recompute) from the kept QKV instead of keeping the (B, heads, T, T) tensor.
+  bool selective = false;
+  // partition_activations: each checkpoint is sharded over the tensor-parallel group (each rank
+  // keeps 1/tp of its elements) and all-gathered before the recompute. Without sequence
+  // parallelism and with tp > 1 only: otherwise a checkpoint is already this rank's own.
+  bool partition = false;
+  // cpu_checkpointing: the checkpoints live in a pool in host memory, counted as
+  // MemCategory::HostCheckpoints; otherwise in the chunk's device memory, counted as
+  // CheckpointedActivations. Either pool is one preallocated buffer for every checkpoint of the
+  // chunk's slots (contiguous_memory_optimization, always).
+  bool host = false;
+  // synchronize_checkpoint_boundary: the device is synchronised before and after each
+  // checkpointed block's forward and recompute.
+  bool synchronize = false;
+  bool any_full() const {
+    for (char f : full) {
+      if (f) return true;
+    }
+    return false;
+  }
+  bool is_full(int block) const { return block < int(full.size()) && full[size_t(block)] != 0; }
+};
+
 // The units acquire_params() sees, in order, in a forward or a backward pass of `spec` (the whole
-// model as one chunk).
-std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass);
+// model as one chunk). A fully recomputed block's backward acquires its attention and MLP units
+// for the recompute first, then its MLP and attention units for the backward.
+std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
+                             const RecomputeOptions& recompute = {});
 
 // Where a chunk sits in the model and how much it keeps.
 struct ChunkOptions {
@@ -65,6 +98,7 @@ struct ChunkOptions {
   // backward reads (attention probabilities, QKV, MLP pre-activations) lives in a pool of this
   // many slots, freed by backward_input: with deferred weight gradients fewer than `slots`.
   int input_slots = 0;
+  RecomputeOptions recompute = {};
 };
 
 // A model chunk: a contiguous range of units (DESIGN.md §3, §6) on one rank of a tensor-parallel
@@ -108,6 +142,9 @@ class Transformer {
   virtual int64_t counted_tokens(int mb) const = 0;
   // Seconds the chunk spent in tensor-parallel collectives since the last call.
   virtual double take_tp_seconds() = 0;
+  // Seconds spent recomputing since the last call, added into per_block (indexed by model block,
+  // resized to the model's blocks) when given; returns their sum.
+  virtual double take_recompute_seconds(std::vector<double>* per_block = nullptr) = 0;
   virtual bool defers_weight() const = 0;
 
   // One micro-batch through the whole chunk list of one process (pp = 1): forward, then

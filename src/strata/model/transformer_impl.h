@@ -44,7 +44,9 @@ struct ParamPlace {
 using BlockPlaces = std::array<ParamPlace, kNumParamRoles>;
 
 // Saved activations of one block for one micro-batch. Rows: N = B·T inside the tensor-parallel
-// regions, Ns (= N, or N/tp under sequence parallelism) outside them.
+// regions, Ns (= N, or N/tp under sequence parallelism) outside them. A fully recomputed block's
+// views point into the chunk's one recompute set (every one but res3); under selective recompute
+// every block's att does.
 struct BlockActs {
   void* ln1;        // (Ns, C)
   float* ln1_mean;  // (Ns)
@@ -95,6 +97,9 @@ struct Slot {
   std::vector<BlockStash> stash;
   void* dlnf = nullptr;  // (Ns, C) gradient of the final norm's output
   void* denc = nullptr;  // (Ns, C) gradient of the embedding's output
+  // Partitioned checkpoints: per block, this rank's shard of the block's input (nullptr where
+  // the input is kept whole).
+  std::vector<void*> shard;
 };
 
 class TransformerImpl final : public Transformer {
@@ -116,6 +121,7 @@ class TransformerImpl final : public Transformer {
     tp_->reset_seconds();
     return s;
   }
+  double take_recompute_seconds(std::vector<double>* per_block) override;
 
  private:
   void places();
@@ -154,7 +160,17 @@ class TransformerImpl final : public Transformer {
 
   void embed_forward(Slot& s, UnitHook* hook);
   void attn_forward(Slot& s, int l, const void* x, UnitHook* hook);
-  void mlp_forward(Slot& s, int l, UnitHook* hook);
+  // project: through the last projection and residual into res3 (a recompute stops before).
+  void mlp_forward(Slot& s, int l, UnitHook* hook, bool project = true);
+  // Activation checkpointing (transformer.cc).
+  bool full_recompute(int l) const { return ckpt_[size_t(l - l0_)] != 0; }
+  // After block l's forward (or the embedding's, l = l0 - 1): the next block's checkpoint shard.
+  void keep_shard(Slot& s, int l);
+  // A fully recomputed block's forward again from its checkpoint; returns the block's input.
+  const void* recompute(Slot& s, int l, UnitHook* hook);
+  // Selective recompute: block l's attention probabilities again from its QKV.
+  void recompute_attention(const BlockActs& a, int l);
+  void sync_boundary() const;
   double head_forward(Slot& s, const void* x, float dloss, bool train, UnitHook* hook);
   // Input-gradient halves; each runs its weight half too unless the chunk defers it.
   void head_backward(Slot& s, UnitHook* hook);
@@ -232,6 +248,16 @@ class TransformerImpl final : public Transformer {
   int scratch_unit_ = -1;
 
   Arena acts_, work_;
+  // Activation checkpointing: which of the chunk's blocks are fully recomputed; whether their
+  // checkpoints are sharded over tp (k elements each) and where the checkpoints live.
+  std::vector<char> ckpt_;
+  bool shard_ = false;
+  int64_t shard_elems_ = 0;
+  Arena ckpts_;
+  BlockActs rc_{};                       // the recompute set (shared by every slot)
+  void* whole_[2] = {nullptr, nullptr};  // (tp·k) a partitioned checkpoint's whole, two in turn
+  std::vector<double> rc_seconds_;       // by chunk block, since the last take
+
   std::vector<Slot> slots_;
   std::vector<InputSlot> input_slots_;
   void take_input_slot(Slot& s);

@@ -83,7 +83,7 @@ void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook
   ops::add_inplace(hid(a.res2), xin);
 }
 
-void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook) {
+void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook, bool project) {
   BlockActs& a = s.blocks[size_t(l - l0_)];
   const int um = mlp_[size_t(l)];
   void* P = acquire(hook, um);
@@ -98,6 +98,7 @@ void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook) {
   } else {
     ops::swiglu_forward(mat(a.fch_act, pt_, N_, Fl_), mat(a.fch, pt_, N_, FCHl_));
   }
+  if (!project) return release(hook, um);
   const Tensor act = mat(a.fch_act, pt_, N_, Fl_);
   row_parallel_forward(a.res3, act, param(l, R::Fc2W, P, pt_), param(l, R::Fc2B, P, pt_));
   release(hook, um);
@@ -369,6 +370,7 @@ void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hoo
                         fuse);
   const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
   const int64_t att_n = int64_t(B_) * tpl_.heads * T_ * T_;
+  if (chunk_.recompute.selective && !full_recompute(l)) recompute_attention(a, l);
   ops::attention_backward(dqkv,
                           f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(ash_))),
                           d_atty, mat(a.qkv, pt_, N_, QKVl_), vec(a.att, pt_, att_n), ash_);

@@ -18,9 +18,11 @@ ParamCache::ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBu
       state_(spec.units.size()) {
   STRATA_CHECK(persistent_.size() == units_.size(), "one persistent entry per unit");
   for (int k = bufs.param_slot_count - 1; k >= 0; --k) free_slots_.push_back(k);
-  trace_ = param_trace(spec, UnitHook::Pass::Forward);
+  RecomputeOptions rc;
+  rc.full = o.recompute_full;
+  trace_ = param_trace(spec, UnitHook::Pass::Forward, rc);
   forward_len_ = trace_.size();
-  for (int u : param_trace(spec, UnitHook::Pass::Backward)) trace_.push_back(u);
+  for (int u : param_trace(spec, UnitHook::Pass::Backward, rc)) trace_.push_back(u);
 }
 
 char* ParamCache::slot_data(const State& st) const {

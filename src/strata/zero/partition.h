@@ -24,6 +24,9 @@ struct ZeroOptions {
   int64_t persistence_threshold = 100000;
   int64_t max_live = 1000000000;
   int64_t max_reuse_distance = 1000000000;
+  // By model block: fully recomputed (activation checkpointing). Stage 3 gathers such a block's
+  // units again for the recompute, in param_trace()'s order.
+  std::vector<char> recompute_full;
 };
 
 // Bytes of each buffer ZeRO allocates on one rank, for the start-up prediction and the tests.
