@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/core/check.h"
@@ -78,6 +79,22 @@ const Implemented kImplemented[] = {
     {"zero_optimization.max_reuse_distance", "alias"},
     {"zero_optimization.mics_shard_size",
      "Engine's shard_size: MiCS groups at stages 1-3 on several ranks (noted at stage 0)"},
+    {"activation_checkpointing.recompute_granularity",
+     "recompute_options: full or selective recompute, or none (the block alone turns on full)"},
+    {"activation_checkpointing.recompute_method",
+     "recompute_options: which number_checkpoints blocks (noted without number_checkpoints, "
+     "under selective and none)"},
+    {"activation_checkpointing.number_checkpoints",
+     "recompute_options: how many blocks are fully recomputed (noted under selective and none)"},
+    {"activation_checkpointing.partition_activations",
+     "recompute_options -> the Transformer shards checkpoints over tp (noted at tensor=1, with "
+     "sequence_parallel, under selective and none)"},
+    {"activation_checkpointing.cpu_checkpointing",
+     "recompute_options -> checkpoints in host memory (noted under selective and none)"},
+    {"activation_checkpointing.synchronize_checkpoint_boundary",
+     "recompute_options -> the Transformer synchronises around recomputed blocks (noted under "
+     "none)"},
+    {"activation_checkpointing.profile", "Engine: recompute times per block (noted under none)"},
     {"data_types.grad_accum_dtype", "Engine: the gradient dtype under bf16/fp16"},
     {"data_types.param_dtype",
      "checked against fp16/bf16.enabled: a conflicting value is refused, an agreeing one "
@@ -179,12 +196,7 @@ const std::vector<Noted>& noted() {
       {"zero_optimization.offload_optimizer.pipeline_write", true},
       {"zero_optimization.offload_optimizer.fast_init", true},
       {"zero_optimization.offload_optimizer.ratio", 0.5, {{"zero_optimization", {{"stage", 3}}}}},
-      {"activation_checkpointing.partition_activations", true},
-      {"activation_checkpointing.cpu_checkpointing", true},
-      {"activation_checkpointing.contiguous_memory_optimization", true},
-      {"activation_checkpointing.number_checkpoints", 2},
-      {"activation_checkpointing.synchronize_checkpoint_boundary", true},
-      {"activation_checkpointing.profile", true},
+      {"activation_checkpointing.contiguous_memory_optimization", false},
       {"checkpoint.dir", "ckpt"},
       {"checkpoint.interval", 10, {{"checkpoint", {{"dir", "ckpt"}}}}},
       {"checkpoint.tag_validation", "Fail"},
@@ -365,6 +377,31 @@ TEST(ConfigKeys, KeysActingOnSeveralRanksOnlyAreNotedAtOneProcess) {
     const std::vector<std::string> notes = config_notices(parse_config(j), 1);
     EXPECT_TRUE(any_names(notes, k.key)) << k.key << " at 1 process:" << lines(notes);
     EXPECT_FALSE(any_names(config_notices(parse_config(j), 4), k.key)) << k.key;
+  }
+}
+
+// recompute_granularity "none" turns checkpointing off: every other key of the block, set, is
+// noted. Walks the schema, so a key added to the block needs a value here and a note.
+TEST(ConfigKeys, EveryActivationCheckpointingKeyIsNotedUnderGranularityNone) {
+  const std::string block = "activation_checkpointing.";
+  const std::vector<std::pair<std::string, json>> values = {
+      {"partition_activations", true},
+      {"cpu_checkpointing", true},
+      {"contiguous_memory_optimization", true},
+      {"number_checkpoints", 2},
+      {"recompute_method", "block"},
+      {"synchronize_checkpoint_boundary", true},
+      {"profile", true}};
+  for (const std::string& key : config_schema_keys()) {
+    if (key.rfind(block, 0) != 0 || key == block + "recompute_granularity") continue;
+    const std::string name = key.substr(block.size());
+    const auto v = std::find_if(values.begin(), values.end(),
+                                [&](const auto& kv) { return kv.first == name; });
+    ASSERT_NE(v, values.end()) << key << ": give it a non-default value in this test";
+    const json off = {{"activation_checkpointing", {{"recompute_granularity", "none"}}}};
+    for (int world : {1, 4}) {
+      EXPECT_EQ(check_noted({key, v->second, off}, world), "") << key;
+    }
   }
 }
 

@@ -69,9 +69,11 @@ TEST(Config, SeedConfigLoadsUnchanged) {
   EXPECT_TRUE(c.zero.contiguous_gradients);
   ASSERT_TRUE(c.communication_data_type.has_value());
   EXPECT_EQ(*c.communication_data_type, DType::BF16);
+  EXPECT_TRUE(c.activation_checkpointing.enabled);
+  EXPECT_EQ(c.activation_checkpointing.recompute_granularity, "full");
   EXPECT_TRUE(c.activation_checkpointing.partition_activations);
   EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
-  EXPECT_TRUE(c.activation_checkpointing.contiguous_memory_optimization);
+  EXPECT_EQ(c.activation_checkpointing.contiguous_memory_optimization, true);
   EXPECT_EQ(c.grad_accum_dtype, DType::F32);  // strata's default (DeepSpeed's: the model dtype)
   EXPECT_EQ(c.model.preset, "demo");          // no model block
   resolve_batch(c, 1);
@@ -131,7 +133,11 @@ TEST(Config, DeepSpeedDefaults) {
   EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
   EXPECT_EQ(z.offload_optimizer.ratio, 1.0);
 
+  EXPECT_FALSE(c.activation_checkpointing.enabled);
+  EXPECT_EQ(c.activation_checkpointing.recompute_granularity, "full");
+  EXPECT_EQ(c.activation_checkpointing.recompute_method, "uniform");
   EXPECT_FALSE(c.activation_checkpointing.partition_activations);
+  EXPECT_FALSE(c.activation_checkpointing.contiguous_memory_optimization.has_value());
   EXPECT_FALSE(c.activation_checkpointing.number_checkpoints.has_value());
   EXPECT_EQ(c.checkpoint.tag_validation, "Warn");
   EXPECT_FALSE(c.checkpoint.load_universal);
@@ -721,10 +727,10 @@ TEST(Config, RuntimeBlocksAndNotices) {
   const std::vector<std::string> notes = config_notices(c, 1);
   for (const char* key :
        {"checkpoint.dir", "checkpoint.load_universal", "elasticity.enabled", "tensorboard.enabled",
-        "csv_monitor.enabled", "wandb.enabled", "activation_checkpointing.number_checkpoints",
-        "communication_data_type=fp16"}) {
+        "csv_monitor.enabled", "wandb.enabled", "communication_data_type=fp16"}) {
     EXPECT_TRUE(any_contains(notes, key)) << key;
   }
+  EXPECT_FALSE(any_contains(notes, "activation_checkpointing")) << "4 of the demo's 4 blocks";
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"elasticity", {{"enabled", true}}}})),
                        "elasticity.max_train_batch_size is required"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"wandb", {{"entity", "x"}}}})),

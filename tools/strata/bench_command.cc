@@ -64,6 +64,8 @@ struct BenchArgs {
   int micro = 1;
   int virtual_stages = 1;
   std::string partition = "time";
+  int layers = 0;                      // 0: the preset's
+  std::vector<std::string> overrides;  // --set a.b.c=value
 };
 
 // The pipeline bubble of the last step, measured: 1 - (compute time of every rank's forward and
@@ -140,6 +142,7 @@ void run_bench(const BenchArgs& a) {
                         {"zero_optimization",
                          {{"overlap_comm", a.overlap == "on"}, {"reduce_bucket_size", a.bucket}}}};
     if (a.seq_len > 0) j["model"]["seq_len"] = a.seq_len;
+    if (a.layers > 0) j["model"]["layers"] = a.layers;
     j["parallelism"] = {{"tensor", a.tensor},
                         {"sequence_parallel", a.sequence_parallel},
                         {"pipeline", a.pipeline},
@@ -148,7 +151,7 @@ void run_bench(const BenchArgs& a) {
                         {"partition", a.partition}};
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
-    Config cfg = parse_config(j);
+    Config cfg = parse_config(j, a.overrides);
     resolve_batch(cfg, grid.dp());
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
     Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
@@ -220,6 +223,19 @@ void run_bench(const BenchArgs& a) {
       std::printf("bench activations=%s\n",
                   format_bytes(med.peak_bytes[size_t(MemCategory::Activations)]).c_str());
     }
+    // Activation checkpointing: what is kept between forward and backward, where, and the time
+    // spent recomputing (part of the backward).
+    const auto peak_of = [&](MemCategory c) { return med.peak_bytes[size_t(c)]; };
+    const size_t kept = peak_of(MemCategory::Activations) +
+                        peak_of(MemCategory::CheckpointedActivations) +
+                        peak_of(MemCategory::HostCheckpoints);
+    std::printf(
+        "bench recompute | activations+checkpoints=%s (activations %s, device checkpoints %s, host "
+        "checkpoints %s) recompute_s=%.4f (%.1f%% of the step) backward_s=%.3f\n",
+        format_bytes(kept).c_str(), format_bytes(peak_of(MemCategory::Activations)).c_str(),
+        format_bytes(peak_of(MemCategory::CheckpointedActivations)).c_str(),
+        format_bytes(peak_of(MemCategory::HostCheckpoints)).c_str(), med.recompute_s,
+        100.0 * med.recompute_s / med.seconds, med.backward_s);
     std::fflush(stdout);
   }
 }
@@ -234,6 +250,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--dtype", args->dtypes, "fp32, bf16 and/or fp16")->capture_default_str();
   cmd->add_option("--micro-batch,-b", args->micro_batch, "micro-batch size")->capture_default_str();
   cmd->add_option("--seq-len,-t", args->seq_len, "sequence length (default: the preset's)");
+  cmd->add_option("--layers", args->layers, "Transformer blocks (default: the preset's)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--set", args->overrides,
+                  "override a config key: --set a.b.c=value (repeatable), e.g. "
+                  "--set activation_checkpointing.number_checkpoints=4");
   cmd->add_option("--steps", args->steps, "timed steps")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();

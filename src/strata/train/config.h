@@ -14,6 +14,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/model/model_config.h"
+#include "strata/model/transformer.h"
 #include "strata/optim/optim_config.h"
 
 namespace strata {
@@ -90,13 +91,24 @@ struct ZeroConfig {
   OffloadConfig offload_optimizer;
 };
 
+// activation_checkpointing: in effect from the config alone (DeepSpeed needs the model to call
+// deepspeed.checkpointing.configure); recompute_options() maps it to the model's RecomputeOptions.
 struct ActivationCheckpointingConfig {
-  bool partition_activations = false;
+  bool enabled = false;  // the block is present (even {}); recompute_granularity "none" still
+                         // turns recomputation off
+  // "full": blocks keep only their input and rerun their forward in backward; "selective":
+  // every block recomputes its attention core (Megatron's); "none": nothing is recomputed.
+  std::string recompute_granularity = "full";
+  // Which number_checkpoints blocks are fully recomputed: "uniform" (spread evenly) | "block"
+  // (the first ones).
+  std::string recompute_method = "uniform";
+  bool partition_activations = false;  // needs parallelism.tensor > 1, no sequence parallelism
   bool cpu_checkpointing = false;
-  bool contiguous_memory_optimization = false;
-  std::optional<int> number_checkpoints;
+  // Unset: not given. strata always keeps every checkpoint in one preallocated buffer.
+  std::optional<bool> contiguous_memory_optimization;
+  std::optional<int> number_checkpoints;  // blocks fully recomputed; unset: every block
   bool synchronize_checkpoint_boundary = false;
-  bool profile = false;
+  bool profile = false;  // read by the engine: recompute times per block
 };
 
 struct CheckpointConfig {
@@ -210,6 +222,14 @@ void finalize_model(ModelConfig& m);
 // printed at startup ("zero_optimization.stage=3 is honoured trivially at 1 process", ...). Every
 // key set to a value other than its default either changes what strata does or has a line here.
 std::vector<std::string> config_notices(const Config& c, int world_size);
+
+// What each model block keeps and recomputes under c.activation_checkpointing (deepspeed.md §1,
+// megatron.md §6). Granularity "full": `full` has model.layers entries, set for the
+// number_checkpoints blocks recompute_method chooses ("uniform": floor(k·layers/n) for k < n;
+// "block": the first n) or for every block; partition where it acts (parallelism.tensor > 1
+// without sequence parallelism), host, synchronize. "selective": `selective` and synchronize
+// only (no checkpoints to shard or move). No block or "none": the defaults, nothing recomputed.
+RecomputeOptions recompute_options(const Config& c);
 
 // Every key the config accepts, as the dotted path of a value ("zero_optimization.stage",
 // "checkpoint.parallel_write.pipeline_stage"): blocks are expanded into their keys, the legacy

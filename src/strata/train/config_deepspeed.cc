@@ -344,9 +344,15 @@ void parse_runtime_blocks(const Block& top, Config& c) {
   Block ac = top.child("activation_checkpointing", keys_of("activation_checkpointing"));
   ac.nullable({"number_checkpoints"});
   ActivationCheckpointingConfig& a = c.activation_checkpointing;
+  a.enabled = ac.present();  // unlike DeepSpeed, the block alone turns checkpointing on
+  ac.get_choice("recompute_granularity", a.recompute_granularity, {"full", "selective", "none"});
+  ac.get_choice("recompute_method", a.recompute_method, {"uniform", "block"});
   ac.get_bool("partition_activations", a.partition_activations);
   ac.get_bool("cpu_checkpointing", a.cpu_checkpointing);
-  ac.get_bool("contiguous_memory_optimization", a.contiguous_memory_optimization);
+  bool contiguous = false;
+  if (ac.get_bool("contiguous_memory_optimization", contiguous)) {
+    a.contiguous_memory_optimization = contiguous;
+  }
   int n = 0;
   if (ac.get_int("number_checkpoints", n, 1)) a.number_checkpoints = n;
   ac.get_bool("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
@@ -435,6 +441,12 @@ void check_cross_block(Config& c) {
     STRATA_INPUT_FAIL(
         "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads=true "
         "(as in DeepSpeed)");
+  }
+  const std::optional<int> checkpoints = c.activation_checkpointing.number_checkpoints;
+  if (checkpoints && *checkpoints > c.model.layers) {
+    STRATA_INPUT_FAIL("activation_checkpointing.number_checkpoints=", *checkpoints,
+                      " exceeds the model's ", c.model.layers, " blocks; set 1..", c.model.layers,
+                      " or remove it to checkpoint every block");
   }
   if (c.optimizer.type == "sgd" && stage > 0 && !c.zero_allow_untested_optimizer) {
     STRATA_INPUT_FAIL(

@@ -104,7 +104,8 @@ void parse_runtime_blocks(const Block& top, Config& c);  // activation ckpt, che
                                                          // elasticity, monitors
 void parse_model(const Block& top, Config& c);           // model (finalized)
 void parse_layout_blocks(const Block& top, Config& c);   // parallelism, data, train
-// Checks that span blocks (ZeRO with the optimizer, precision with data_types, ...).
+// Checks that span blocks (ZeRO with the optimizer, precision with data_types,
+// activation_checkpointing.number_checkpoints with model.layers, ...).
 void check_cross_block(Config& c);
 // Throws the InputError for a parallelism.tensor that cannot split the model's heads, KV heads
 // or MLP, or (parallelism.sequence_parallel) a micro-batch of `micro_batch` sequences' token rows

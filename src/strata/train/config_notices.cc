@@ -183,15 +183,61 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
 
   // ---- activation checkpointing ----
   const ActivationCheckpointingConfig& a = c.activation_checkpointing;
-  const std::string ac =
-      keys_set("activation_checkpointing",
-               {{"partition_activations", a.partition_activations},
-                {"cpu_checkpointing", a.cpu_checkpointing},
-                {"contiguous_memory_optimization", a.contiguous_memory_optimization},
-                {"number_checkpoints", a.number_checkpoints.has_value()},
-                {"synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary},
-                {"profile", a.profile}});
-  if (!ac.empty()) add(ac, ": not yet in effect: activations are kept");
+  const ActivationCheckpointingConfig da;
+  const bool method_set = a.recompute_method != da.recompute_method;
+  if (a.recompute_granularity == "none") {
+    const std::string off =
+        keys_set("activation_checkpointing",
+                 {{"partition_activations", a.partition_activations},
+                  {"cpu_checkpointing", a.cpu_checkpointing},
+                  {"contiguous_memory_optimization", a.contiguous_memory_optimization.has_value()},
+                  {"number_checkpoints", a.number_checkpoints.has_value()},
+                  {"recompute_method", method_set},
+                  {"synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary},
+                  {"profile", a.profile}});
+    if (!off.empty()) {
+      add(off, has(off),
+          " no effect: activation_checkpointing.recompute_granularity=none turns checkpointing "
+          "off");
+    }
+  } else if (a.recompute_granularity == "selective") {
+    const std::string which = keys_set("activation_checkpointing",
+                                       {{"number_checkpoints", a.number_checkpoints.has_value()},
+                                        {"recompute_method", method_set}});
+    if (!which.empty()) {
+      add(which, has(which),
+          " no effect with activation_checkpointing.recompute_granularity=selective: every block "
+          "recomputes its attention core and none is fully recomputed");
+    }
+    const std::string kept = keys_set(
+        "activation_checkpointing",
+        {{"partition_activations", a.partition_activations},
+         {"cpu_checkpointing", a.cpu_checkpointing},
+         {"contiguous_memory_optimization", a.contiguous_memory_optimization.has_value()}});
+    if (!kept.empty()) {
+      add(kept, has(kept),
+          " no effect with activation_checkpointing.recompute_granularity=selective: selective "
+          "recompute keeps no checkpoints");
+    }
+  } else if (a.enabled) {
+    if (a.partition_activations && p.tensor == 1) {
+      add("activation_checkpointing.partition_activations has no effect at parallelism.tensor=1: "
+          "nothing to shard a checkpoint across (tensor-parallel size 1)");
+    } else if (a.partition_activations && p.sequence_parallel) {
+      add("activation_checkpointing.partition_activations has no effect with "
+          "parallelism.sequence_parallel: each rank's checkpoints are already its own block of "
+          "rows");
+    }
+    if (a.contiguous_memory_optimization == false) {
+      add("activation_checkpointing.contiguous_memory_optimization=false has no effect: strata "
+          "always keeps all checkpoints in one preallocated buffer");
+    }
+    if (method_set && !a.number_checkpoints) {
+      add("activation_checkpointing.recompute_method=", a.recompute_method,
+          " has no effect without activation_checkpointing.number_checkpoints: every block is "
+          "fully recomputed");
+    }
+  }
 
   // ---- precision and optimizer ----
   const Bf16Config& b = c.bf16;

@@ -88,9 +88,11 @@ const Keys kOffloadParam = {"device",      "nvme_path",  "buffer_count",
                             "buffer_size", "max_in_cpu", "pin_memory"};
 const Keys kOffloadOptimizer = {"device",        "nvme_path",      "buffer_count", "pin_memory",
                                 "pipeline_read", "pipeline_write", "fast_init",    "ratio"};
+// DeepSpeed's keys, then strata's two from Megatron (recompute_granularity, recompute_method).
 const Keys kActivationCheckpointing = {"partition_activations",           "cpu_checkpointing",
                                        "contiguous_memory_optimization",  "number_checkpoints",
-                                       "synchronize_checkpoint_boundary", "profile"};
+                                       "synchronize_checkpoint_boundary", "profile",
+                                       "recompute_granularity",           "recompute_method"};
 const Keys kCheckpoint = {
     "dir",           "interval", "tag_validation", "load_universal", "use_node_local_storage",
     "parallel_write"};

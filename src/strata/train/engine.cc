@@ -54,6 +54,7 @@ ZeroOptions zero_options(const Config& cfg) {
   o.persistence_threshold = z.stage3_param_persistence_threshold;
   o.max_live = z.stage3_max_live_parameters;
   o.max_reuse_distance = z.stage3_max_reuse_distance;
+  o.recompute_full = recompute_options(cfg).full;
   return o;
 }
 
@@ -139,6 +140,14 @@ uint64_t predict_tp_bytes(const Config& cfg, const ModelSpec& spec) {
   micro += sp ? ag(X, 4) + ag(X, b) : ar(t, X, 4);
   micro += L * (sp ? 6 * ag(X, b) : 2 * ar(t, X, b));
   if (sp) micro += ag(X, b);  // the embedding's output gradient, gathered
+  // Full recompute: each such block's forward again through the MLP's activation (SP: ln1 and
+  // ln2 gathered, the projection reduce-scattered; otherwise the projection's all-reduce), its
+  // partitioned checkpoint gathered first.
+  const RecomputeOptions rc = recompute_options(cfg);
+  uint64_t R = 0;
+  for (uint64_t l = 0; l < L; ++l) R += rc.is_full(int(l)) ? 1 : 0;
+  micro += R * (sp ? 3 * ag(X, b) : ar(t, X, b));
+  if (rc.partition) micro += R * (t - 1) * ((X + t - 1) / t) * b;
   // Partial gradients of replicated parameters (all of them under SP) and of replicated
   // key/value heads, summed in the grad dtype.
   for (const ParamSpec& p : spec.params) {
@@ -377,6 +386,7 @@ void Engine::build_pipeline() {
     o.slots = slots[size_t(k)];
     o.input_slots = input_slots[size_t(k)];
     o.defer_weight = defer;
+    o.recompute = recompute_options(cfg_);
     chunk_global_.push_back(g);
     chunks_.push_back(make_transformer(spec_, pt, grad_dtype_, params_.data(), grads_.data(), B,
                                        cfg_.model.seq_len, o, tp_.get()));
@@ -564,10 +574,15 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   const uint64_t bytes0 = wire_bytes(), tp_bytes0 = tp_wire_bytes();
   const uint64_t cross0 = replica_comm_ ? replica_comm_->wire_bytes() : 0;
   if (sync_) sync_->begin_step();
-  for (auto& c : chunks_) c->take_tp_seconds();
+  for (auto& c : chunks_) c->take_tp_seconds(), c->take_recompute_seconds();
   run_schedule(inputs, targets, dloss, loss_sum, forward_s, backward_s);
-  double tp_comm_s = 0.0;
-  for (auto& c : chunks_) tp_comm_s += c->take_tp_seconds();
+  double tp_comm_s = 0.0, recompute_s = 0.0;
+  std::vector<double> recompute_block_s;
+  const bool profile = cfg_.activation_checkpointing.profile;
+  for (auto& c : chunks_) {
+    tp_comm_s += c->take_tp_seconds();
+    recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s : nullptr);
+  }
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
   if (sync_) {
     sync_->finish();
@@ -639,6 +654,8 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
   s.comm_exposed_s = comm_exposed_s;
   s.tp_comm_s = tp_comm_s;
+  s.recompute_s = recompute_s;
+  s.recompute_block_s = std::move(recompute_block_s);
   s.tp_bytes = tp_wire_bytes() - tp_bytes0;
   s.gather_exposed_s = gather_exposed_s;
   s.comm_bytes = wire_bytes() - bytes0;

@@ -47,6 +47,10 @@ struct StepMetrics {
   double tp_comm_s = 0.0;         // time spent in tensor-parallel collectives (all exposed)
   uint64_t tp_bytes = 0;          // bytes this rank put on the wire in tensor-parallel groups
   double gather_exposed_s = 0.0;  // ZeRO-3: time forward and backward waited for gathers
+  // Activation checkpointing: time spent recomputing (inside backward_s); per model block with
+  // activation_checkpointing.profile (this rank's blocks, others 0).
+  double recompute_s = 0.0;
+  std::vector<double> recompute_block_s;
   uint64_t comm_bytes =
       0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
   uint64_t cross_group_bytes = 0;  // of which across MiCS shard groups (the replica group)
@@ -175,8 +179,9 @@ std::string describe_memory(const MemoryPrediction& m);
 // reduce-scatter per sublayer forward, two all-gathers (the output gradient, the input re-gathered
 // for the weight gradient) and a reduce-scatter per sublayer backward, and the all-reduces of the
 // replicated parameters' partial gradients; the vocabulary-parallel cross-entropy's two
-// reductions; the gradient norm's. 0 at tp = 1. Without pipeline parallelism (a stage's blocks
-// and the pipeline transfers' re-gathering are not counted).
+// reductions; the gradient norm's; each fully recomputed block's forward collectives again (and
+// its partitioned checkpoint's all-gather). 0 at tp = 1. Without pipeline parallelism (a stage's
+// blocks and the pipeline transfers' re-gathering are not counted).
 uint64_t predict_tp_bytes(const Config& cfg, const ModelSpec& spec);
 
 // An input error when the predicted model states of this host's ranks (OMPI_COMM_WORLD_LOCAL_SIZE)
