@@ -108,7 +108,8 @@ class RecomputeLayouts : public ::testing::Test {
       const StepMetrics m = engine.train_batch();
       r.loss.push_back(m.loss), r.norm.push_back(m.grad_norm);
       r.recompute_s += m.recompute_s;
-      if (i == 0) r.recompute_block_s = m.recompute_block_s;
+      if (i == 0)
+        r.recompute_block_s.assign(m.recompute_block_s.begin(), m.recompute_block_s.end());
       // The tensor-parallel traffic is the formula's, recompute included.
       if (pp == 1) {
         EXPECT_EQ(m.tp_bytes, predict_tp_bytes(cfg, engine.spec())) << j.dump();

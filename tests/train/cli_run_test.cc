@@ -257,6 +257,19 @@ TEST_F(CliRunTest, SeedConfigTrainsOnFourRanksWithZeroStage3) {
   for (const char* c : {"params", "master_params", "grads", "optimizer_state"}) {
     EXPECT_EQ(field("memory (predicted)", c), field("memory (measured, step 1)", c)) << c;
   }
+  // Its activation_checkpointing block is in effect: every block fully recomputed, the
+  // checkpoints in host memory; only partition_activations (tp 1) is noted.
+  EXPECT_NE(out.find("host_checkpoints ", out.find("memory (measured, step 1)")),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("activation_checkpointing.cpu_checkpointing"), std::string::npos) << out;
+  EXPECT_NE(out.find("activation_checkpointing.partition_activations has no effect"),
+            std::string::npos)
+      << out;
+  std::ifstream metrics(dir_ + "/seed/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(metrics, line));
+  EXPECT_GT(nlohmann::json::parse(line).at("recompute_s").get<double>(), 0.0) << line;
 }
 
 TEST_F(CliRunTest, PlainMpirunWorksToo) {

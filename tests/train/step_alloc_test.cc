@@ -118,27 +118,38 @@ TEST(AllocHooks, AttributeThroughLibstdcxxAndExemptOnlyOneDnn) {
 TEST(StepAllocations, SteadyStateStepAllocatesNothing) {
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     for (const char* precision : {"fp32", "bf16", "fp16"}) {
-      SCOPED_TRACE(std::string(preset) + " " + precision);
-      nlohmann::json j = {{"train_batch_size", 4},
-                          {"train_micro_batch_size_per_gpu", 2},
-                          {"steps_per_print", 0},
-                          {"model", {{"preset", preset}}}};
-      if (std::string(precision) != "fp32") j[precision] = {{"enabled", true}};
-      Config cfg = parse_config(j);
-      resolve_batch(cfg, 1);
-      Engine engine(cfg, nullptr);
-      std::vector<int32_t> tokens(size_t(4 * cfg.model.seq_len));
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 5 % 64);
-      for (int i = 0; i < 2; ++i) engine.train_batch_on(tokens.data(), tokens.data());
-      for (int step = 0; step < 3; ++step) {
-        const std::array<size_t, kNumMemCategories> level = test::tracker_levels();
-        test::start_counting();
-        const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
-        const AllocReport r = test::stop_counting();
-        if (step == 0)
-          std::printf("%s %s, allocations in a step:\n%s", preset, precision, r.describe().c_str());
-        EXPECT_TRUE(test::allocates_nothing_of_its_own(r)) << "step " << step;
-        test::expect_tracker_back_at(level, m.peak_bytes);
+      // Activation checkpointing: none, full recompute into host checkpoints, selective with
+      // per-block profiling.
+      for (const char* recompute : {"", "full", "selective"}) {
+        SCOPED_TRACE(std::string(preset) + " " + precision + " " + recompute);
+        nlohmann::json j = {{"train_batch_size", 4},
+                            {"train_micro_batch_size_per_gpu", 2},
+                            {"steps_per_print", 0},
+                            {"model", {{"preset", preset}}}};
+        if (std::string(precision) != "fp32") j[precision] = {{"enabled", true}};
+        if (*recompute != 0) {
+          j["activation_checkpointing"] = {{"recompute_granularity", recompute}, {"profile", true}};
+          const bool full = std::string(recompute) == "full";
+          if (full) j["activation_checkpointing"]["cpu_checkpointing"] = true;
+        }
+        Config cfg = parse_config(j);
+        resolve_batch(cfg, 1);
+        Engine engine(cfg, nullptr);
+        std::vector<int32_t> tokens(size_t(4 * cfg.model.seq_len));
+        for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 5 % 64);
+        for (int i = 0; i < 2; ++i) engine.train_batch_on(tokens.data(), tokens.data());
+        for (int step = 0; step < 3; ++step) {
+          const std::array<size_t, kNumMemCategories> level = test::tracker_levels();
+          test::start_counting();
+          const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
+          const AllocReport r = test::stop_counting();
+          if (step == 0)
+            std::printf("%s %s, allocations in a step:\n%s", preset, precision,
+                        r.describe().c_str());
+          EXPECT_TRUE(test::allocates_nothing_of_its_own(r)) << "step " << step;
+          test::expect_tracker_back_at(level, m.peak_bytes);
+          EXPECT_EQ(m.recompute_s > 0.0, *recompute != 0);
+        }
       }
     }
   }

@@ -91,7 +91,8 @@ void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Ten
 // --- attention --------------------------------------------------------------------------------
 // Causal self-attention over the grouped QKV layout above. qkv (B·T, groups·(rep+2)·hd);
 // out (B·T, groups·rep·hd) with heads in order (g, r); att (B, groups·rep, T, T) the softmax
-// probabilities saved for backward.
+// probabilities saved for backward (an empty out: the probabilities only, as selective
+// recompute needs them).
 struct AttentionShape {
   int B = 0, T = 0, groups = 0, rep = 0, hd = 0;
 };

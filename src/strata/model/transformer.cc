@@ -161,7 +161,6 @@ void TransformerImpl::layout() {
   rc_ = BlockActs{};
   if (any) carve(rc_), rc_.qkv = act(N * QKVl_, ps), rc_.fch = act(N * FCHl_, ps);
   if (any || selective) rc_.att = act(att_n, ps);
-  if (selective && !any) rc_.atty = act(N * Hl_, ps);  // the recomputed attention's output
   if (shard_) {
     for (void*& w : whole_) w = act(shard_elems_ * tp_->size(), ps);
   }
@@ -381,8 +380,7 @@ const void* TransformerImpl::recompute(Slot& s, int l, UnitHook* hook) {
 void TransformerImpl::recompute_attention(const BlockActs& a, int l) {
   const auto t0 = std::chrono::steady_clock::now();
   sync_boundary();
-  ops::attention_forward(mat(rc_.atty, pt_, N_, Hl_),
-                         vec(a.att, pt_, int64_t(B_) * tpl_.heads * T_ * T_),
+  ops::attention_forward(Tensor(), vec(a.att, pt_, int64_t(B_) * tpl_.heads * T_ * T_),
                          mat(a.qkv, pt_, N_, QKVl_), ash_);
   sync_boundary();
   rc_seconds_[size_t(l - l0_)] +=

@@ -577,11 +577,11 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   for (auto& c : chunks_) c->take_tp_seconds(), c->take_recompute_seconds();
   run_schedule(inputs, targets, dloss, loss_sum, forward_s, backward_s);
   double tp_comm_s = 0.0, recompute_s = 0.0;
-  std::vector<double> recompute_block_s;
   const bool profile = cfg_.activation_checkpointing.profile;
+  if (profile) recompute_block_s_.assign(size_t(cfg_.model.layers), 0.0);  // sized once
   for (auto& c : chunks_) {
     tp_comm_s += c->take_tp_seconds();
-    recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s : nullptr);
+    recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s_ : nullptr);
   }
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
   if (sync_) {
@@ -655,7 +655,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.comm_exposed_s = comm_exposed_s;
   s.tp_comm_s = tp_comm_s;
   s.recompute_s = recompute_s;
-  s.recompute_block_s = std::move(recompute_block_s);
+  s.recompute_block_s = recompute_block_s_;
   s.tp_bytes = tp_wire_bytes() - tp_bytes0;
   s.gather_exposed_s = gather_exposed_s;
   s.comm_bytes = wire_bytes() - bytes0;

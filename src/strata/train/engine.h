@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,7 @@ struct StepMetrics {
   // Activation checkpointing: time spent recomputing (inside backward_s); per model block with
   // activation_checkpointing.profile (this rank's blocks, others 0).
   double recompute_s = 0.0;
-  std::vector<double> recompute_block_s;
+  std::span<const double> recompute_block_s;  // valid until the next step
   uint64_t comm_bytes =
       0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
   uint64_t cross_group_bytes = 0;  // of which across MiCS shard groups (the replica group)
@@ -118,6 +119,7 @@ class Engine {
   DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
   Buffer params_, grads_;
   std::vector<std::unique_ptr<Transformer>> chunks_;  // this stage's model chunks, local order
+  std::vector<double> recompute_block_s_;  // the last step's recompute seconds per block (profile)
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)

@@ -227,7 +227,10 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
   j["tp_comm_s"] = s.tp_comm_s;
   j["tp_bytes"] = s.tp_bytes;
   j["recompute_s"] = s.recompute_s;
-  if (!s.recompute_block_s.empty()) j["recompute_block_s"] = s.recompute_block_s;
+  if (!s.recompute_block_s.empty()) {
+    j["recompute_block_s"] =
+        std::vector<double>(s.recompute_block_s.begin(), s.recompute_block_s.end());
+  }
   j["tokens_per_s"] = s.tokens_per_s;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;

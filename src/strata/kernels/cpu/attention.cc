@@ -103,6 +103,7 @@ void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int K
     }
   }
   causal_softmax(att, int64_t(B) * NH * T, T);
+  if (out == nullptr) return;  // the probabilities only (selective recompute)
   for (int r = 0; r < sh.rep; ++r) {
     const S* a = att + r * sh.TT;  // (B,KVH,T,T) with strides att_bs
     S* o = out + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)

@@ -16,6 +16,7 @@ namespace strata::kernels {
 // out (B,T,NH·hd) with query heads in order h = g·rep + r; att (B,NH,T,T) softmax probabilities
 // saved for backward (masked part 0). NH must be a multiple of KVH.
 template <typename S>
+// out nullptr: the probabilities only.
 void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd);
 
 // Floats of scratch attention_backward needs.
