@@ -95,6 +95,10 @@ const Implemented kImplemented[] = {
      "recompute_options -> the Transformer synchronises around recomputed blocks (noted under "
      "none)"},
     {"activation_checkpointing.profile", "Engine: recompute times per block (noted under none)"},
+    {"checkpoint.dir",
+     "strata train: Engine::save_checkpoint every checkpoint.interval steps and "
+     "at the end; --resume auto reads its latest"},
+    {"checkpoint.interval", "strata train: the steps between saves (needs checkpoint.dir)"},
     {"data_types.grad_accum_dtype", "Engine: the gradient dtype under bf16/fp16"},
     {"data_types.param_dtype",
      "checked against fp16/bf16.enabled: a conflicting value is refused, an agreeing one "
@@ -197,8 +201,6 @@ const std::vector<Noted>& noted() {
       {"zero_optimization.offload_optimizer.fast_init", true},
       {"zero_optimization.offload_optimizer.ratio", 0.5, {{"zero_optimization", {{"stage", 3}}}}},
       {"activation_checkpointing.contiguous_memory_optimization", false},
-      {"checkpoint.dir", "ckpt"},
-      {"checkpoint.interval", 10, {{"checkpoint", {{"dir", "ckpt"}}}}},
       {"checkpoint.tag_validation", "Fail"},
       {"checkpoint.load_universal", true},
       {"checkpoint.use_node_local_storage", true},

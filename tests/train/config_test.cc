@@ -725,9 +725,8 @@ TEST(Config, RuntimeBlocksAndNotices) {
   EXPECT_TRUE(c.checkpoint.parallel_write_pipeline_stage);
   EXPECT_EQ(c.elasticity.micro_batch_sizes, (std::vector<int64_t>{2, 4}));
   const std::vector<std::string> notes = config_notices(c, 1);
-  for (const char* key :
-       {"checkpoint.dir", "checkpoint.load_universal", "elasticity.enabled", "tensorboard.enabled",
-        "csv_monitor.enabled", "wandb.enabled", "communication_data_type=fp16"}) {
+  for (const char* key : {"checkpoint.load_universal", "elasticity.enabled", "tensorboard.enabled",
+                          "csv_monitor.enabled", "wandb.enabled", "communication_data_type=fp16"}) {
     EXPECT_TRUE(any_contains(notes, key)) << key;
   }
   EXPECT_FALSE(any_contains(notes, "activation_checkpointing")) << "4 of the demo's 4 blocks";
@@ -810,13 +809,14 @@ TEST(Config, NoticesFollowTheLayout) {
   EXPECT_TRUE(any_contains(notes({{"parallelism", {{"timeout_s", 30}}}}, 1),
                            "parallelism.timeout_s: no collectives to watch at 1 process"));
 
-  // Checkpoint keys: one line for those not yet in effect, naming only the ones given.
+  // Checkpoint keys without effect: one line each, naming why; checkpoint.dir is in effect.
   const std::vector<std::string> ckpt =
-      notes({{"checkpoint", {{"tag_validation", "Fail"}, {"use_node_local_storage", true}}}}, 4);
-  ASSERT_EQ(ckpt.size(), 1u);
-  EXPECT_EQ(ckpt[0],
-            "checkpoint.tag_validation/use_node_local_storage have no effect: no checkpoints are "
-            "saved or loaded yet");
+      notes({{"checkpoint",
+              {{"dir", "ckpt"}, {"tag_validation", "Fail"}, {"use_node_local_storage", true}}}},
+            4);
+  ASSERT_EQ(ckpt.size(), 2u);
+  EXPECT_TRUE(contains(ckpt[0], "checkpoint.tag_validation=Fail has no effect")) << ckpt[0];
+  EXPECT_TRUE(contains(ckpt[1], "checkpoint.use_node_local_storage has no effect")) << ckpt[1];
 }
 
 TEST(Config, StrictJson) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/ckpt/store.h"
 #include "strata/comm/communicator.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
@@ -35,6 +36,7 @@ struct TrainArgs {
   std::string data;
   std::string trace_steps;  // "A:B" (1-based, inclusive) or "A"
   std::string fault;        // "rank=R,step=S,action=N"
+  std::string resume;       // "auto" (checkpoint.dir's latest) or a checkpoint path
 };
 
 // --fault rank=R,step=S,action=N: world rank R throws before its action N of step S.
@@ -208,6 +210,27 @@ void run_train(const TrainArgs& a) {
   Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr,
                 groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
   const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
+  // --resume: continue a saved run (from any layout) up to train.steps in all.
+  std::string resume = a.resume;
+  if (resume == "auto") {
+    STRATA_INPUT_CHECK(!cfg.checkpoint.dir.empty(),
+                       "--resume auto reads checkpoint.dir's latest checkpoint; set checkpoint.dir "
+                       "(or give --resume a checkpoint directory)");
+    resume = ckpt::latest_checkpoint(cfg.checkpoint.dir);
+    if (resume.empty() && rank0) {
+      std::printf("resume: no checkpoint in %s yet, starting at step 1\n",
+                  cfg.checkpoint.dir.c_str());
+    }
+  }
+  if (!resume.empty()) {
+    const Engine::Resumed r = engine.load_checkpoint(resume);
+    if (rank0) {
+      std::printf("resumed from %s: step %lld, %lld samples consumed (saved as %s)\n",
+                  r.dir.c_str(), static_cast<long long>(r.step),
+                  static_cast<long long>(r.consumed_samples), r.layout.c_str());
+      for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
+    }
+  }
   const DType pt = cfg.param_dtype();
   const MachinePeak machine = measure_machine_peak(groups ? MPI_COMM_WORLD : MPI_COMM_NULL);
   const double peak = machine.gflops();
@@ -231,7 +254,7 @@ void run_train(const TrainArgs& a) {
   if (rank0) std::printf("memory (predicted): %s\n", describe_memory(predicted).c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
   std::unique_ptr<MetricsLog> log;
-  if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir);
+  if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir, engine.step() > 0);
   const auto [trace_first, trace_last] = parse_trace_steps(a.trace_steps);
   const Fault fault = parse_fault(a.fault);
   if (fault.rank == (comm::initialized() ? comm::world_rank() : 0)) {
@@ -240,7 +263,8 @@ void run_train(const TrainArgs& a) {
   nlohmann::json trace_events = nlohmann::json::array();
   double trace_offset_us = 0.0;
   const comm::GridCoord coord = groups ? groups->coord() : comm::GridCoord{};
-  for (int64_t i = 0; i < steps; ++i) {
+  const std::string& ckpt_dir = cfg.checkpoint.dir;
+  for (int64_t i = engine.step(); i < steps; ++i) {
     const bool traced = i + 1 >= trace_first && i + 1 <= trace_last;
     engine.set_tracing(traced);
     StepMetrics s = engine.train_batch();
@@ -248,13 +272,26 @@ void run_train(const TrainArgs& a) {
       gather_trace(engine, groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank0, coord, trace_events,
                    trace_offset_us);
     }
-    if (!rank0) continue;
-    log->write(s, peak);
-    const bool print = cfg.steps_per_print > 0 &&
-                       (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
-    if (print) std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
-    if (s.step == 1) std::printf("memory (measured, step 1): %s\n", describe_peaks(s).c_str());
-    std::fflush(stdout);
+    if (rank0) {
+      log->write(s, peak);
+      const bool print = cfg.steps_per_print > 0 &&
+                         (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
+      if (print) {
+        std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
+      }
+      if (s.step == 1) std::printf("memory (measured, step 1): %s\n", describe_peaks(s).c_str());
+      std::fflush(stdout);
+    }
+    const int64_t interval = cfg.checkpoint.interval;
+    if (!ckpt_dir.empty() && ((interval > 0 && s.step % interval == 0) || s.step == steps)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      engine.save_checkpoint(ckpt_dir);
+      if (rank0) {
+        std::printf("checkpoint: %s (%.2f s)\n",
+                    (std::filesystem::path(ckpt_dir) / ckpt::step_dir_name(s.step)).c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
   }
   if (rank0 && trace_last >= trace_first) {
     const std::string path = (std::filesystem::path(cfg.train.run_dir) / "trace.json").string();
@@ -280,6 +317,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "optimizer steps (train.steps)");
   cmd->add_option("--run-dir", args->run_dir, "directory for metrics and data (train.run_dir)");
   cmd->add_option("--data", args->data, "dataset path (data.path)");
+  cmd->add_option("--resume", args->resume,
+                  "auto (checkpoint.dir's latest, if any) or a checkpoint directory: continue "
+                  "that run, in this run's layout, up to train.steps");
   cmd->add_option("--fault", args->fault,
                   "rank=R,step=S,action=N: rank R fails before its action N of step S (tests)");
   cmd->add_option("--trace-steps", args->trace_steps,

@@ -144,8 +144,6 @@ void TransformerImpl::layout() {
   const bool selective = chunk_.recompute.selective;
   bool any = false;
   for (char c : ckpt_) any |= c != 0;
-  // The recompute set: one block's activations, shared by every fully recomputed block (and the
-  // attention probabilities by every block under selective recompute).
   // What a block keeps per slot besides QKV, probabilities, pre-activation and output.
   auto carve = [&](BlockActs& a) {
     a.ln1 = act(Ns * C, ps);
@@ -158,6 +156,8 @@ void TransformerImpl::layout() {
     a.ln2_rstd = static_cast<float*>(act(Ns, f4));
     a.fch_act = act(N * Fl_, ps);
   };
+  // The recompute set: one block's activations, shared by every fully recomputed block (and the
+  // attention probabilities by every block under selective recompute).
   rc_ = BlockActs{};
   if (any) carve(rc_), rc_.qkv = act(N * QKVl_, ps), rc_.fch = act(N * FCHl_, ps);
   if (any || selective) rc_.att = act(att_n, ps);

@@ -62,7 +62,9 @@ struct RecomputeOptions {
   // cpu_checkpointing: the checkpoints live in a pool in host memory, counted as
   // MemCategory::HostCheckpoints; otherwise in the chunk's device memory, counted as
   // CheckpointedActivations. Either pool is one preallocated buffer for every checkpoint of the
-  // chunk's slots (contiguous_memory_optimization, always).
+  // chunk's slots (contiguous_memory_optimization, always). The CPU backend's device memory is
+  // the host's, so its blocks read host checkpoints in place; a device backend would stage them
+  // (none is built: a CUDA chunk is refused).
   bool host = false;
   // synchronize_checkpoint_boundary: the device is synchronised before and after each
   // checkpointed block's forward and recompute.

@@ -18,6 +18,17 @@ class LossScaler {
   float scale() const { return scale_; }
   // Records the outcome of a step: overflow = the gradients held Inf or NaN.
   void update(bool overflow);
+  // What a checkpoint keeps of it (the dynamic schedule's place).
+  struct State {
+    float scale = 1.0f;
+    int64_t iter = 0, last_overflow_iter = -1;
+    int hysteresis_left = 1;
+  };
+  State state() const { return {scale_, iter_, last_overflow_iter_, hysteresis_left_}; }
+  void restore(const State& s) {
+    scale_ = s.scale, iter_ = s.iter, last_overflow_iter_ = s.last_overflow_iter;
+    hysteresis_left_ = s.hysteresis_left;
+  }
 
  private:
   bool dynamic_ = false;

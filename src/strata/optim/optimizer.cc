@@ -51,6 +51,11 @@ float* Optimizer::master_of(const ParamRange& r) {
   return param_dtype_ == DType::F32 ? master_ + param_offset(r) : master_ + r.state_offset;
 }
 
+float* Optimizer::moment_of(int k, const ParamRange& r) {
+  const Buffer& b = k == 0 ? m_ : v_;
+  return b.data() == nullptr ? nullptr : b.as<float>() + r.state_offset;
+}
+
 void Optimizer::publish() {
   if (param_dtype_ == DType::F32) return;  // the master is the parameters
   if (!partitioned_) {

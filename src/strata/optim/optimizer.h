@@ -48,9 +48,14 @@ class Optimizer {
   void step(const void* grads, float lr, float grad_scale);
 
   int64_t steps_taken() const { return step_; }
+  // A resumed run's steps (Adam's bias correction and the schedule continue from it).
+  void set_steps_taken(int64_t steps) { step_ = steps; }
   // Where range r's fp32 master values live (r as given to the constructor, or any range inside
   // one): the parameters themselves for fp32 parameters, else the partitioned master copy.
   float* master_of(const ParamRange& r);
+  // Range r's fp32 moments: k = 0 Adam's first moment or SGD's momentum, k = 1 Adam's second;
+  // nullptr where the optimizer keeps none (SGD without momentum; SGD's second).
+  float* moment_of(int k, const ParamRange& r);
   const std::vector<ParamRange>& ranges() const { return ranges_; }
 
  private:

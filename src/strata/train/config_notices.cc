@@ -298,18 +298,23 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
 
   const CheckpointConfig& k = c.checkpoint;
   const CheckpointConfig dk;
-  if (!k.dir.empty() && k.interval > 0) {
-    add("checkpoint.dir=", k.dir, " and checkpoint.interval=", k.interval,
-        " are not yet in effect: no checkpoints are saved");
-  } else if (!k.dir.empty()) {
-    add("checkpoint.dir=", k.dir, " is not yet in effect: no checkpoints are saved");
+  if (k.load_universal) {
+    add("checkpoint.load_universal has no effect: every strata checkpoint is universal (it "
+        "loads into any layout)");
   }
-  if (k.load_universal) add("checkpoint.load_universal is not yet in effect: nothing is loaded");
-  const std::string ckpt =
-      keys_set("checkpoint", {{"tag_validation", k.tag_validation != dk.tag_validation},
-                              {"use_node_local_storage", k.use_node_local_storage},
-                              {"parallel_write.pipeline_stage", k.parallel_write_pipeline_stage}});
-  if (!ckpt.empty()) add(ckpt, has(ckpt), " no effect: no checkpoints are saved or loaded yet");
+  if (k.tag_validation != dk.tag_validation) {
+    add("checkpoint.tag_validation=", k.tag_validation,
+        " has no effect: checkpoints are named by step, and a load checks the model and every "
+        "tensor's shape instead");
+  }
+  if (k.use_node_local_storage) {
+    add("checkpoint.use_node_local_storage has no effect: checkpoints go to checkpoint.dir, "
+        "which every rank must be able to read");
+  }
+  if (k.parallel_write_pipeline_stage) {
+    add("checkpoint.parallel_write.pipeline_stage has no effect: every writing rank already "
+        "writes its own file in parallel");
+  }
 
   const MonitorConfig dm;
   for (const auto& [name, m] :

@@ -111,6 +111,27 @@ class Engine {
   DType grad_dtype() const { return grad_dtype_; }
   void zero_grads();
 
+  // Layout-independent checkpoints (DESIGN.md §7, ckpt/store.h). save_checkpoint writes the
+  // current state — fp32 master weights, optimizer moments, step, consumed samples, the
+  // optimizer's steps, the loss scaler, the seed — as <root>/step_<step>, each element once (by
+  // the rank owning it: ZeRO's partition owner, tp rank 0 of replicated elements, the first
+  // stage of a tied embedding), atomically, then points <root>/latest at it. A collective over
+  // every rank of the engine; an error on any rank fails the save on all of them, leaving the
+  // previous checkpoint as latest.
+  void save_checkpoint(const std::string& root);
+  // Loads a checkpoint saved from any layout (a step directory, or a root whose latest is
+  // read) into this engine's layout: the next step continues the saved run. A collective;
+  // InputError on a damaged checkpoint or one of another model, on every rank. Returns notes
+  // for the user (e.g. a different seed); a checkpoint without moments (an import) starts the
+  // optimizer afresh.
+  struct Resumed {
+    std::string dir, layout;  // the step directory; the layout it was saved from
+    int64_t step = 0, consumed_samples = 0;
+    std::vector<std::string> notes;
+  };
+  Resumed load_checkpoint(const std::string& path);
+  int64_t step() const { return step_; }
+
  private:
   Config cfg_;
   pipeline::StagePlan plan_;  // the units of every global model chunk (set with spec_)
@@ -160,6 +181,11 @@ class Engine {
   double flops_per_token_ = 0.0;
   uint64_t wire_bytes() const;
   uint64_t tp_wire_bytes() const;
+  // Checkpoints (engine_checkpoint.cc): this rank's place in the world, and a collective AND of
+  // `ok` over every rank (the tp, dp and pp groups in turn).
+  int world_id() const;
+  bool all_ok(bool ok);
+  std::string layout_name() const;
 };
 
 // Per-rank bytes of each memory category the engine's model states take (params, master,

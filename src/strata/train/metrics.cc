@@ -196,13 +196,13 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
   return line;
 }
 
-MetricsLog::MetricsLog(const std::string& run_dir) {
+MetricsLog::MetricsLog(const std::string& run_dir, bool append) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   STRATA_INPUT_CHECK(!ec, "cannot create run directory '", run_dir, "': ", ec.message(),
                      "; set train.run_dir (or --run-dir) to a writable path");
   path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
-  out_.open(path_, std::ios::trunc);
+  out_.open(path_, append ? std::ios::app : std::ios::trunc);
   STRATA_INPUT_CHECK(out_.good(), "cannot write ", path_,
                      "; set train.run_dir (or --run-dir) to a writable path");
 }

@@ -38,7 +38,8 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
 class MetricsLog {
  public:
   // Creates run_dir if needed and truncates <run_dir>/metrics.jsonl.
-  explicit MetricsLog(const std::string& run_dir);
+  // append: a resumed run adds its steps after the saved run's lines.
+  explicit MetricsLog(const std::string& run_dir, bool append = false);
   void write(const StepMetrics& s, double peak_gflops);
   const std::string& path() const { return path_; }
 

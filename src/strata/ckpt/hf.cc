@@ -1,0 +1,567 @@
+#include "strata/ckpt/hf.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <type_traits>
+
+#include "strata/core/check.h"
+#include "strata/core/safetensors.h"
+
+namespace strata::ckpt {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+// A strata parameter's Hugging Face tensors: one name, or the parts a fused weight is split into
+// by canonical rows (q, k, v or gate, up). "{i}" stands for the layer. conv1d: GPT-2's Conv1D,
+// stored transposed.
+struct Rule {
+  std::string_view family;
+  ParamRole role;
+  std::array<std::string_view, 3> parts;
+  bool conv1d;
+};
+
+using R = ParamRole;
+constexpr Rule kRules[] = {
+    {"gpt2", R::TokenEmbedding, {"transformer.wte.weight"}, false},
+    {"gpt2", R::PositionEmbedding, {"transformer.wpe.weight"}, false},
+    {"gpt2", R::Norm1W, {"transformer.h.{i}.ln_1.weight"}, false},
+    {"gpt2", R::Norm1B, {"transformer.h.{i}.ln_1.bias"}, false},
+    {"gpt2", R::QkvW, {"transformer.h.{i}.attn.c_attn.weight"}, true},
+    {"gpt2", R::QkvB, {"transformer.h.{i}.attn.c_attn.bias"}, false},
+    {"gpt2", R::ProjW, {"transformer.h.{i}.attn.c_proj.weight"}, true},
+    {"gpt2", R::ProjB, {"transformer.h.{i}.attn.c_proj.bias"}, false},
+    {"gpt2", R::Norm2W, {"transformer.h.{i}.ln_2.weight"}, false},
+    {"gpt2", R::Norm2B, {"transformer.h.{i}.ln_2.bias"}, false},
+    {"gpt2", R::FcW, {"transformer.h.{i}.mlp.c_fc.weight"}, true},
+    {"gpt2", R::FcB, {"transformer.h.{i}.mlp.c_fc.bias"}, false},
+    {"gpt2", R::Fc2W, {"transformer.h.{i}.mlp.c_proj.weight"}, true},
+    {"gpt2", R::Fc2B, {"transformer.h.{i}.mlp.c_proj.bias"}, false},
+    {"gpt2", R::FinalNormW, {"transformer.ln_f.weight"}, false},
+    {"gpt2", R::FinalNormB, {"transformer.ln_f.bias"}, false},
+    {"gpt2", R::OutputW, {"lm_head.weight"}, false},
+    {"llama", R::TokenEmbedding, {"model.embed_tokens.weight"}, false},
+    {"llama", R::Norm1W, {"model.layers.{i}.input_layernorm.weight"}, false},
+    {"llama",
+     R::QkvW,
+     {"model.layers.{i}.self_attn.q_proj.weight", "model.layers.{i}.self_attn.k_proj.weight",
+      "model.layers.{i}.self_attn.v_proj.weight"},
+     false},
+    {"llama", R::ProjW, {"model.layers.{i}.self_attn.o_proj.weight"}, false},
+    {"llama", R::Norm2W, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
+    {"llama",
+     R::FcW,
+     {"model.layers.{i}.mlp.gate_proj.weight", "model.layers.{i}.mlp.up_proj.weight"},
+     false},
+    {"llama", R::Fc2W, {"model.layers.{i}.mlp.down_proj.weight"}, false},
+    {"llama", R::FinalNormW, {"model.norm.weight"}, false},
+    {"llama", R::OutputW, {"lm_head.weight"}, false},
+};
+
+// The prefix of the base model's tensors, which checkpoints saved from the base model lack.
+std::string_view base_prefix(const std::string& family) {
+  return family == "gpt2" ? "transformer." : "model.";
+}
+
+std::string with_layer(std::string_view pattern, int layer) {
+  std::string s(pattern);
+  const size_t at = s.find("{i}");
+  if (at != std::string::npos) s.replace(at, 3, std::to_string(layer));
+  return s;
+}
+
+// Rows of p's canonical tensor in each Hugging Face part of `rule`.
+std::vector<int64_t> part_rows(const ParamSpec& p, const Rule& rule) {
+  const size_t n = size_t(std::count_if(rule.parts.begin(), rule.parts.end(),
+                                        [](std::string_view s) { return !s.empty(); }));
+  if (n == 1) return {p.global_shape[0]};
+  if (p.fused == Fused::Qkv && n == 3) {
+    const int64_t heads = p.fused_dims[0], kvh = p.fused_dims[1], hd = p.fused_dims[2];
+    return {heads * hd, kvh * hd, kvh * hd};
+  }
+  STRATA_CHECK(p.fused == Fused::GateUp && n == 2, "no split of ", p.name, " into ", n, " parts");
+  return {p.fused_dims[0], p.fused_dims[0]};
+}
+
+int64_t cols_of(const ParamSpec& p) {
+  return p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+}
+
+int64_t global_numel(const ParamSpec& p) {
+  return p.global_shape[0] * cols_of(p);
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+const char* safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      break;
+  }
+  STRATA_INPUT_FAIL("a Hugging Face export is written in fp32, bf16 or fp16, not ", dtype_name(t));
+}
+
+// out (HF shape) = t's rows of canonical (rows, cols), transposed for Conv1D.
+void gather(float* out, const HfTensor& t, const float* canonical, int64_t cols) {
+  const float* src = canonical + t.row_begin * cols;
+  if (!t.transposed) {
+    std::copy(src, src + t.rows * cols, out);
+    return;
+  }
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[c * t.rows + r] = src[r * cols + c];
+  }
+}
+
+// The inverse of gather: t's rows of canonical (rows, cols) from in (HF shape).
+void scatter(float* canonical, const HfTensor& t, const float* in, int64_t cols) {
+  float* dst = canonical + t.row_begin * cols;
+  if (!t.transposed) {
+    std::copy(in, in + t.rows * cols, dst);
+    return;
+  }
+  for (int64_t r = 0; r < t.rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = in[c * t.rows + r];
+  }
+}
+
+// The inverse of to_canonical: out (strata rows) from in (canonical rows).
+void from_canonical(const ParamSpec& p, const float* in, float* out) {
+  const int64_t rows = p.global_shape[0], cols = cols_of(p);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = in + canonical_row(p, r) * cols;
+    std::copy(src, src + cols, out + r * cols);
+  }
+}
+
+// The float closest to f's shortest decimal spelling, so that config.json reads 1e-05, not
+// 9.999999747378752e-06, and reads back as the same float.
+double decimal(float f) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::stod(std::string(buf, r.ptr));
+}
+
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    STRATA_INPUT_CHECK(out.good(), "cannot write ", tmp);
+    out << text;
+    out.flush();
+    if (!out.good()) STRATA_RUNTIME_FAIL("writing ", tmp, " failed (disk full?)");
+  }
+  fs::rename(tmp, path);
+}
+
+const char* torch_dtype(DType t) {
+  return t == DType::F32 ? "float32" : t == DType::BF16 ? "bfloat16" : "float16";
+}
+
+// config.json of m's transformers model. Dropouts are 0 and the token ids null: strata trains
+// without dropout and knows no tokenizer.
+json hf_config(const ModelConfig& m, DType dtype) {
+  json j = json::object();
+  if (m.family == "gpt2") {
+    j["architectures"] = json::array({"GPT2LMHeadModel"});
+    j["model_type"] = "gpt2";
+    j["vocab_size"] = m.vocab;
+    j["n_positions"] = m.seq_len;
+    j["n_embd"] = m.hidden;
+    j["n_layer"] = m.layers;
+    j["n_head"] = m.heads;
+    j["n_inner"] = m.ffn_hidden;
+    j["activation_function"] = "gelu_new";  // the tanh approximation, strata's GELU
+    j["layer_norm_epsilon"] = decimal(m.norm_eps);
+    j["resid_pdrop"] = 0.0;
+    j["embd_pdrop"] = 0.0;
+    j["attn_pdrop"] = 0.0;
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["reorder_and_upcast_attn"] = false;
+  } else {
+    const int hd = m.hidden / m.heads;
+    j["architectures"] = json::array({"LlamaForCausalLM"});
+    j["model_type"] = "llama";
+    j["vocab_size"] = m.vocab;
+    j["max_position_embeddings"] = m.seq_len;
+    j["hidden_size"] = m.hidden;
+    j["intermediate_size"] = m.ffn_hidden;
+    j["num_hidden_layers"] = m.layers;
+    j["num_attention_heads"] = m.heads;
+    j["num_key_value_heads"] = m.kv_heads;
+    j["head_dim"] = hd;
+    j["hidden_act"] = "silu";
+    j["rms_norm_eps"] = decimal(m.norm_eps);
+    // transformers 4 reads rope_theta, 5 rope_parameters.
+    j["rope_theta"] = decimal(m.rope_theta);
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", decimal(m.rope_theta)}};
+    j["rope_scaling"] = nullptr;
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    j["pretraining_tp"] = 1;
+  }
+  j["tie_word_embeddings"] = m.tied_embeddings;
+  j["initializer_range"] = decimal(m.init_std);
+  j["bos_token_id"] = nullptr;
+  j["eos_token_id"] = nullptr;
+  j["use_cache"] = true;
+  j["torch_dtype"] = torch_dtype(dtype);
+  return j;
+}
+
+// The safetensors files of a checkpoint and which one holds each tensor.
+class HfFiles {
+ public:
+  explicit HfFiles(const std::string& path) : label_(path) {
+    if (!fs::is_directory(path)) {
+      open(path);
+      return;
+    }
+    const fs::path dir(path), single = dir / "model.safetensors",
+                              index = dir / "model.safetensors.index.json";
+    if (fs::exists(single)) {
+      open(single.string());
+      return;
+    }
+    STRATA_INPUT_CHECK(fs::exists(index), path,
+                       " holds neither model.safetensors nor model.safetensors.index.json; give "
+                       "a Hugging Face checkpoint directory or a .safetensors file");
+    std::ifstream in(index);
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      STRATA_INPUT_FAIL(index.string(), " is not valid JSON: ", e.what());
+    }
+    STRATA_INPUT_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
+                       " has no \"weight_map\" object naming each tensor's file");
+    std::set<std::string> shards;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      STRATA_INPUT_CHECK(file.is_string(), index.string(), ": the file of tensor '", name,
+                         "' is not a string");
+      if (shards.insert(file.get<std::string>()).second)
+        open((dir / file.get<std::string>()).string());
+    }
+  }
+
+  // The tensor `name`, also looked up without the base model's `prefix`; nullopt if absent.
+  std::optional<SafetensorView> find(const std::string& name, std::string_view prefix) const {
+    auto it = where_.find(name);
+    if (it == where_.end() && name.starts_with(prefix)) {
+      it = where_.find(name.substr(prefix.size()));
+    }
+    if (it == where_.end()) return std::nullopt;
+    return files_[size_t(it->second)]->get(it->first);
+  }
+  const std::string& label() const { return label_; }
+
+ private:
+  void open(const std::string& path) {
+    files_.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const std::string& n : files_.back()->names()) where_[n] = int(files_.size()) - 1;
+  }
+  std::string label_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, int> where_;  // tensor name -> index into files_
+};
+
+// v's elements in fp32 (v.numel() of them into out).
+void read_f32(float* out, const SafetensorView& v, const std::string& label,
+              const std::string& name) {
+  const size_t n = size_t(v.numel());
+  if (v.dtype == "F32") {
+    std::memcpy(out, v.data, n * 4);
+  } else if (v.dtype == "BF16") {
+    convert(out, DType::F32, v.data, DType::BF16, n);
+  } else if (v.dtype == "F16") {
+    convert(out, DType::F32, v.data, DType::F16, n);
+  } else {
+    STRATA_INPUT_FAIL(label, ": tensor '", name, "' is ", v.dtype,
+                      "; a Hugging Face import reads F32, BF16 or F16 weights");
+  }
+}
+
+// j[key] as T; `fallback` when absent or null (required when there is none). InputError naming
+// the file and the key on a wrong type.
+template <typename T>
+T field(const json& j, const std::string& path, const char* key,
+        std::optional<T> fallback = std::nullopt) {
+  if (!j.contains(key) || j[key].is_null()) {
+    STRATA_INPUT_CHECK(fallback.has_value(), path, " has no \"", key, "\"");
+    return *fallback;
+  }
+  const json& v = j[key];
+  bool ok = false;
+  if constexpr (std::is_same_v<T, bool>) {
+    ok = v.is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    ok = v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= INT32_MAX;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    ok = v.is_number();
+  } else {
+    ok = v.is_string();
+  }
+  STRATA_INPUT_CHECK(ok, path, ": \"", key, "\" is ", v.dump(), ", which is not ",
+                     std::is_same_v<T, bool>       ? "true or false"
+                     : std::is_integral_v<T>       ? "a non-negative integer"
+                     : std::is_floating_point_v<T> ? "a number"
+                                                   : "a string");
+  return v.get<T>();
+}
+
+// Fails unless j[key] (or its default) is `want`: strata computes only that.
+template <typename T>
+void require(const json& j, const std::string& path, const char* key, T fallback, T want,
+             const char* why) {
+  const T got = field<T>(j, path, key, fallback);
+  STRATA_INPUT_CHECK(got == want, path, ": \"", key, "\" is ", json(got).dump(),
+                     ", which strata does not support: ", why);
+}
+
+void require_default_rope(const json& j, const std::string& path, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  const json& r = j[key];
+  STRATA_INPUT_CHECK(r.is_object(), path, ": \"", key, "\" is not an object");
+  const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
+  require<std::string>(r, path + " (" + key + ")", type_key, "default", "default",
+                       "strata's RoPE has no scaling (rope_type \"default\" only)");
+}
+
+ModelConfig gpt2_config(const json& j, const std::string& path) {
+  ModelConfig m;
+  m.family = "gpt2";
+  m.layers = field<int>(j, path, "n_layer");
+  m.hidden = field<int>(j, path, "n_embd");
+  m.heads = m.kv_heads = field<int>(j, path, "n_head");
+  m.ffn_hidden = field<int>(j, path, "n_inner", 4 * m.hidden);
+  m.vocab = field<int>(j, path, "vocab_size");
+  m.seq_len = field<int>(j, path, j.contains("n_positions") ? "n_positions" : "n_ctx");
+  m.norm_eps = float(field<double>(j, path, "layer_norm_epsilon", 1e-5));
+  m.tied_embeddings = field<bool>(j, path, "tie_word_embeddings", true);
+  const std::string act = field<std::string>(j, path, "activation_function", "gelu_new");
+  STRATA_INPUT_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", path,
+                     ": \"activation_function\" is \"", act,
+                     "\", which strata does not support: its GPT-2 computes GELU's tanh "
+                     "approximation (\"gelu_new\" or \"gelu_pytorch_tanh\")");
+  require(j, path, "scale_attn_weights", true, true, "attention scores are scaled by 1/sqrt(hd)");
+  require(j, path, "scale_attn_by_inverse_layer_idx", false, false,
+          "attention scores are not scaled by the layer index");
+  require(j, path, "add_cross_attention", false, false, "strata's model is decoder-only");
+  return m;
+}
+
+ModelConfig llama_config(const json& j, const std::string& path) {
+  ModelConfig m;
+  m.family = "llama";
+  m.layers = field<int>(j, path, "num_hidden_layers");
+  m.hidden = field<int>(j, path, "hidden_size");
+  m.heads = field<int>(j, path, "num_attention_heads");
+  m.kv_heads = field<int>(j, path, "num_key_value_heads", m.heads);
+  m.ffn_hidden = field<int>(j, path, "intermediate_size");
+  m.vocab = field<int>(j, path, "vocab_size");
+  m.seq_len = field<int>(j, path, "max_position_embeddings");
+  m.norm_eps = float(field<double>(j, path, "rms_norm_eps", 1e-6));
+  m.tied_embeddings = field<bool>(j, path, "tie_word_embeddings", false);
+  double theta = field<double>(j, path, "rope_theta", 10000.0);
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
+    theta = field<double>(j["rope_parameters"], path + " (rope_parameters)", "rope_theta", theta);
+  }
+  m.rope_theta = float(theta);
+  require<std::string>(j, path, "hidden_act", "silu", "silu", "its Llama MLP is SwiGLU (silu)");
+  require(j, path, "attention_bias", false, false, "its Llama projections have no biases");
+  require(j, path, "mlp_bias", false, false, "its Llama projections have no biases");
+  require_default_rope(j, path, "rope_scaling");
+  require_default_rope(j, path, "rope_parameters");
+  if (m.heads > 0) {
+    require(j, path, "head_dim", m.hidden / m.heads, m.hidden / m.heads,
+            "the head dimension is hidden_size / num_attention_heads");
+  }
+  return m;
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_tensors(const ModelSpec& spec) {
+  const std::string& family = spec.config.family;
+  std::vector<HfTensor> out;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& p = spec.params[i];
+    const Rule* rule = nullptr;
+    for (const Rule& r : kRules) {
+      if (r.family == family && r.role == p.role) rule = &r;
+    }
+    STRATA_CHECK(rule != nullptr, "parameter ", p.name, " of a ", family,
+                 " model has no Hugging Face counterpart");
+    const std::vector<int64_t> rows = part_rows(p, *rule);
+    const int64_t cols = cols_of(p);
+    int64_t begin = 0;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      HfTensor t;
+      t.name = with_layer(rule->parts[k], p.layer);
+      t.param = int(i);
+      t.row_begin = begin, t.rows = rows[k];
+      t.transposed = rule->conv1d && p.global_shape.size() == 2;
+      if (p.global_shape.size() == 1) {
+        t.shape = {rows[k]};
+      } else {
+        t.shape = t.transposed ? std::vector<int64_t>{cols, rows[k]}
+                               : std::vector<int64_t>{rows[k], cols};
+      }
+      begin += rows[k];
+      out.push_back(std::move(t));
+    }
+    STRATA_CHECK(begin == p.global_shape[0], "the Hugging Face parts of ", p.name, " hold ", begin,
+                 " of its ", p.global_shape[0], " rows");
+  }
+  return out;
+}
+
+void export_hf(const ModelSpec& spec, const GlobalTensorFn& get, DType dtype,
+               const std::string& dir) {
+  STRATA_CHECK(spec.tp.size == 1, "export_hf takes a tp = 1 spec, got tp = ", spec.tp.size);
+  const char* st_dtype = safetensors_dtype(dtype);
+  SafetensorsWriter writer;
+  writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
+  std::vector<float> canonical, part;
+  std::vector<char> bytes;
+  int loaded = -1;
+  for (const HfTensor& t : hf_tensors(spec)) {
+    const ParamSpec& p = spec.params[size_t(t.param)];
+    if (t.param != loaded) {
+      const std::vector<float> global = get(p);
+      STRATA_CHECK(int64_t(global.size()) == global_numel(p), "the tensor given for ", p.name,
+                   " has ", global.size(), " elements, its global shape ",
+                   shape_str(p.global_shape), " holds ", global_numel(p));
+      canonical.resize(global.size());
+      to_canonical(p, global.data(), canonical.data());
+      loaded = t.param;
+    }
+    const int64_t cols = cols_of(p), n = t.rows * cols;
+    part.resize(size_t(n));
+    gather(part.data(), t, canonical.data(), cols);
+    bytes.resize(size_t(n) * dtype_size(dtype));
+    convert(bytes.data(), dtype, part.data(), DType::F32, size_t(n));
+    writer.add(t.name, st_dtype, t.shape, bytes.data(), bytes.size());
+  }
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  STRATA_INPUT_CHECK(!ec, "cannot create the export directory ", dir, ": ", ec.message());
+  writer.write((fs::path(dir) / "model.safetensors").string());
+  write_atomically((fs::path(dir) / "config.json").string(),
+                   hf_config(spec.config, dtype).dump(2) + "\n");
+}
+
+std::map<std::string, std::vector<float>> import_hf(const std::string& path,
+                                                    const ModelSpec& spec) {
+  STRATA_CHECK(spec.tp.size == 1, "import_hf takes a tp = 1 spec, got tp = ", spec.tp.size);
+  const HfFiles files(path);
+  const std::string_view prefix = base_prefix(spec.config.family);
+  std::vector<std::vector<float>> canonical(spec.params.size());
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    canonical[i].resize(size_t(global_numel(spec.params[i])));
+  }
+  std::vector<float> part;
+  int embedding = -1;
+  for (const HfTensor& t : hf_tensors(spec)) {
+    const ParamSpec& p = spec.params[size_t(t.param)];
+    if (p.role == ParamRole::TokenEmbedding) embedding = t.param;
+    const std::optional<SafetensorView> v = files.find(t.name, prefix);
+    STRATA_INPUT_CHECK(v.has_value(), files.label(), " has no tensor '", t.name, "' (shape ",
+                       shape_str(t.shape), ") that the model needs",
+                       p.role == ParamRole::OutputW
+                           ? "; a checkpoint that ties lm_head to the token embedding needs "
+                             "model.tied_embeddings true"
+                           : "");
+    STRATA_INPUT_CHECK(v->shape == t.shape, files.label(), ": tensor '", t.name, "' has shape ",
+                       shape_str(v->shape), ", the model needs ", shape_str(t.shape));
+    part.resize(size_t(v->numel()));
+    read_f32(part.data(), *v, files.label(), t.name);
+    scatter(canonical[size_t(t.param)].data(), t, part.data(), cols_of(p));
+  }
+  const std::optional<SafetensorView> head = files.find("lm_head.weight", prefix);
+  if (spec.config.tied_embeddings && head.has_value() && embedding >= 0) {
+    const std::vector<float>& wte = canonical[size_t(embedding)];
+    bool same = head->shape == spec.params[size_t(embedding)].global_shape;
+    if (same) {
+      part.resize(wte.size());
+      read_f32(part.data(), *head, files.label(), "lm_head.weight");
+      same = std::memcmp(part.data(), wte.data(), wte.size() * sizeof(float)) == 0;
+    }
+    STRATA_INPUT_CHECK(same, files.label(),
+                       ": lm_head.weight differs from the token embedding, "
+                       "but the model ties them (model.tied_embeddings true); import with "
+                       "model.tied_embeddings false to keep both");
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ParamSpec& p = spec.params[i];
+    std::vector<float>& w = out[p.name];
+    w.resize(canonical[i].size());
+    from_canonical(p, canonical[i].data(), w.data());
+  }
+  return out;
+}
+
+ModelConfig model_config_from_hf(const std::string& config_json_path) {
+  const std::string path = fs::is_directory(config_json_path)
+                               ? (fs::path(config_json_path) / "config.json").string()
+                               : config_json_path;
+  std::ifstream in(path);
+  STRATA_INPUT_CHECK(in.good(), "cannot open the Hugging Face config ", path);
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    STRATA_INPUT_FAIL(path, " is not valid JSON: ", e.what());
+  }
+  STRATA_INPUT_CHECK(j.is_object(), path, " is not a JSON object");
+  const std::string type = field<std::string>(j, path, "model_type");
+  STRATA_INPUT_CHECK(type == "gpt2" || type == "llama", path, ": \"model_type\" is \"", type,
+                     "\"; strata reads \"gpt2\" and \"llama\" models");
+  ModelConfig m = type == "gpt2" ? gpt2_config(j, path) : llama_config(j, path);
+  m.init_std = float(field<double>(j, path, "initializer_range", 0.02));
+  const std::pair<const char*, int> positive[] = {
+      {"layers", m.layers},     {"hidden", m.hidden},         {"heads", m.heads},
+      {"kv_heads", m.kv_heads}, {"ffn_hidden", m.ffn_hidden}, {"vocab", m.vocab},
+      {"seq_len", m.seq_len}};
+  for (const auto& [key, v] : positive) {
+    STRATA_INPUT_CHECK(v > 0, path, " gives model.", key, " = ", v, "; it must be > 0");
+  }
+  STRATA_INPUT_CHECK(m.hidden % m.heads == 0 && m.heads % m.kv_heads == 0, path,
+                     ": the hidden size ", m.hidden, ", ", m.heads, " attention heads and ",
+                     m.kv_heads, " key/value heads do not divide evenly");
+  STRATA_INPUT_CHECK(m.family == "gpt2" || (m.hidden / m.heads) % 2 == 0, path,
+                     ": RoPE needs an even head dimension, got ", m.hidden / m.heads);
+  STRATA_INPUT_CHECK(std::isfinite(m.norm_eps) && m.norm_eps > 0 && std::isfinite(m.rope_theta) &&
+                         m.rope_theta > 0,
+                     path, ": the norm epsilon ", m.norm_eps, " and RoPE theta ", m.rope_theta,
+                     " must be finite numbers > 0");
+  return m;
+}
+
+}  // namespace strata::ckpt

@@ -1,0 +1,298 @@
+#include "strata/ckpt/manifest.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "strata/core/check.h"
+
+namespace strata::ckpt {
+
+using nlohmann::json;
+
+bool known_kind(const std::string& kind) {
+  return kind == kMaster || kind == kExpAvg || kind == kExpAvgSq || kind == kMomentum;
+}
+
+namespace {
+
+json model_json(const ModelConfig& m) {
+  return {{"family", m.family},
+          {"layers", m.layers},
+          {"hidden", m.hidden},
+          {"heads", m.heads},
+          {"kv_heads", m.kv_heads},
+          {"ffn_hidden", m.ffn_hidden},
+          {"vocab", m.vocab},
+          {"seq_len", m.seq_len},
+          {"tied_embeddings", m.tied_embeddings},
+          {"norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"init_std", m.init_std}};
+}
+
+// Typed, bounded access to a parsed manifest: every failure names the file and the field.
+class Reader {
+ public:
+  explicit Reader(std::string what) : what_(std::move(what)) {}
+  [[noreturn]] void fail(const std::string& field, const std::string& why) const {
+    STRATA_INPUT_FAIL(what_, ": ", field, " ", why,
+                      "; the checkpoint is damaged or not one strata wrote");
+  }
+  const json& at(const json& o, const char* key, const std::string& field) const {
+    if (!o.is_object()) fail(field, "is not an object");
+    const auto it = o.find(key);
+    if (it == o.end()) fail(field + "." + key, "is missing");
+    return *it;
+  }
+  int64_t integer(const json& o, const char* key, const std::string& field, int64_t lo,
+                  int64_t hi) const {
+    const json& v = at(o, key, field);
+    if (!v.is_number_integer()) fail(field + "." + key, "is not an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) {
+      fail(field + "." + key, "is out of range");
+    }
+    const int64_t x = v.get<int64_t>();
+    if (x < lo || x > hi) {
+      fail(field + "." + key, "= " + std::to_string(x) + " is outside [" + std::to_string(lo) +
+                                  ", " + std::to_string(hi) + "]");
+    }
+    return x;
+  }
+  std::string string(const json& o, const char* key, const std::string& field) const {
+    const json& v = at(o, key, field);
+    if (!v.is_string()) fail(field + "." + key, "is not a string");
+    return v.get<std::string>();
+  }
+  double number(const json& o, const char* key, const std::string& field) const {
+    const json& v = at(o, key, field);
+    if (!v.is_number()) fail(field + "." + key, "is not a number");
+    return v.get<double>();
+  }
+  bool boolean(const json& o, const char* key, const std::string& field) const {
+    const json& v = at(o, key, field);
+    if (!v.is_boolean()) fail(field + "." + key, "is not a boolean");
+    return v.get<bool>();
+  }
+  const json& array(const json& o, const char* key, const std::string& field) const {
+    const json& v = at(o, key, field);
+    if (!v.is_array()) fail(field + "." + key, "is not an array");
+    return v;
+  }
+
+ private:
+  std::string what_;
+};
+
+constexpr int64_t kMaxInt = int64_t(1) << 40;  // element counts, offsets, dims: far past real ones
+
+ModelConfig parse_model(const Reader& r, const json& o) {
+  ModelConfig m;
+  const std::string f = "model";
+  m.family = r.string(o, "family", f);
+  if (m.family != "gpt2" && m.family != "llama") r.fail(f + ".family", "is not gpt2 or llama");
+  m.layers = int(r.integer(o, "layers", f, 0, 1 << 20));
+  m.hidden = int(r.integer(o, "hidden", f, 1, 1 << 24));
+  m.heads = int(r.integer(o, "heads", f, 1, 1 << 20));
+  m.kv_heads = int(r.integer(o, "kv_heads", f, 0, 1 << 20));
+  m.ffn_hidden = int(r.integer(o, "ffn_hidden", f, 0, 1 << 28));
+  m.vocab = int(r.integer(o, "vocab", f, 1, 1 << 30));
+  m.seq_len = int(r.integer(o, "seq_len", f, 1, 1 << 30));
+  m.tied_embeddings = r.boolean(o, "tied_embeddings", f);
+  m.norm_eps = float(r.number(o, "norm_eps", f));
+  m.rope_theta = float(r.number(o, "rope_theta", f));
+  m.init_std = float(r.number(o, "init_std", f));
+  return m;
+}
+
+}  // namespace
+
+std::string to_json(const Manifest& m) {
+  json j;
+  j["format"] = m.format;
+  j["model"] = model_json(m.model);
+  j["optimizer"] = m.optimizer;
+  j["step"] = m.step;
+  j["optimizer_steps"] = m.optimizer_steps;
+  j["consumed_samples"] = m.consumed_samples;
+  j["seed"] = m.seed;
+  j["scaler"] = {{"scale", m.scaler.scale},
+                 {"iter", m.scaler.iter},
+                 {"last_overflow_iter", m.scaler.last_overflow_iter},
+                 {"hysteresis_left", m.scaler.hysteresis_left}};
+  j["layout"] = m.layout;
+  json tensors = json::object();
+  for (const auto& [name, shape] : m.tensors) tensors[name] = shape;
+  j["tensors"] = tensors;
+  json files = json::array();
+  for (const Manifest::File& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
+  j["files"] = files;
+  json chunks = json::array();
+  for (const Chunk& c : m.chunks) {
+    json runs = json::array();
+    for (const Run& r : c.runs) runs.push_back({r.global, r.len, r.count, r.stride});
+    chunks.push_back({{"kind", c.kind},
+                      {"tensor", c.tensor},
+                      {"file", c.file},
+                      {"offset", c.offset},
+                      {"numel", c.numel},
+                      {"crc32c", c.crc32c},
+                      {"runs", runs}});
+  }
+  j["chunks"] = chunks;
+  return j.dump(1);
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& what) {
+  const Reader r(what);
+  // Nesting is bounded before parsing (nlohmann recurses per level).
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (ch == '"') in_string = true;
+    if (ch == '[' || ch == '{') {
+      if (++depth > 8) r.fail("the JSON", "is nested deeper than a manifest is");
+    }
+    if (ch == ']' || ch == '}') --depth;
+  }
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    r.fail("the JSON", std::string("does not parse (") + e.what() + ")");
+  }
+  Manifest m;
+  m.format = int(r.integer(j, "format", "manifest", 0, 1 << 20));
+  if (m.format != kFormatVersion) {
+    r.fail("format", "is " + std::to_string(m.format) + "; this strata reads format " +
+                         std::to_string(kFormatVersion));
+  }
+  m.model = parse_model(r, r.at(j, "model", "manifest"));
+  m.optimizer = r.string(j, "optimizer", "manifest");
+  m.step = r.integer(j, "step", "manifest", 0, kMaxInt);
+  m.optimizer_steps = r.integer(j, "optimizer_steps", "manifest", 0, m.step);
+  m.consumed_samples = r.integer(j, "consumed_samples", "manifest", 0, kMaxInt);
+  {
+    const json& v = r.at(j, "seed", "manifest");
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<int64_t>() >= 0)) {
+      r.fail("seed", "is not a non-negative integer");
+    }
+    m.seed = v.get<uint64_t>();
+  }
+  const json& s = r.at(j, "scaler", "manifest");
+  m.scaler.scale = float(r.number(s, "scale", "scaler"));
+  if (!(m.scaler.scale > 0.0f) || !std::isfinite(m.scaler.scale)) {
+    r.fail("scaler.scale", "is not a positive finite number");
+  }
+  m.scaler.iter = r.integer(s, "iter", "scaler", 0, kMaxInt);
+  m.scaler.last_overflow_iter = r.integer(s, "last_overflow_iter", "scaler", -1, kMaxInt);
+  m.scaler.hysteresis_left = int(r.integer(s, "hysteresis_left", "scaler", 0, 1 << 20));
+  m.layout = r.string(j, "layout", "manifest");
+
+  const json& tensors = r.at(j, "tensors", "manifest");
+  if (!tensors.is_object()) r.fail("tensors", "is not an object");
+  std::map<std::string, int64_t> numel;
+  for (const auto& [name, shape] : tensors.items()) {
+    if (!shape.is_array() || shape.empty() || shape.size() > 2) {
+      r.fail("tensors." + name, "is not a shape of 1 or 2 dimensions");
+    }
+    std::vector<int64_t> dims;
+    int64_t n = 1;
+    for (const json& d : shape) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 1 || d.get<int64_t>() > kMaxInt) {
+        r.fail("tensors." + name, "has a dimension that is not a positive integer");
+      }
+      dims.push_back(d.get<int64_t>());
+      n *= dims.back();
+      if (n > kMaxInt) r.fail("tensors." + name, "has more elements than any model");
+    }
+    m.tensors[name] = dims;
+    numel[name] = n;
+  }
+
+  for (const json& f : r.array(j, "files", "manifest")) {
+    Manifest::File file;
+    file.name = r.string(f, "name", "files[]");
+    if (file.name.empty() || file.name.find('/') != std::string::npos || file.name[0] == '.') {
+      r.fail("files[].name", "\"" + file.name + "\" is not a plain file name");
+    }
+    file.bytes = r.integer(f, "bytes", "files[]", 0, kMaxInt * 8);
+    m.files.push_back(file);
+  }
+  const json& chunks = r.array(j, "chunks", "manifest");
+  m.chunks.reserve(chunks.size());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const json& c = chunks[i];
+    const std::string f = "chunks[" + std::to_string(i) + "]";
+    Chunk k;
+    k.kind = r.string(c, "kind", f);
+    if (!known_kind(k.kind)) r.fail(f + ".kind", "\"" + k.kind + "\" is not a stored kind");
+    k.tensor = r.string(c, "tensor", f);
+    const auto t = numel.find(k.tensor);
+    if (t == numel.end()) r.fail(f + ".tensor", "\"" + k.tensor + "\" is not in tensors");
+    k.file = int(r.integer(c, "file", f, 0, int64_t(m.files.size()) - 1));
+    k.numel = r.integer(c, "numel", f, 0, t->second);
+    k.offset = r.integer(c, "offset", f, 0, m.files[size_t(k.file)].bytes);
+    if (k.offset + 4 * k.numel > m.files[size_t(k.file)].bytes) {
+      r.fail(f, "reaches past the end of " + m.files[size_t(k.file)].name);
+    }
+    k.crc32c = uint32_t(r.integer(c, "crc32c", f, 0, UINT32_MAX));
+    int64_t total = 0;
+    for (const json& run : r.array(c, "runs", f)) {
+      if (!run.is_array() || run.size() != 4) r.fail(f + ".runs", "has an entry not of 4 integers");
+      int64_t v[4];
+      for (int q = 0; q < 4; ++q) {
+        if (!run[size_t(q)].is_number_integer()) r.fail(f + ".runs", "has a non-integer entry");
+        v[q] = run[size_t(q)].get<int64_t>();
+      }
+      const Run x{v[0], v[1], v[2], v[3]};
+      const int64_t n = t->second;
+      // Within the tensor, without overflow: the last segment ends by n.
+      bool ok = x.global >= 0 && x.len >= 1 && x.len <= n && x.global <= n - x.len &&
+                x.count >= 1 && x.stride >= 0;
+      if (ok && x.count > 1) {
+        ok = x.stride >= x.len && x.count - 1 <= (n - x.len - x.global) / x.stride;
+      }
+      if (!ok) r.fail(f + ".runs", "has a run outside " + k.tensor);
+      total += x.len * x.count;
+      if (total > k.numel) r.fail(f + ".runs", "cover more elements than the chunk holds");
+      k.runs.push_back(x);
+    }
+    if (total != k.numel) r.fail(f + ".runs", "cover fewer elements than the chunk holds");
+    m.chunks.push_back(std::move(k));
+  }
+  return m;
+}
+
+std::string model_difference(const ModelConfig& saved, const ModelConfig& here) {
+  auto diff = [](const char* what, const auto& a, const auto& b) -> std::string {
+    std::ostringstream o;
+    if (a == b) return "";
+    o << what << " " << a << " in the checkpoint, " << b << " here";
+    return o.str();
+  };
+  for (const std::string& d :
+       {diff("family", saved.family, here.family), diff("layers", saved.layers, here.layers),
+        diff("hidden", saved.hidden, here.hidden), diff("heads", saved.heads, here.heads),
+        diff("kv_heads", saved.kv_heads, here.kv_heads),
+        diff("ffn_hidden", saved.ffn_hidden, here.ffn_hidden),
+        diff("vocab", saved.vocab, here.vocab), diff("seq_len", saved.seq_len, here.seq_len),
+        diff("tied_embeddings", saved.tied_embeddings, here.tied_embeddings),
+        diff("norm_eps", saved.norm_eps, here.norm_eps),
+        diff("rope_theta", saved.rope_theta, here.rope_theta)}) {
+    if (!d.empty()) return d;
+  }
+  return "";
+}
+
+}  // namespace strata::ckpt

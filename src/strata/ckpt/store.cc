@@ -1,0 +1,291 @@
+#include "strata/ckpt/store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "strata/core/check.h"
+#include "strata/core/crc32c.h"
+
+namespace strata::ckpt {
+
+namespace fs = std::filesystem;
+
+std::string step_dir_name(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step_%08lld", static_cast<long long>(step));
+  return b;
+}
+
+std::string rank_file_name(int rank) {
+  char b[40];
+  std::snprintf(b, sizeof b, "rank_%05d.safetensors", rank);
+  return b;
+}
+
+namespace {
+
+[[noreturn]] void io_fail(const std::string& what, const std::string& path) {
+  STRATA_INPUT_FAIL(what, " ", path, ": ", std::strerror(errno));
+}
+
+void write_all(int fd, const void* p, size_t n, const std::string& path) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t(1) << 30));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) io_fail("cannot write", path);
+    c += w, n -= size_t(w);
+  }
+}
+
+void pread_all(int fd, void* p, size_t n, int64_t offset, const std::string& path) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, c, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) io_fail("cannot read", path);
+    if (r == 0) STRATA_INPUT_FAIL(path, " ends early: the checkpoint is truncated");
+    c += r, n -= size_t(r), offset += r;
+  }
+}
+
+std::string read_text(const std::string& path, size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) STRATA_INPUT_FAIL("cannot open ", path);
+  std::string s;
+  char b[65536];
+  while (in.read(b, sizeof b) || in.gcount() > 0) {
+    s.append(b, size_t(in.gcount()));
+    if (s.size() > limit) STRATA_INPUT_FAIL(path, " is larger than any checkpoint manifest");
+  }
+  return s;
+}
+
+}  // namespace
+
+int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks) {
+  nlohmann::json h = nlohmann::json::object();
+  int64_t off = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i].meta;
+    const int64_t bytes = 4 * c.numel;
+    h[c.kind + "/" + c.tensor + "/" + std::to_string(i)] = {
+        {"dtype", "F32"}, {"shape", {c.numel}}, {"data_offsets", {off, off + bytes}}};
+    off += bytes;
+  }
+  std::string header = h.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t len = header.size();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail("cannot create", path);
+  try {
+    write_all(fd, &len, 8, path);
+    write_all(fd, header.data(), header.size(), path);
+    int64_t at = 8 + int64_t(len);
+    for (PendingChunk& p : chunks) {
+      const size_t bytes = size_t(p.meta.numel) * 4;
+      p.meta.offset = at;
+      p.meta.crc32c = crc32c(p.data, bytes);
+      write_all(fd, p.data, bytes, path);
+      at += int64_t(bytes);
+    }
+    if (::fsync(fd) != 0) io_fail("cannot flush", path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) io_fail("cannot close", path);
+  return 8 + int64_t(len) + off;
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
+  if (fd < 0) io_fail("cannot open", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) io_fail("cannot flush", path);
+}
+
+void write_file_atomic(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_fail("cannot create", tmp);
+  try {
+    write_all(fd, text.data(), text.size(), tmp);
+    if (::fsync(fd) != 0) io_fail("cannot flush", tmp);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename " + tmp + " to", path);
+  fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(),
+             true);
+}
+
+std::string latest_checkpoint(const std::string& root) {
+  const fs::path latest = fs::path(root) / "latest";
+  std::error_code ec;
+  if (!fs::exists(latest, ec)) return "";
+  std::string name = read_text(latest.string(), 4096);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') {
+    STRATA_INPUT_FAIL(latest.string(), " does not name a step directory (it says \"", name, "\")");
+  }
+  const fs::path dir = fs::path(root) / name;
+  if (!fs::exists(dir / "manifest.json", ec)) {
+    STRATA_INPUT_FAIL(latest.string(), " names ", dir.string(),
+                      ", which holds no manifest.json: the checkpoint was removed or damaged");
+  }
+  return dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
+  const std::string latest = latest_checkpoint(path);
+  if (!latest.empty()) return latest;
+  STRATA_INPUT_FAIL("no checkpoint at ", path,
+                    ": it holds neither a manifest.json (a step directory) nor a `latest` file "
+                    "(a checkpoint root)");
+}
+
+Reader::Reader(const std::string& step_dir) : dir_(step_dir) {
+  const std::string mpath = (fs::path(dir_) / "manifest.json").string();
+  std::error_code ec;
+  if (!fs::exists(mpath, ec)) {
+    STRATA_INPUT_FAIL(dir_, " holds no manifest.json: not a complete strata checkpoint");
+  }
+  m_ = parse_manifest(read_text(mpath, size_t(1) << 30), mpath);
+  for (const Manifest::File& f : m_.files) {
+    const std::string p = (fs::path(dir_) / f.name).string();
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      for (int o : fds_) ::close(o);
+      if (errno == ENOENT) STRATA_INPUT_FAIL("the checkpoint's data file ", p, " is missing");
+      io_fail("cannot open", p);
+    }
+    fds_.push_back(fd);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || int64_t(st.st_size) != f.bytes) {
+      const long long size = static_cast<long long>(st.st_size);
+      for (int o : fds_) ::close(o);
+      STRATA_INPUT_FAIL(p, " is ", size, " bytes where the manifest says ", f.bytes,
+                        ": the checkpoint is truncated or damaged");
+    }
+  }
+  // Each stored kind covers every tensor exactly once.
+  std::map<std::pair<std::string, std::string>, std::vector<std::pair<int64_t, int64_t>>> cover;
+  bounds_.resize(m_.chunks.size());
+  for (size_t c = 0; c < m_.chunks.size(); ++c) {
+    const Chunk& k = m_.chunks[c];
+    index_[{k.kind, k.tensor}].push_back(c);
+    int64_t lo, hi, n;
+    run_bounds(k.runs, lo, hi, n);
+    bounds_[c] = {lo, hi};
+    auto& segs = cover[{k.kind, k.tensor}];
+    for (const Run& r : k.runs) {
+      for (int64_t q = 0; q < r.count; ++q) segs.push_back({r.global + q * r.stride, r.len});
+    }
+  }
+  std::map<std::string, int> kinds;
+  for (auto& [key, segs] : cover) {
+    std::sort(segs.begin(), segs.end());
+    int64_t at = 0;
+    for (const auto& [g, len] : segs) {
+      if (g != at) {
+        STRATA_INPUT_FAIL(mpath, ": the ", key.first, " chunks of ", key.second,
+                          g < at ? " overlap" : " leave elements uncovered", " at element ",
+                          std::min(g, at), "; the checkpoint is damaged");
+      }
+      at += len;
+    }
+    int64_t n = 1;
+    for (int64_t d : m_.tensors.at(key.second)) n *= d;
+    if (at != n) {
+      STRATA_INPUT_FAIL(mpath, ": the ", key.first, " chunks of ", key.second, " cover ", at,
+                        " of its ", n, " elements; the checkpoint is damaged");
+    }
+    ++kinds[key.first];
+  }
+  for (const auto& [kind, tensors] : kinds) {
+    if (size_t(tensors) != m_.tensors.size()) {
+      STRATA_INPUT_FAIL(mpath, ": ", kind, " is stored for ", tensors, " of the ",
+                        m_.tensors.size(), " tensors; the checkpoint is damaged");
+    }
+  }
+  if (!has(kMaster)) STRATA_INPUT_FAIL(mpath, " stores no weights (", kMaster, ")");
+}
+
+Reader::~Reader() {
+  for (int fd : fds_) ::close(fd);
+}
+
+bool Reader::has(const std::string& kind) const {
+  for (const auto& [key, chunks] : index_) {
+    if (key.first == kind) return true;
+  }
+  return false;
+}
+
+void Reader::load_chunk(size_t c) {
+  if (loaded_ == c) return;
+  const Chunk& k = m_.chunks[c];
+  const std::string path = (fs::path(dir_) / m_.files[size_t(k.file)].name).string();
+  buf_.resize(size_t(k.numel));
+  loaded_ = SIZE_MAX;
+  pread_all(fds_[size_t(k.file)], buf_.data(), size_t(k.numel) * 4, k.offset, path);
+  if (crc32c(buf_.data(), size_t(k.numel) * 4) != k.crc32c) {
+    STRATA_INPUT_FAIL(path, ": the ", k.kind, " chunk of ", k.tensor, " at byte ", k.offset,
+                      " fails its checksum: the file is damaged");
+  }
+  loaded_ = c;
+}
+
+void Reader::read(const std::string& kind, const std::string& tensor, int64_t lo, int64_t hi,
+                  float* out) {
+  const auto it = index_.find({kind, tensor});
+  if (it == index_.end()) {
+    STRATA_INPUT_FAIL(dir_, " stores no ", kind, " for ", tensor,
+                      ": it is a checkpoint of another model");
+  }
+  for (size_t c : it->second) {
+    if (bounds_[c].second <= lo || bounds_[c].first >= hi) continue;
+    load_chunk(c);
+    int64_t at = 0;  // the chunk's element of the segment
+    for (const Run& r : m_.chunks[c].runs) {
+      if (r.global >= hi || r.global + (r.count - 1) * r.stride + r.len <= lo) {
+        at += r.len * r.count;
+        continue;
+      }
+      for (int64_t q = 0; q < r.count; ++q, at += r.len) {
+        const int64_t g = r.global + q * r.stride;
+        const int64_t a = std::max(g, lo), b = std::min(g + r.len, hi);
+        if (a < b) {
+          std::memcpy(out + (a - lo), buf_.data() + at + (a - g), size_t(b - a) * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+int64_t Reader::verify_all() {
+  int64_t bytes = 0;
+  for (size_t c = 0; c < m_.chunks.size(); ++c) {
+    load_chunk(c);
+    bytes += m_.chunks[c].numel * 4;
+  }
+  return bytes;
+}
+
+}  // namespace strata::ckpt

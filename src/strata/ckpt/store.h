@@ -1,0 +1,76 @@
+// A checkpoint directory on disk (DESIGN.md §7):
+//   <root>/step_00000100/manifest.json      the manifest (manifest.h)
+//   <root>/step_00000100/rank_00003.safetensors   one data file per writing rank: 1-D fp32
+//                                                 chunks, written straight from memory
+//   <root>/latest                            the name of the newest complete step directory
+// A save writes into <root>/.step_00000100.tmp, fsyncs every file, and only then renames the
+// directory into place and rewrites `latest` (write, fsync, rename): a crash at any point leaves
+// the previous checkpoint complete and `latest` naming it. A load checks each chunk's CRC-32C
+// before using a byte of it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/ckpt/manifest.h"
+
+namespace strata::ckpt {
+
+std::string step_dir_name(int64_t step);  // "step_00000100"
+std::string rank_file_name(int rank);     // "rank_00003.safetensors"
+
+// A chunk to write: its metadata (kind, tensor, runs, numel) and its elements in memory.
+struct PendingChunk {
+  Chunk meta;
+  const float* data = nullptr;
+};
+// Writes one rank's data file at `path` (safetensors: each chunk an F32 tensor named
+// "kind/tensor/index"), fsyncs it, and sets each chunk's offset and CRC-32C. Returns its bytes.
+// An I/O error is an InputError naming the file and the system's reason.
+int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks);
+
+// Durability helpers: fsync a file or a directory; write a small file atomically (tmp, fsync,
+// rename, fsync the directory).
+void fsync_path(const std::string& path, bool directory);
+void write_file_atomic(const std::string& path, const std::string& text);
+
+// The step directory a path names: a step directory itself (it has a manifest.json), or a
+// checkpoint root whose `latest` names one. InputError if neither.
+std::string resolve_checkpoint(const std::string& path);
+// The root's latest complete step directory, or "" when it has none (no `latest` file).
+std::string latest_checkpoint(const std::string& root);
+
+// Reads a checkpoint: the manifest (validated), the files' presence and sizes, and every stored
+// kind's chunks covering each tensor exactly once. Chunks are read with pread and checked
+// against their CRC before use.
+class Reader {
+ public:
+  explicit Reader(const std::string& step_dir);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const Manifest& manifest() const { return m_; }
+  const std::string& dir() const { return dir_; }
+  bool has(const std::string& kind) const;
+  // out[i] = element lo + i of `kind` of `tensor`, for every i in [0, hi - lo).
+  void read(const std::string& kind, const std::string& tensor, int64_t lo, int64_t hi, float* out);
+  // Reads every chunk and checks its CRC (strata ckpt verify); returns the bytes read.
+  int64_t verify_all();
+
+ private:
+  void load_chunk(size_t c);  // into buf_, CRC checked
+  std::string dir_;
+  Manifest m_;
+  std::vector<int> fds_;
+  // (kind, tensor) -> chunk indices, with each chunk's global bounds.
+  std::map<std::pair<std::string, std::string>, std::vector<size_t>> index_;
+  std::vector<std::pair<int64_t, int64_t>> bounds_;
+  std::vector<float> buf_;
+  size_t loaded_ = SIZE_MAX;
+};
+
+}  // namespace strata::ckpt

@@ -1,0 +1,227 @@
+// Layout-independent checkpoints (DESIGN.md §7): a run saved in one layout and loaded into
+// another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, ZeRO stage
+// and MiCS groups, micro-batch and accumulation split, and so the world size — continues with
+// the losses of the uninterrupted run. Runs under mpirun with 2, 4 and 8 ranks
+// (tests/CMakeLists.txt); a layout of fewer ranks than the world runs on the first ones.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+#include "strata/comm/topology.h"
+#include "strata/core/rng.h"
+#include "strata/data/llmc_shard.h"
+#include "strata/data/token_dataset.h"
+#include "strata/train/config.h"
+#include "strata/train/engine.h"
+
+namespace strata {
+namespace {
+
+constexpr int kSteps = 4;  // before the save, and again after the load
+constexpr int kBatch = 16;
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+struct Layout {
+  int ranks = 1, tp = 1, pp = 1, zero = 0, gas = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool sp = false;
+  int mics = 0;  // zero_optimization.mics_shard_size (0: none)
+  std::string name() const {
+    std::string s = std::to_string(ranks / (tp * pp)) + "dp";
+    if (tp > 1) s += " tp" + std::to_string(tp) + (sp ? "+sp" : "");
+    if (pp > 1) s += " pp" + std::to_string(pp) + " " + schedule;
+    if (virtual_stages > 1) s += " v" + std::to_string(virtual_stages);
+    s += " zero" + std::to_string(zero) + " gas" + std::to_string(gas);
+    if (mics > 0) s += " mics" + std::to_string(mics);
+    return s;
+  }
+};
+
+class Reshard : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    char name[512] = {};
+    std::snprintf(
+        name, sizeof name, "%s",
+        (std::filesystem::temp_directory_path() / ("strata_reshard_" + std::to_string(::getpid())))
+            .c_str());
+    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
+    dir_ = name;
+    if (world_rank() == 0) {
+      std::filesystem::create_directories(dir_);
+      std::vector<int32_t> tokens(30000);
+      const uint64_t key = rng_key(5, "reshard_test");
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = rng_uniform(key, i) < 0.4f ? int32_t(rng_uniform(key, i + (1u << 24)) * 64) % 64
+                                               : int32_t((i * 5) % 59);
+      }
+      data::write_llmc_shard(dir_ + "/data.bin", tokens, false);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    dataset_ = data::open_dataset(dir_ + "/data.bin", "llmc");
+  }
+  static void TearDownTestSuite() {
+    dataset_.reset();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::filesystem::remove_all(dir_);
+  }
+
+  static nlohmann::json config(const std::string& preset) {
+    return {
+        {"train_batch_size", kBatch},
+        {"steps_per_print", 0},
+        {"gradient_clipping", 1.0},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.1}}}}},
+        {"scheduler",
+         {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 3}, {"warmup_type", "linear"}}}}},
+        {"model", {{"preset", preset}, {"layers", 4}}}};
+  }
+
+  // Runs `steps` steps of layout l on the first l.ranks ranks (the others return {}): loading
+  // `load` first when given, saving into `save` after when given.
+  static std::vector<double> run(const std::string& preset, const Layout& l, int steps,
+                                 const std::string& load, const std::string& save) {
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, world_rank() < l.ranks ? 0 : MPI_UNDEFINED, world_rank(), &comm);
+    std::vector<double> losses;
+    if (comm == MPI_COMM_NULL) return losses;
+    {
+      auto j = config(preset);
+      j["parallelism"] = {{"tensor", l.tp},
+                          {"pipeline", l.pp},
+                          {"schedule", l.schedule},
+                          {"virtual_stages", l.virtual_stages},
+                          {"sequence_parallel", l.sp}};
+      j["zero_optimization"] = {{"stage", l.zero}};
+      if (l.mics > 0) j["zero_optimization"]["mics_shard_size"] = l.mics;
+      const comm::RankGrid grid(l.ranks, l.tp, l.pp);
+      j["gradient_accumulation_steps"] = l.gas;
+      j["train_micro_batch_size_per_gpu"] = kBatch / (grid.dp() * l.gas);
+      Config cfg = parse_config(j);
+      resolve_batch(cfg, grid.dp());
+      std::unique_ptr<comm::ProcessGroups> groups;
+      if (l.ranks > 1) groups = std::make_unique<comm::ProcessGroups>(grid, comm);
+      Engine engine(cfg, dataset_.get(), groups ? &groups->dp() : nullptr,
+                    groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
+      // An error is a failure of this pair, on every rank alike (saves and loads fail on all of
+      // them together), and the next pair goes on.
+      try {
+        if (!load.empty()) engine.load_checkpoint(load);
+        for (int i = 0; i < steps; ++i) losses.push_back(engine.train_batch().loss);
+        if (!save.empty()) engine.save_checkpoint(save);
+      } catch (const Error& e) {
+        ADD_FAILURE() << l.name() << ": " << e.what();
+      }
+    }
+    MPI_Comm_free(&comm);
+    return losses;
+  }
+
+  // The uninterrupted run: one process, every rank computing it for itself.
+  static std::vector<double> serial(const std::string& preset, int steps) {
+    auto j = config(preset);
+    j["train_micro_batch_size_per_gpu"] = kBatch;
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, 1);
+    Engine engine(cfg, dataset_.get());
+    std::vector<double> losses;
+    for (int i = 0; i < steps; ++i) losses.push_back(engine.train_batch().loss);
+    return losses;
+  }
+
+  static std::string dir_;
+  static std::unique_ptr<data::TokenDataset> dataset_;
+};
+
+std::string Reshard::dir_;
+std::unique_ptr<data::TokenDataset> Reshard::dataset_;
+
+struct Pair {
+  const char* preset;
+  Layout save, load;
+};
+
+std::vector<Pair> pairs() {
+  Layout one;
+  auto L = [](int ranks, int tp, int pp, int zero, int gas) {
+    Layout l;
+    l.ranks = ranks, l.tp = tp, l.pp = pp, l.zero = zero, l.gas = gas;
+    return l;
+  };
+  Layout d2t2p2 = L(8, 2, 2, 1, 2);
+  Layout interleaved = L(8, 2, 2, 1, 4);
+  interleaved.schedule = "interleaved", interleaved.virtual_stages = 2;
+  Layout zb = L(4, 2, 2, 2, 2);
+  zb.schedule = "zero_bubble";
+  Layout sp = L(4, 2, 1, 3, 1);
+  sp.sp = true;
+  Layout gpipe = L(4, 1, 2, 1, 2);
+  gpipe.schedule = "gpipe";
+  Layout mics = L(4, 1, 1, 3, 2);
+  mics.mics = 2;
+  return {
+      {"gpt2-tiny", d2t2p2, one},                          // (dp2, tp2, pp2, ZeRO-1) -> 1 process
+      {"gpt2-tiny", L(8, 1, 1, 3, 1), L(4, 2, 1, 2, 1)},   // (dp8, ZeRO-3) -> (dp2, tp2, ZeRO-2)
+      {"gpt2-tiny", L(4, 4, 1, 0, 1), L(4, 2, 2, 1, 2)},   // (tp4) -> (tp2, pp2)
+      {"llama-tiny", L(4, 4, 1, 1, 2), L(4, 2, 1, 2, 1)},  // GQA: kv heads replicated -> split
+      {"gpt2-tiny", one, interleaved},                     // 1 process -> dp2 tp2 pp2, interleaved
+      {"llama-tiny", L(4, 1, 1, 2, 1), L(2, 1, 1, 3, 4)},  // ZeRO-2 dp4 -> ZeRO-3 dp2, gas 4
+      {"gpt2-tiny", zb, L(4, 1, 1, 1, 1)},                 // zero-bubble tp2 pp2 -> dp4 ZeRO-1
+      {"llama-tiny", L(2, 1, 1, 0, 2), sp},                // dp2 -> tp2 + SP, dp2, ZeRO-3
+      {"gpt2-tiny", L(4, 1, 4, 0, 4), gpipe},              // pp4 1F1B -> dp2 pp2 GPipe
+      {"llama-tiny", mics, L(4, 4, 1, 0, 1)},              // MiCS groups of 2, ZeRO-3 -> tp4
+      {"gpt2-tiny", L(8, 2, 1, 1, 1), L(8, 1, 1, 2, 2)},   // tp2 dp4 -> dp8 ZeRO-2
+      {"llama-tiny", L(2, 2, 1, 1, 1), L(2, 1, 2, 1, 2)},  // tp2 -> pp2
+  };
+}
+
+// Every pair that fits the world: the losses after the load equal the uninterrupted run's
+// (one process, 2·kSteps steps) within 1e-5, as every layout's do.
+TEST_F(Reshard, EveryLayoutLoadsWhatAnyOtherSaved) {
+  int index = 0, ran = 0;
+  for (const Pair& p : pairs()) {
+    ++index;
+    if (p.save.ranks > world_size() || p.load.ranks > world_size()) continue;
+    ++ran;
+    const std::string what = std::string(p.preset) + " " + p.save.name() + " -> " + p.load.name();
+    const std::string ckpt = dir_ + "/ckpt_" + std::to_string(index);
+    const std::vector<double> ref = serial(p.preset, 2 * kSteps);
+    const std::vector<double> before = run(p.preset, p.save, kSteps, "", ckpt);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::vector<double> after = run(p.preset, p.load, kSteps, ckpt, "");
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() >= p.load.ranks) continue;
+    EXPECT_EQ(after.size(), size_t(kSteps)) << what;
+    for (int s = 0; s < int(after.size()); ++s) {
+      const double want = ref[size_t(kSteps + s)];
+      EXPECT_NEAR(after[size_t(s)], want, 1e-5 * want) << what << ", step " << kSteps + s + 1;
+    }
+    if (world_rank() < p.save.ranks) {
+      for (int s = 0; s < int(before.size()); ++s) {
+        EXPECT_NEAR(before[size_t(s)], ref[size_t(s)], 1e-5 * ref[size_t(s)]) << what;
+      }
+    }
+  }
+  EXPECT_GE(ran, world_size() == 8 ? 10 : 1);
+}
+
+}  // namespace
+}  // namespace strata
