@@ -77,6 +77,56 @@ TEST_F(CliRunTest, SameConfigTwiceGivesBitIdenticalLosses) {
   EXPECT_LT(a.back(), a.front());
 }
 
+// Checkpoints through the CLI: a run on 2 ranks (tp 2, ZeRO-1) saves every 3 steps; `--resume
+// auto` continues it on one process to step 6 with the losses of an uninterrupted run; `ckpt
+// verify` passes it and, after one byte of a data file is flipped, exits 2 naming the checksum,
+// while `--resume` of the previous checkpoint still works.
+TEST_F(CliRunTest, CheckpointsSaveResumeAndVerify) {
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string base = "train --config " + dir_ + "/tiny.json --data " + dir_ +
+                           "/good.bin --set checkpoint.interval=3 --set 'checkpoint.dir=\"" + ckpt +
+                           "\"'";
+  std::string err;
+  ASSERT_EQ(run(base + " --steps 6 --run-dir " + dir_ + "/whole", &err), 0) << err;
+  const std::vector<double> whole = losses(dir_ + "/whole");
+  ASSERT_EQ(run("launch -n 2 -- " + base +
+                    " --steps 3 --set parallelism.tensor=2 --set "
+                    "zero_optimization.stage=1 --run-dir " +
+                    dir_ + "/split",
+                &err),
+            0)
+      << err;
+  ASSERT_EQ(run(base + " --steps 6 --resume auto --run-dir " + dir_ + "/split", &err), 0) << err;
+  const std::vector<double> split = losses(dir_ + "/split");  // appended after the resume
+  ASSERT_EQ(split.size(), 6u);
+  for (size_t s = 0; s < 6; ++s) EXPECT_NEAR(split[s], whole[s], 1e-5 * whole[s]) << s;
+  EXPECT_EQ(run("ckpt verify " + ckpt, &err), 0) << err;
+  ASSERT_EQ(run("ckpt info " + ckpt + "/step_00000003", &err), 0) << err;
+  std::ifstream info(dir_ + "/stdout.txt");
+  std::stringstream text;
+  text << info.rdbuf();
+  EXPECT_NE(text.str().find("saved from: dp 1 x tp 2"), std::string::npos) << text.str();
+  {  // One byte of step 6's data, flipped.
+    std::fstream f(ckpt + "/step_00000006/rank_00000.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = char(c ^ 0x10);
+    f.seekp(-100, std::ios::end);
+    f.write(&c, 1);
+  }
+  EXPECT_EQ(run("ckpt verify " + ckpt, &err), 2);
+  EXPECT_NE(err.find("fails its checksum"), std::string::npos) << err;
+  EXPECT_EQ(run(base + " --steps 7 --resume auto --run-dir " + dir_ + "/bad", &err), 2);
+  EXPECT_NE(err.find("fails its checksum"), std::string::npos) << err;
+  EXPECT_EQ(
+      run(base + " --steps 4 --resume " + ckpt + "/step_00000003 --run-dir " + dir_ + "/again",
+          &err),
+      0)
+      << err;
+}
+
 TEST_F(CliRunTest, SetOverridesAKey) {
   const std::string base = "train --config " + dir_ + "/tiny.json --data " + dir_ + "/good.bin";
   ASSERT_EQ(run(base + " --steps 3 --run-dir " + dir_ + "/a"), 0);
@@ -259,8 +309,7 @@ TEST_F(CliRunTest, SeedConfigTrainsOnFourRanksWithZeroStage3) {
   }
   // Its activation_checkpointing block is in effect: every block fully recomputed, the
   // checkpoints in host memory; only partition_activations (tp 1) is noted.
-  EXPECT_NE(out.find("host_checkpoints ", out.find("memory (measured, step 1)")),
-            std::string::npos)
+  EXPECT_NE(out.find("host_checkpoints ", out.find("memory (measured, step 1)")), std::string::npos)
       << out;
   EXPECT_EQ(out.find("activation_checkpointing.cpu_checkpointing"), std::string::npos) << out;
   EXPECT_NE(out.find("activation_checkpointing.partition_activations has no effect"),

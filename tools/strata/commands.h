@@ -9,6 +9,7 @@ namespace strata::cli {
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_ckpt_command(CLI::App& app);
 // The job's exit code is written to *exit_code.
 void add_launch_command(CLI::App& app, int* exit_code);
 void add_topology_command(CLI::App& app);

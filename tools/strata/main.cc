@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   strata::cli::add_schedule_command(app);
   strata::cli::add_data_command(app);
   strata::cli::add_bench_command(app);
+  strata::cli::add_ckpt_command(app);
   try {
     if (launched_by_mpi()) strata::comm::init(&argc, &argv);
     app.parse(argc, argv);

@@ -223,11 +223,15 @@ void run_train(const TrainArgs& a) {
     }
   }
   if (!resume.empty()) {
+    const auto t0 = std::chrono::steady_clock::now();
     const Engine::Resumed r = engine.load_checkpoint(resume);
     if (rank0) {
-      std::printf("resumed from %s: step %lld, %lld samples consumed (saved as %s)\n",
-                  r.dir.c_str(), static_cast<long long>(r.step),
-                  static_cast<long long>(r.consumed_samples), r.layout.c_str());
+      std::printf(
+          "resumed from %s: step %lld, %lld samples consumed (saved as %s) (read %.2f s) "
+          "(%.2f s)\n",
+          r.dir.c_str(), static_cast<long long>(r.step), static_cast<long long>(r.consumed_samples),
+          r.layout.c_str(), r.read_s,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     }
   }

@@ -99,9 +99,15 @@ ModelConfig parse_model(const Reader& r, const json& o) {
   m.vocab = int(r.integer(o, "vocab", f, 1, 1 << 30));
   m.seq_len = int(r.integer(o, "seq_len", f, 1, 1 << 30));
   m.tied_embeddings = r.boolean(o, "tied_embeddings", f);
-  m.norm_eps = float(r.number(o, "norm_eps", f));
-  m.rope_theta = float(r.number(o, "rope_theta", f));
-  m.init_std = float(r.number(o, "init_std", f));
+  // As floats, finite: to_json writes infinity as null, which would not parse back.
+  auto finite = [&](const char* key) {
+    const float v = float(r.number(o, key, f));
+    if (!std::isfinite(v)) r.fail(f + "." + key, "is not a finite number");
+    return v;
+  };
+  m.norm_eps = finite("norm_eps");
+  m.rope_theta = finite("rope_theta");
+  m.init_std = finite("init_std");
   return m;
 }
 
@@ -213,8 +219,9 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
         r.fail("tensors." + name, "has a dimension that is not a positive integer");
       }
       dims.push_back(d.get<int64_t>());
+      // Checked before multiplying: two dimensions of up to kMaxInt overflow int64.
+      if (dims.back() > kMaxInt / n) r.fail("tensors." + name, "has more elements than any model");
       n *= dims.back();
-      if (n > kMaxInt) r.fail("tensors." + name, "has more elements than any model");
     }
     m.tensors[name] = dims;
     numel[name] = n;

@@ -64,13 +64,13 @@ std::vector<Run> compress(const std::vector<Segment>& segments) {
   for (const Segment& s : segments) {
     if (!runs.empty()) {
       Run& r = runs.back();
-      const int64_t next = r.global + r.count * r.stride;
-      if (r.len == s.len && (r.count == 1 || next == s.global)) {
-        if (r.count == 1) r.stride = s.global - r.global;
-        if (r.stride > 0 && r.global + r.count * r.stride == s.global) {
-          ++r.count;
-          continue;
-        }
+      // A lone segment's stride is set only when the next one extends it forward: a segment
+      // before it must not leave it a negative stride, which the manifest refuses.
+      const int64_t stride = r.count == 1 ? s.global - r.global : r.stride;
+      if (r.len == s.len && stride > 0 && r.global + r.count * stride == s.global) {
+        r.stride = stride;
+        ++r.count;
+        continue;
       }
     }
     runs.push_back({s.global, s.len, 1, 0});

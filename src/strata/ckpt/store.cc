@@ -133,6 +133,25 @@ void write_file_atomic(const std::string& path, const std::string& text) {
              true);
 }
 
+void commit(const std::string& root, const std::string& tmp, const std::string& name) {
+  const fs::path final_dir = fs::path(root) / name;
+  fsync_path(tmp, true);
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    // The same step saved again: swap the two directories in one step (a crash leaves one of
+    // them complete under the name `latest` may give), then drop the old one.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      io_fail("cannot replace " + final_dir.string() + " with", tmp);
+    }
+    fsync_path(root, true);
+    fs::remove_all(tmp);
+  } else {
+    fs::rename(tmp, final_dir);
+    fsync_path(root, true);
+  }
+  write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+}
+
 std::string latest_checkpoint(const std::string& root) {
   const fs::path latest = fs::path(root) / "latest";
   std::error_code ec;
@@ -167,23 +186,6 @@ Reader::Reader(const std::string& step_dir) : dir_(step_dir) {
     STRATA_INPUT_FAIL(dir_, " holds no manifest.json: not a complete strata checkpoint");
   }
   m_ = parse_manifest(read_text(mpath, size_t(1) << 30), mpath);
-  for (const Manifest::File& f : m_.files) {
-    const std::string p = (fs::path(dir_) / f.name).string();
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      for (int o : fds_) ::close(o);
-      if (errno == ENOENT) STRATA_INPUT_FAIL("the checkpoint's data file ", p, " is missing");
-      io_fail("cannot open", p);
-    }
-    fds_.push_back(fd);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || int64_t(st.st_size) != f.bytes) {
-      const long long size = static_cast<long long>(st.st_size);
-      for (int o : fds_) ::close(o);
-      STRATA_INPUT_FAIL(p, " is ", size, " bytes where the manifest says ", f.bytes,
-                        ": the checkpoint is truncated or damaged");
-    }
-  }
   // Each stored kind covers every tensor exactly once.
   std::map<std::pair<std::string, std::string>, std::vector<std::pair<int64_t, int64_t>>> cover;
   bounds_.resize(m_.chunks.size());
@@ -225,6 +227,26 @@ Reader::Reader(const std::string& step_dir) : dir_(step_dir) {
     }
   }
   if (!has(kMaster)) STRATA_INPUT_FAIL(mpath, " stores no weights (", kMaster, ")");
+  // The files are opened last: a constructor that throws runs no destructor, so nothing may
+  // throw once they are open but what closes them.
+  for (const Manifest::File& f : m_.files) {
+    const std::string p = (fs::path(dir_) / f.name).string();
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      for (int o : fds_) ::close(o);
+      if (errno == ENOENT) STRATA_INPUT_FAIL("the checkpoint's data file ", p, " is missing");
+      io_fail("cannot open", p);
+    }
+    fds_.push_back(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // chunks are read in file order
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || int64_t(st.st_size) != f.bytes) {
+      const long long size = static_cast<long long>(st.st_size);
+      for (int o : fds_) ::close(o);
+      STRATA_INPUT_FAIL(p, " is ", size, " bytes where the manifest says ", f.bytes,
+                        ": the checkpoint is truncated or damaged");
+    }
+  }
 }
 
 Reader::~Reader() {
@@ -244,39 +266,94 @@ void Reader::load_chunk(size_t c) {
   const std::string path = (fs::path(dir_) / m_.files[size_t(k.file)].name).string();
   buf_.resize(size_t(k.numel));
   loaded_ = SIZE_MAX;
-  pread_all(fds_[size_t(k.file)], buf_.data(), size_t(k.numel) * 4, k.offset, path);
-  if (crc32c(buf_.data(), size_t(k.numel) * 4) != k.crc32c) {
-    STRATA_INPUT_FAIL(path, ": the ", k.kind, " chunk of ", k.tensor, " at byte ", k.offset,
-                      " fails its checksum: the file is damaged");
-  }
+  read_checked(c, buf_.data());
   loaded_ = c;
 }
 
-void Reader::read(const std::string& kind, const std::string& tensor, int64_t lo, int64_t hi,
-                  float* out) {
+// In blocks small enough that each block's CRC is taken while it is still in the core's cache;
+// the next block's read-ahead is requested before each block is read, so the disk works while
+// blocks are copied.
+void Reader::read_checked(size_t c, float* to) {
+  const Chunk& k = m_.chunks[c];
+  const int fd = fds_[size_t(k.file)];
+  const std::string path = (fs::path(dir_) / m_.files[size_t(k.file)].name).string();
+  constexpr size_t kBlock = size_t(1) << 20;
+  const size_t bytes = size_t(k.numel) * 4;
+  char* p = reinterpret_cast<char*>(to);
+  uint32_t crc = 0;
+  for (size_t at = 0; at < bytes; at += kBlock) {
+    const size_t n = std::min(kBlock, bytes - at);
+    if (at + n < bytes) {
+      ::posix_fadvise(fd, off_t(k.offset + int64_t(at + n)),
+                      off_t(std::min(kBlock, bytes - at - n)), POSIX_FADV_WILLNEED);
+    }
+    pread_all(fd, p + at, n, k.offset + int64_t(at), path);
+    crc = crc32c(p + at, n, crc);
+  }
+  if (crc != k.crc32c) {
+    STRATA_INPUT_FAIL(path, ": the ", k.kind, " chunk of ", k.tensor, " at byte ", k.offset,
+                      " fails its checksum: the file is damaged");
+  }
+}
+
+void Reader::plan(const std::string& kind, const std::string& tensor,
+                  const std::vector<Segment>& segments, float* dst) {
+  if (segments.empty()) return;
   const auto it = index_.find({kind, tensor});
   if (it == index_.end()) {
     STRATA_INPUT_FAIL(dir_, " stores no ", kind, " for ", tensor,
-                      ": it is a checkpoint of another model");
+                      ": it is incomplete, or of another model or optimizer");
   }
+  const int64_t lo = segments.front().global;
+  const int64_t hi = segments.back().global + segments.back().len;
   for (size_t c : it->second) {
     if (bounds_[c].second <= lo || bounds_[c].first >= hi) continue;
-    load_chunk(c);
-    int64_t at = 0;  // the chunk's element of the segment
-    for (const Run& r : m_.chunks[c].runs) {
-      if (r.global >= hi || r.global + (r.count - 1) * r.stride + r.len <= lo) {
-        at += r.len * r.count;
-        continue;
-      }
+    const Chunk& k = m_.chunks[c];
+    // The chunk's elements that land in dst: each run segment against the segments it meets.
+    Job job{c, {}, false};
+    int64_t at = 0;
+    for (const Run& r : k.runs) {
       for (int64_t q = 0; q < r.count; ++q, at += r.len) {
         const int64_t g = r.global + q * r.stride;
-        const int64_t a = std::max(g, lo), b = std::min(g + r.len, hi);
-        if (a < b) {
-          std::memcpy(out + (a - lo), buf_.data() + at + (a - g), size_t(b - a) * sizeof(float));
+        if (g + r.len <= lo || g >= hi) continue;
+        auto s = std::upper_bound(segments.begin(), segments.end(), g,
+                                  [](int64_t v, const Segment& x) { return v < x.global; });
+        if (s != segments.begin()) --s;
+        for (; s != segments.end() && s->global < g + r.len; ++s) {
+          const int64_t a = std::max(g, s->global), b = std::min(g + r.len, s->global + s->len);
+          if (a < b) job.pieces.push_back({at + (a - g), b - a, dst + s->local + (a - s->global)});
         }
       }
     }
+    if (job.pieces.empty()) continue;
+    // All of the chunk, in order, into one block of dst: read it there.
+    int64_t n = 0;
+    job.direct = job.pieces.front().chunk == 0;
+    for (const Piece& p : job.pieces) {
+      job.direct = job.direct && p.chunk == n && p.dst == job.pieces.front().dst + n;
+      n += p.n;
+    }
+    job.direct = job.direct && n == k.numel;
+    jobs_.push_back(std::move(job));
   }
+}
+
+void Reader::run() {
+  std::sort(jobs_.begin(), jobs_.end(), [&](const Job& a, const Job& b) {
+    const Chunk &x = m_.chunks[a.chunk], &y = m_.chunks[b.chunk];
+    return x.file != y.file ? x.file < y.file : x.offset < y.offset;
+  });
+  for (const Job& job : jobs_) {
+    if (!job.direct) {
+      load_chunk(job.chunk);
+      for (const Piece& p : job.pieces) {
+        std::memcpy(p.dst, buf_.data() + p.chunk, size_t(p.n) * sizeof(float));
+      }
+      continue;
+    }
+    read_checked(job.chunk, job.pieces.front().dst);
+  }
+  jobs_.clear();
 }
 
 int64_t Reader::verify_all() {

@@ -37,6 +37,11 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
 void fsync_path(const std::string& path, bool directory);
 void write_file_atomic(const std::string& path, const std::string& text);
 
+// Makes the step directory `tmp` (its data files and manifest.json written and fsynced) the
+// checkpoint <root>/<name>: fsyncs it, renames it into place (replacing a previous save of the
+// same step), fsyncs the root, then points <root>/latest at it.
+void commit(const std::string& root, const std::string& tmp, const std::string& name);
+
 // The step directory a path names: a step directory itself (it has a manifest.json), or a
 // checkpoint root whose `latest` names one. InputError if neither.
 std::string resolve_checkpoint(const std::string& path);
@@ -56,13 +61,31 @@ class Reader {
   const Manifest& manifest() const { return m_; }
   const std::string& dir() const { return dir_; }
   bool has(const std::string& kind) const;
-  // out[i] = element lo + i of `kind` of `tensor`, for every i in [0, hi - lo).
-  void read(const std::string& kind, const std::string& tensor, int64_t lo, int64_t hi, float* out);
+  // dst[s.local + i] = element s.global + i of `kind` of `tensor`, for every segment s (in
+  // increasing global order, as global_segments gives them) and i < s.len. A chunk that fills
+  // one contiguous block of dst is read straight into it (and checked there); others through a
+  // buffer.
+  void read_into(const std::string& kind, const std::string& tensor,
+                 const std::vector<Segment>& segments, float* dst) {
+    plan(kind, tensor, segments, dst);
+    run();
+  }
+  // The same in two steps: plan() records what to read, run() reads everything planned in file
+  // and offset order (one sequential pass over each file however the layouts differ).
+  void plan(const std::string& kind, const std::string& tensor,
+            const std::vector<Segment>& segments, float* dst);
+  void run();
+  // out[i] = element lo + i, for every i in [0, hi - lo).
+  void read(const std::string& kind, const std::string& tensor, int64_t lo, int64_t hi,
+            float* out) {
+    read_into(kind, tensor, {{lo, 0, hi - lo, 1}}, out);
+  }
   // Reads every chunk and checks its CRC (strata ckpt verify); returns the bytes read.
   int64_t verify_all();
 
  private:
-  void load_chunk(size_t c);  // into buf_, CRC checked
+  void load_chunk(size_t c);               // into buf_, CRC checked
+  void read_checked(size_t c, float* to);  // chunk c's elements into `to`, CRC checked
   std::string dir_;
   Manifest m_;
   std::vector<int> fds_;
@@ -71,6 +94,17 @@ class Reader {
   std::vector<std::pair<int64_t, int64_t>> bounds_;
   std::vector<float> buf_;
   size_t loaded_ = SIZE_MAX;
+  // Planned reads: a chunk into one block of dst (direct), or pieces of it through buf_.
+  struct Piece {
+    int64_t chunk, n;  // chunk element, count
+    float* dst;
+  };
+  struct Job {
+    size_t chunk;
+    std::vector<Piece> pieces;
+    bool direct;
+  };
+  std::vector<Job> jobs_;
 };
 
 }  // namespace strata::ckpt

@@ -121,13 +121,15 @@ class Engine {
   void save_checkpoint(const std::string& root);
   // Loads a checkpoint saved from any layout (a step directory, or a root whose latest is
   // read) into this engine's layout: the next step continues the saved run. A collective;
-  // InputError on a damaged checkpoint or one of another model, on every rank. Returns notes
-  // for the user (e.g. a different seed); a checkpoint without moments (an import) starts the
-  // optimizer afresh.
+  // InputError on a damaged checkpoint or one of another model, on every rank; the engine's
+  // state is then partly overwritten (chunks are read into place): load another checkpoint or
+  // build a new engine. Returns notes for the user (e.g. a different seed); a checkpoint
+  // without moments (an import, or into another optimizer) starts the optimizer afresh.
   struct Resumed {
     std::string dir, layout;  // the step directory; the layout it was saved from
     int64_t step = 0, consumed_samples = 0;
     std::vector<std::string> notes;
+    double read_s = 0;  // checks and reads (the rest: publishing and ZeRO's re-gathering)
   };
   Resumed load_checkpoint(const std::string& path);
   int64_t step() const { return step_; }

@@ -3,6 +3,7 @@
 // layout needs (ckpt/slices.h). The optimizer's ranges are the unit of both: the ranges it steps
 // are the elements this rank holds master weights and moments for.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -86,7 +87,7 @@ void on_every_rank(Engine& e, bool (Engine::*all_ok)(bool), const char* what, F&
 
 void Engine::save_checkpoint(const std::string& root) {
   const std::string name = ckpt::step_dir_name(step_);
-  const fs::path tmp = fs::path(root) / ("." + name + ".tmp"), final_dir = fs::path(root) / name;
+  const fs::path tmp = fs::path(root) / ("." + name + ".tmp");
   const int id = world_id();
   on_every_rank(*this, &Engine::all_ok, "saving the checkpoint", [&] {
     if (id != 0) return;
@@ -187,16 +188,13 @@ void Engine::save_checkpoint(const std::string& root) {
     }
     ckpt::write_file_atomic((tmp / "manifest.json").string(), ckpt::to_json(m));
     for (const fs::path& p : parts) fs::remove(p);
-    ckpt::fsync_path(tmp.string(), true);
-    fs::remove_all(final_dir);  // the same step saved again
-    fs::rename(tmp, final_dir);
-    ckpt::fsync_path(root, true);
-    ckpt::write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
+    ckpt::commit(root, tmp.string(), name);
   });
 }
 
 Engine::Resumed Engine::load_checkpoint(const std::string& path) {
   Resumed out;
+  const auto t0 = std::chrono::steady_clock::now();
   on_every_rank(*this, &Engine::all_ok, "loading the checkpoint", [&] {
     out.dir = ckpt::resolve_checkpoint(path);
     ckpt::Reader rd(out.dir);
@@ -225,19 +223,16 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
       STRATA_INPUT_FAIL("the checkpoint ", out.dir, " holds ", m.optimizer,
                         " optimizer state; this run's optimizer.type is ", cfg_.optimizer.type);
     }
-    std::vector<float> window;
+    // SGD without momentum keeps no moments, only its step count: its own checkpoint resumes it
+    // (the learning rate schedule continues) rather than counting as weights only.
+    with_moments |= cfg_.optimizer.type == "sgd" && cfg_.optimizer.momentum == 0.0f &&
+                    m.optimizer == cfg_.optimizer.type;
     auto fill = [&](const char* kind, const ParamSpec& p, int64_t begin, int64_t n, float* dst) {
-      std::fill(dst, dst + n, 0.0f);  // padding stays zero
       const std::vector<Segment> segs = ckpt::global_segments(p, begin, n);
-      if (segs.empty()) return;
-      int64_t lo = INT64_MAX, hi = 0;
-      for (const Segment& s : segs)
-        lo = std::min(lo, s.global), hi = std::max(hi, s.global + s.len);
-      window.resize(size_t(hi - lo));
-      rd.read(kind, p.name, lo, hi, window.data());
-      for (const Segment& s : segs) {
-        std::copy_n(window.data() + (s.global - lo), s.len, dst + s.local);
-      }
+      int64_t covered = 0;
+      for (const Segment& s : segs) covered += s.len;
+      if (covered < n) std::fill(dst, dst + n, 0.0f);  // padding stays zero
+      rd.plan(kind, p.name, segs, dst);
     };
     RangeParams params{spec_};
     for (const ParamRange& r : optimizer_->ranges()) {
@@ -254,8 +249,11 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
         }
       }
     }
+    rd.run();  // every planned chunk, in file order
     optimizer_->set_steps_taken(with_moments ? m.optimizer_steps : 0);
-    if (cfg_.fp16.enabled) {
+    // A run without fp16 saved the disabled scaler (scale 1, never updated): keep this run's
+    // initial scale then.
+    if (cfg_.fp16.enabled && (m.scaler.iter > 0 || m.scaler.scale != 1.0f)) {
       scaler_.restore(
           {m.scaler.scale, m.scaler.iter, m.scaler.last_overflow_iter, m.scaler.hysteresis_left});
     }
@@ -265,12 +263,13 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
     if (!with_moments) {
       out.notes.push_back("the checkpoint holds weights only: the optimizer starts afresh");
     }
-    if (m.seed != cfg_.train.seed) {
+    if (with_moments && m.seed != cfg_.train.seed) {
       out.notes.push_back("the checkpoint was trained with train.seed " + std::to_string(m.seed) +
                           ", this run uses " + std::to_string(cfg_.train.seed) +
                           ": the data order after the resume differs from the saved run's");
     }
   });
+  out.read_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   optimizer_->publish();
   if (shard_ != nullptr) sync_->after_step();
   return out;
