@@ -14,5 +14,6 @@ void add_ckpt_command(CLI::App& app);
 void add_launch_command(CLI::App& app, int* exit_code);
 void add_topology_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
+void add_elastic_command(CLI::App& app);
 
 }  // namespace strata::cli

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   strata::cli::add_launch_command(app, &exit_code);
   strata::cli::add_topology_command(app);
   strata::cli::add_schedule_command(app);
+  strata::cli::add_elastic_command(app);
   strata::cli::add_data_command(app);
   strata::cli::add_bench_command(app);
   strata::cli::add_ckpt_command(app);

@@ -5,6 +5,7 @@
 
 #include "strata/core/check.h"
 #include "strata/train/config_internal.h"
+#include "strata/train/elasticity.h"
 
 namespace strata::config_detail {
 
@@ -409,6 +410,7 @@ void parse_runtime_blocks(const Block& top, Config& c) {
     STRATA_INPUT_FAIL("elasticity.model_parallel_size=", e.model_parallel_size,
                       " needs elasticity.version 0.2");
   }
+  if (e.enabled) compute_elastic(e);  // DeepSpeed's errors at load (no valid batch, mp per node)
 
   for (const char* name : {"tensorboard", "csv_monitor"}) {
     Block m = top.child(name, keys_of(name), true);

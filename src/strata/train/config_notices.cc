@@ -279,8 +279,9 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   const ElasticityConfig& e = c.elasticity;
   const ElasticityConfig de;
   if (e.enabled) {
-    add("elasticity.enabled is not yet in effect: the batch comes from train_batch_size, "
-        "train_micro_batch_size_per_gpu and gradient_accumulation_steps");
+    add("elasticity.enabled only validates the block (`strata elastic` prints its batch size "
+        "and valid world sizes); training does not restart elastically: the batch comes from "
+        "train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps");
   }
   const std::string elastic = keys_set(
       "elasticity", {{"max_train_batch_size", e.max_train_batch_size != de.max_train_batch_size},
@@ -294,7 +295,10 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
                      {"prefer_larger_batch", e.prefer_larger_batch != de.prefer_larger_batch},
                      {"num_gpus_per_node", e.num_gpus_per_node != de.num_gpus_per_node},
                      {"model_parallel_size", e.model_parallel_size != de.model_parallel_size}});
-  if (!elastic.empty()) add(elastic, has(elastic), " no effect: elasticity is not yet in effect");
+  if (!elastic.empty()) {
+    add(elastic, has(elastic),
+        " no effect on training: elasticity only computes `strata elastic`'s plan");
+  }
 
   const CheckpointConfig& k = c.checkpoint;
   const CheckpointConfig dk;
