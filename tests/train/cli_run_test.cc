@@ -127,6 +127,46 @@ TEST_F(CliRunTest, CheckpointsSaveResumeAndVerify) {
       << err;
 }
 
+// A rank killed (SIGKILL) mid-save or mid-reduction ends the job, and nothing half-written is
+// ever named by `latest`: the previous checkpoint stays latest and a resume from it continues
+// with the uninterrupted run's losses.
+TEST_F(CliRunTest, AKilledRankLeavesThePreviousCheckpointLatest) {
+  const std::string ckpt = dir_ + "/ckpt";
+  const std::string base = "train --config " + dir_ + "/tiny.json --data " + dir_ +
+                           "/good.bin --set checkpoint.interval=2 --set 'checkpoint.dir=\"" + ckpt +
+                           "\"' --set zero_optimization.stage=1 --steps 6";
+  std::string err;
+  ASSERT_EQ(run("launch -n 2 -- " + base + " --run-dir " + dir_ + "/whole", &err), 0) << err;
+  const std::vector<double> whole = losses(dir_ + "/whole");
+  ASSERT_EQ(whole.size(), 6u);
+  EXPECT_EQ(run(base + " --fault rank=0,step=1,phase=later --run-dir " + dir_ + "/bad", &err), 2);
+  EXPECT_NE(err.find("forward, backward, reduce, optimizer, save"), std::string::npos) << err;
+  EXPECT_EQ(
+      run(base + " --fault rank=0,step=1,phase=save,action=2 --run-dir " + dir_ + "/bad", &err), 2)
+      << "an action and a phase at once";
+  for (const char* fault : {"rank=1,step=4,phase=save", "rank=0,step=3,phase=reduce"}) {
+    std::filesystem::remove_all(ckpt);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_NE(
+        run("launch -n 2 -- " + base + " --fault " + fault + " --run-dir " + dir_ + "/k", &err), 0)
+        << fault;
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60)) << fault;
+    std::ifstream latest(ckpt + "/latest");
+    std::string name;
+    latest >> name;
+    EXPECT_EQ(name, "step_00000002") << fault;
+    EXPECT_FALSE(std::filesystem::exists(ckpt + "/step_00000004")) << fault;
+    std::filesystem::remove_all(dir_ + "/r");
+    ASSERT_EQ(run("launch -n 2 -- " + base + " --resume auto --run-dir " + dir_ + "/r", &err), 0)
+        << fault << ": " << err;
+    const std::vector<double> resumed = losses(dir_ + "/r");
+    ASSERT_EQ(resumed.size(), 4u) << fault;
+    for (size_t s = 0; s < 4; ++s) {
+      EXPECT_NEAR(resumed[s], whole[s + 2], 1e-5 * whole[s + 2]) << fault << ", step " << s + 3;
+    }
+  }
+}
+
 TEST_F(CliRunTest, SetOverridesAKey) {
   const std::string base = "train --config " + dir_ + "/tiny.json --data " + dir_ + "/good.bin";
   ASSERT_EQ(run(base + " --steps 3 --run-dir " + dir_ + "/a"), 0);

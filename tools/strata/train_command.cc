@@ -40,34 +40,50 @@ struct TrainArgs {
 };
 
 // --fault rank=R,step=S,action=N: world rank R throws before its action N of step S.
+// --fault rank=R,step=S,phase=P: world rank R is killed (SIGKILL) in phase P of step S.
 struct Fault {
   int rank = -1;
-  int64_t step = 0, action = 0;
+  int64_t step = 0, action = -1;
+  Engine::KillPhase phase = Engine::KillPhase::None;
 };
 Fault parse_fault(const std::string& s) {
   Fault f;
   if (s.empty()) return f;
-  bool seen[3] = {false, false, false};
+  const char* usage =
+      ": expected rank=R,step=S,action=N or rank=R,step=S,phase=P (R, N >= 0, S >= 1; P one of "
+      "forward, backward, reduce, optimizer, save)";
+  const std::pair<const char*, Engine::KillPhase> phases[] = {
+      {"forward", Engine::KillPhase::Forward},
+      {"backward", Engine::KillPhase::Backward},
+      {"reduce", Engine::KillPhase::Reduce},
+      {"optimizer", Engine::KillPhase::Optimizer},
+      {"save", Engine::KillPhase::Save}};
+  bool rank = false, step = false;
   for (size_t at = 0; at <= s.size();) {
     const size_t comma = std::min(s.find(',', at), s.size());
     const std::string item = s.substr(at, comma - at);
     const size_t eq = item.find('=');
-    char* end = nullptr;
-    const long long v =
-        eq == std::string::npos ? -1 : std::strtoll(item.c_str() + eq + 1, &end, 10);
-    const std::string key = item.substr(0, eq);
-    const bool ok = eq != std::string::npos && *end == '\0' && v >= 0;
-    STRATA_INPUT_CHECK(ok && (key == "rank" || key == "step" || key == "action"), "--fault ", s,
-                       ": expected rank=R,step=S,action=N (non-negative integers)");
-    const int k = key == "rank" ? 0 : key == "step" ? 1 : 2;
-    seen[k] = true;
-    if (k == 0) f.rank = int(v);
-    if (k == 1) f.step = v;
-    if (k == 2) f.action = v;
+    STRATA_INPUT_CHECK(eq != std::string::npos, "--fault ", s, usage);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "phase") {
+      for (const auto& [name, p] : phases) {
+        if (value == name) f.phase = p;
+      }
+      STRATA_INPUT_CHECK(f.phase != Engine::KillPhase::None, "--fault ", s, usage);
+    } else {
+      char* end = nullptr;
+      const long long v = std::strtoll(value.c_str(), &end, 10);
+      const bool ok = !value.empty() && *end == '\0' && v >= 0;
+      STRATA_INPUT_CHECK(ok && (key == "rank" || key == "step" || key == "action"), "--fault ", s,
+                         usage);
+      if (key == "rank") f.rank = int(v), rank = true;
+      if (key == "step") f.step = v, step = true;
+      if (key == "action") f.action = v;
+    }
     at = comma + 1;
   }
-  STRATA_INPUT_CHECK(seen[0] && seen[1] && seen[2] && f.step >= 1, "--fault ", s,
-                     ": give rank=R,step=S,action=N with S >= 1");
+  const bool one = (f.action >= 0) != (f.phase != Engine::KillPhase::None);
+  STRATA_INPUT_CHECK(rank && step && f.step >= 1 && one, "--fault ", s, usage);
   return f;
 }
 
@@ -262,7 +278,8 @@ void run_train(const TrainArgs& a) {
   const auto [trace_first, trace_last] = parse_trace_steps(a.trace_steps);
   const Fault fault = parse_fault(a.fault);
   if (fault.rank == (comm::initialized() ? comm::world_rank() : 0)) {
-    engine.inject_fault(fault.step, size_t(fault.action));
+    if (fault.action >= 0) engine.inject_fault(fault.step, size_t(fault.action));
+    engine.inject_kill(fault.step, fault.phase);
   }
   nlohmann::json trace_events = nlohmann::json::array();
   double trace_offset_us = 0.0;
@@ -325,7 +342,9 @@ void add_train_command(CLI::App& app) {
                   "auto (checkpoint.dir's latest, if any) or a checkpoint directory: continue "
                   "that run, in this run's layout, up to train.steps");
   cmd->add_option("--fault", args->fault,
-                  "rank=R,step=S,action=N: rank R fails before its action N of step S (tests)");
+                  "rank=R,step=S,action=N: rank R fails before its action N of step S; "
+                  "rank=R,step=S,phase=P: rank R is killed in phase P (forward, backward, reduce, "
+                  "optimizer, save) of step S (tests)");
   cmd->add_option("--trace-steps", args->trace_steps,
                   "A:B: write every rank's actions of steps A..B (1-based) as one Chrome trace, "
                   "<run_dir>/trace.json (opens in Perfetto)");

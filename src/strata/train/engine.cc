@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 
@@ -319,6 +320,13 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   }
 }
 
+void Engine::maybe_kill(KillPhase phase, int64_t step) {
+  if (phase != kill_phase_ || step != kill_step_) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+}
+
 Engine::~Engine() {
   // An error mid-step can leave buckets queued on the communication thread, which would go on
   // writing into the gradients: leave that memory to it; the job is being aborted.
@@ -467,6 +475,10 @@ void Engine::run_schedule(const int32_t* inputs, const int32_t* targets, float d
   };
   trace_.clear();
   for (const pipeline::Action& a : schedule_) {
+    if (a.op == pipeline::Op::Forward) maybe_kill(KillPhase::Forward, step_ + 1);
+    if (a.op == pipeline::Op::Backward || a.op == pipeline::Op::BackwardInput) {
+      maybe_kill(KillPhase::Backward, step_ + 1);
+    }
     if (step_ + 1 == fault_step_ && size_t(&a - schedule_.data()) == fault_action_) {
       STRATA_RUNTIME_FAIL("injected fault at step ", fault_step_, ", action ", fault_action_, " (",
                           pipeline::action_name(a), ") of pipeline stage ", stage_);
@@ -584,6 +596,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s_ : nullptr);
   }
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
+  maybe_kill(KillPhase::Reduce, step_ + 1);
   if (sync_) {
     sync_->finish();
     comm_exposed_s = sync_->reduce_wait_seconds();
@@ -638,6 +651,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     if (cfg_.gradient_clipping > 0.0f && s.grad_norm > cfg_.gradient_clipping) {
       clip = float(cfg_.gradient_clipping / (s.grad_norm + 1e-6));  // torch's clip_grad_norm_
     }
+    maybe_kill(KillPhase::Optimizer, step_);
     optimizer_->step(sync_ ? sync_->optimizer_grads() : grads_.data(), s.lr,
                      clip / scaler_.scale());
   }

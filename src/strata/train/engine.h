@@ -102,6 +102,12 @@ class Engine {
   // runtime error just before this rank's action number `action` of it, as a failing stage
   // would mid-schedule. step 0: none.
   void inject_fault(int64_t step, size_t action) { fault_step_ = step, fault_action_ = action; }
+  // Fault injection that kills this process abruptly (SIGKILL, as a lost machine would stop) in
+  // a phase of the step numbered `step`: its first forward, its first backward, the gradient
+  // reduction, the optimizer step, or the checkpoint save after it (this rank's data file
+  // written, the checkpoint not yet committed).
+  enum class KillPhase { None, Forward, Backward, Reduce, Optimizer, Save };
+  void inject_kill(int64_t step, KillPhase phase) { kill_step_ = step, kill_phase_ = phase; }
   const std::vector<ActionSpan>& last_trace() const { return trace_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
@@ -164,6 +170,9 @@ class Engine {
   bool tracing_ = false;
   int64_t fault_step_ = 0;
   size_t fault_action_ = 0;
+  int64_t kill_step_ = 0;
+  KillPhase kill_phase_ = KillPhase::None;
+  void maybe_kill(KillPhase phase, int64_t step);  // step: the step being run (1-based)
   std::vector<ActionSpan> trace_;  // reserved for the schedule: recording allocates nothing
   // Tied embeddings across stages: the first and last stage's vocabulary units (same dp, tp).
   std::unique_ptr<comm::Communicator> embed_comm_;

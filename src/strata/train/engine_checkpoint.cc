@@ -110,7 +110,7 @@ void Engine::save_checkpoint(const std::string& root) {
     if (p.held) m.tensors[p.name] = p.global_shape;
   }
 
-  on_every_rank(*this, &Engine::all_ok, "saving the checkpoint", [&] {
+  const auto write_part = [&] {
     // One writer per element: ZeRO's owner (the first replica group's under MiCS), dp rank 0
     // without ZeRO; tp rank 0 of replicated elements; the first stage of a tied embedding.
     const bool writer =
@@ -163,6 +163,10 @@ void Engine::save_checkpoint(const std::string& root) {
     part.files = {{file, bytes}};
     for (ckpt::PendingChunk& c : chunks) part.chunks.push_back(std::move(c.meta));
     ckpt::write_file_atomic((tmp / (file + ".json")).string(), ckpt::to_json(part));
+  };
+  on_every_rank(*this, &Engine::all_ok, "saving the checkpoint", [&] {
+    write_part();
+    maybe_kill(KillPhase::Save, step_);  // before every rank has written: nothing is committed
   });
 
   on_every_rank(*this, &Engine::all_ok, "saving the checkpoint", [&] {
