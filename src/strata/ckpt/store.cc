@@ -262,9 +262,7 @@ bool Reader::has(const std::string& kind) const {
 
 void Reader::load_chunk(size_t c) {
   if (loaded_ == c) return;
-  const Chunk& k = m_.chunks[c];
-  const std::string path = (fs::path(dir_) / m_.files[size_t(k.file)].name).string();
-  buf_.resize(size_t(k.numel));
+  buf_.resize(size_t(m_.chunks[c].numel));
   loaded_ = SIZE_MAX;
   read_checked(c, buf_.data());
   loaded_ = c;
