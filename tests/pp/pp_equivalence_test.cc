@@ -21,34 +21,20 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/mpi_world.h"
 
 namespace strata {
 namespace {
 
+using test::world_rank;
+using test::world_size;
+
 constexpr int kSteps = 20;
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 class Pipeline : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char name[512] = {};
-    std::snprintf(name, sizeof name, "%s",
-                  (std::filesystem::temp_directory_path() /
-                   ("strata_pp_" + std::to_string(::getpid()) + ".bin"))
-                      .c_str());
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
+    path_ = test::shared_temp_path("strata_pp_", ".bin");
     if (world_rank() == 0) {
       std::vector<int32_t> tokens(40000);
       const uint64_t key = rng_key(7, "pp_test");

@@ -21,24 +21,16 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/mpi_world.h"
 
 namespace strata {
 namespace {
 
+using test::world_rank;
+using test::world_size;
+
 constexpr int kSteps = 6;
 constexpr int kLayers = 4;
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 struct Result {
   std::vector<double> loss, norm;
@@ -50,13 +42,7 @@ struct Result {
 class RecomputeLayouts : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char name[512] = {};
-    std::snprintf(name, sizeof name, "%s",
-                  (std::filesystem::temp_directory_path() /
-                   ("strata_rc_" + std::to_string(::getpid()) + ".bin"))
-                      .c_str());
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
+    path_ = test::shared_temp_path("strata_rc_", ".bin");
     if (world_rank() == 0) {
       std::vector<int32_t> tokens(20000);
       const uint64_t key = rng_key(11, "recompute_layouts");

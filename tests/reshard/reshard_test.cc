@@ -19,24 +19,16 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/mpi_world.h"
 
 namespace strata {
 namespace {
 
+using test::world_rank;
+using test::world_size;
+
 constexpr int kSteps = 4;  // before the save, and again after the load
 constexpr int kBatch = 16;
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 struct Layout {
   int ranks = 1, tp = 1, pp = 1, zero = 0, gas = 1;
@@ -58,13 +50,7 @@ struct Layout {
 class Reshard : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char name[512] = {};
-    std::snprintf(
-        name, sizeof name, "%s",
-        (std::filesystem::temp_directory_path() / ("strata_reshard_" + std::to_string(::getpid())))
-            .c_str());
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    dir_ = name;
+    dir_ = test::shared_temp_path("strata_reshard_");
     if (world_rank() == 0) {
       std::filesystem::create_directories(dir_);
       std::vector<int32_t> tokens(30000);

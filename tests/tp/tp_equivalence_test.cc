@@ -23,26 +23,22 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/mpi_world.h"
 
 namespace strata {
 namespace {
+
+using test::world_rank;
+using test::world_size;
 
 constexpr int kSteps = 20;
 constexpr int kGlobalBatch = 32;
 constexpr int kVocab = 1001;  // padded to 1002 at tp 2 and 1004 at tp 4
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 class TensorParallel : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = (std::filesystem::temp_directory_path() /
-             ("strata_tp_" + std::to_string(::getpid()) + ".bin"))
-                .string();
+    path_ = test::shared_temp_path("strata_tp_", ".bin");
     std::vector<int32_t> tokens(40000);
     const uint64_t key = rng_key(5, "tp_test");
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -50,23 +46,14 @@ class TensorParallel : public ::testing::Test {
                       ? int32_t(rng_uniform(key, i + (1u << 24)) * (kVocab - 1)) % (kVocab - 1)
                       : int32_t((i * 37) % 997);
     }
-    // Rank 0 writes; every rank reads (each has its own pid: share rank 0's name).
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    char name[512] = {};
-    std::snprintf(name, sizeof name, "%s", path_.c_str());
-    MPI_Bcast(name, sizeof name, MPI_CHAR, 0, MPI_COMM_WORLD);
-    path_ = name;
-    if (rank == 0) data::write_llmc_shard(path_, tokens, false);
+    if (world_rank() == 0) data::write_llmc_shard(path_, tokens, false);
     MPI_Barrier(MPI_COMM_WORLD);
     dataset_ = data::open_dataset(path_, "llmc");
   }
   static void TearDownTestSuite() {
     dataset_.reset();
     MPI_Barrier(MPI_COMM_WORLD);
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    if (rank == 0) std::filesystem::remove(path_);
+    if (world_rank() == 0) std::filesystem::remove(path_);
   }
 
   static nlohmann::json config(const std::string& preset) {
