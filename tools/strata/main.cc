@@ -9,6 +9,7 @@
 #include <new>
 #include <string>
 
+#include "strata/comm/heartbeat.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
 #include "tools/strata/commands.h"
@@ -24,6 +25,7 @@ bool launched_by_mpi() {
 }
 
 int fail(int code, const char* kind, const char* what) {
+  strata::comm::heartbeat_fatal(code, std::string(kind) + what);
   if (strata::comm::initialized() && strata::comm::world_size() > 1) {
     strata::comm::abort_job(code, std::string(kind) + what);  // never returns
   }

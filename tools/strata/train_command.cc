@@ -12,6 +12,7 @@
 
 #include "strata/ckpt/store.h"
 #include "strata/comm/communicator.h"
+#include "strata/comm/heartbeat.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
 #include "strata/core/check.h"
@@ -20,6 +21,7 @@
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/train/config.h"
+#include "strata/train/elasticity.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
 #include "tools/strata/commands.h"
@@ -193,6 +195,7 @@ void run_train(const TrainArgs& a) {
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = !comm::initialized() || comm::world_rank() == 0;
   split_cores_between_local_ranks();
+  comm::start_heartbeat(comm::initialized() ? comm::world_rank() : 0, world);
   std::vector<std::string> overrides = a.overrides;
   if (a.steps >= 0) overrides.push_back("train.steps=" + std::to_string(a.steps));
   if (!a.run_dir.empty()) overrides.push_back("train.run_dir=\"" + a.run_dir + "\"");
@@ -201,6 +204,7 @@ void run_train(const TrainArgs& a) {
   if (cfg.model.layers == 0) cfg.model = model_preset("demo");  // no model block: the demo model
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
                             cfg.parallelism.order);
+  apply_elastic_batch(cfg, world);
   resolve_batch(cfg, grid.dp());
   if (rank0) {
     for (const std::string& line : config_notices(cfg, world)) {
@@ -251,6 +255,7 @@ void run_train(const TrainArgs& a) {
       for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     }
   }
+  comm::heartbeat_step(engine.step());
   const DType pt = cfg.param_dtype();
   const MachinePeak machine = measure_machine_peak(groups ? MPI_COMM_WORLD : MPI_COMM_NULL);
   const double peak = machine.gflops();
@@ -289,6 +294,7 @@ void run_train(const TrainArgs& a) {
     const bool traced = i + 1 >= trace_first && i + 1 <= trace_last;
     engine.set_tracing(traced);
     StepMetrics s = engine.train_batch();
+    comm::heartbeat_step(s.step);
     if (traced) {
       gather_trace(engine, groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank0, coord, trace_events,
                    trace_offset_us);
@@ -325,6 +331,7 @@ void run_train(const TrainArgs& a) {
     std::printf("done: %lld steps, metrics in %s\n", static_cast<long long>(steps),
                 log->path().c_str());
   }
+  comm::heartbeat_done();
 }
 
 }  // namespace

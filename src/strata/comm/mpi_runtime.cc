@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "strata/comm/heartbeat.h"
 #include "strata/comm/wire_reduce.h"
 
 namespace strata::comm {
@@ -92,6 +93,10 @@ void abort_job(int exit_code, const std::string& why) {
   std::fflush(stdout);
   std::fputs(line.c_str(), stderr);
   std::fflush(stderr);
+  heartbeat_fatal(exit_code, why);
+  // MPI_Abort asks mpirun to end the job; with mpirun unreachable (a cut link) it may never
+  // return, so the default action of SIGALRM ends this process regardless.
+  alarm(10);
   if (initialized()) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::exit(exit_code);
 }

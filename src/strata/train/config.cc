@@ -33,6 +33,13 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
   parse_runtime_blocks(top, c);
   parse_model(top, c);
   parse_layout_blocks(top, c);
+  // An enabled elasticity block sets the batch itself (apply_elastic_batch).
+  if (c.given_train_batch_size == 0 && c.given_micro_batch == 0 && !c.elasticity.enabled) {
+    STRATA_INPUT_FAIL(
+        "either train_batch_size or train_micro_batch_size_per_gpu must be given (as in "
+        "DeepSpeed; gradient_accumulation_steps alone does not fix the batch), e.g. "
+        "\"train_micro_batch_size_per_gpu\": 1");
+  }
   check_cross_block(c);
   return c;
 }

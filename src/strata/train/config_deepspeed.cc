@@ -78,12 +78,6 @@ void parse_batch_and_top(const Block& top, Config& c) {
   top.get_int("train_batch_size", c.given_train_batch_size, 1);
   top.get_int("train_micro_batch_size_per_gpu", c.given_micro_batch, 1);
   top.get_int("gradient_accumulation_steps", c.given_grad_accum, 1);
-  if (c.given_train_batch_size == 0 && c.given_micro_batch == 0) {
-    STRATA_INPUT_FAIL(
-        "either train_batch_size or train_micro_batch_size_per_gpu must be given (as in "
-        "DeepSpeed; gradient_accumulation_steps alone does not fix the batch), e.g. "
-        "\"train_micro_batch_size_per_gpu\": 1");
-  }
   top.get_number("gradient_clipping", c.gradient_clipping, 0.0, HUGE_VAL);
   if (top.is_null("steps_per_print")) {
     c.steps_per_print = 0;  // DeepSpeed's None: no progress line

@@ -278,26 +278,23 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   // ---- elasticity, checkpoints, monitors ----
   const ElasticityConfig& e = c.elasticity;
   const ElasticityConfig de;
-  if (e.enabled) {
-    add("elasticity.enabled only validates the block (`strata elastic` prints its batch size "
-        "and valid world sizes); training does not restart elastically: the batch comes from "
-        "train_batch_size, train_micro_batch_size_per_gpu and gradient_accumulation_steps");
-  }
+  // Enabled, the block sets the batch at the job's world size (apply_elastic_batch).
   const std::string elastic = keys_set(
       "elasticity", {{"max_train_batch_size", e.max_train_batch_size != de.max_train_batch_size},
                      {"micro_batch_sizes", e.micro_batch_sizes != de.micro_batch_sizes},
                      {"min_gpus", e.min_gpus != de.min_gpus},
                      {"max_gpus", e.max_gpus != de.max_gpus},
-                     {"min_time", e.min_time != de.min_time},
                      {"version", e.version != de.version},
                      {"ignore_non_elastic_batch_info",
                       e.ignore_non_elastic_batch_info != de.ignore_non_elastic_batch_info},
                      {"prefer_larger_batch", e.prefer_larger_batch != de.prefer_larger_batch},
                      {"num_gpus_per_node", e.num_gpus_per_node != de.num_gpus_per_node},
                      {"model_parallel_size", e.model_parallel_size != de.model_parallel_size}});
-  if (!elastic.empty()) {
-    add(elastic, has(elastic),
-        " no effect on training: elasticity only computes `strata elastic`'s plan");
+  if (!e.enabled && !elastic.empty()) {
+    add(elastic, has(elastic), " no effect while elasticity.enabled is false");
+  }
+  if (e.min_time != de.min_time) {
+    add("elasticity.min_time has no effect (as in DeepSpeed, whose elasticity does not read it)");
   }
 
   const CheckpointConfig& k = c.checkpoint;

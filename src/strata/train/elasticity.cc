@@ -193,4 +193,26 @@ ElasticStep elastic_step(const ElasticityConfig& e, const ElasticPlan& plan, int
   return step;
 }
 
+void apply_elastic_batch(Config& c, int world_size) {
+  const ElasticityConfig& e = c.elasticity;
+  if (!e.enabled) return;
+  const int mp = c.parallelism.tensor * c.parallelism.pipeline;
+  STRATA_INPUT_CHECK(mp == e.model_parallel_size, "elasticity.model_parallel_size=",
+                     e.model_parallel_size, " but parallelism.tensor x pipeline = ", mp,
+                     "; they must agree, or the elastic batch would not match the job's "
+                     "data-parallel size");
+  const bool given =
+      c.given_train_batch_size > 0 || c.given_micro_batch > 0 || c.given_grad_accum > 0;
+  STRATA_INPUT_CHECK(!given || e.ignore_non_elastic_batch_info,
+                     "with elasticity.enabled the batch comes from the elasticity block, so "
+                     "train_batch_size, train_micro_batch_size_per_gpu and "
+                     "gradient_accumulation_steps would not be used: remove them or set "
+                     "elasticity.ignore_non_elastic_batch_info to true");
+  const ElasticPlan plan = compute_elastic(e, world_size);
+  const ElasticStep step = elastic_step(e, plan, world_size);
+  c.given_train_batch_size = plan.train_batch_size;
+  c.given_micro_batch = step.micro_batch;
+  c.given_grad_accum = step.grad_accum;
+}
+
 }  // namespace strata

@@ -1,7 +1,8 @@
 // DeepSpeed elasticity (deepspeed/elasticity/elasticity.py, `compute_elastic_config`): from the
 // `elasticity` block, a global batch size that stays fixed while the GPU count changes within a
 // list, and for one of those counts the micro-batch and gradient accumulation that make it up.
-// Pure arithmetic; training does not yet restart elastically.
+// With the block enabled, `strata train` takes its batch from it (apply_elastic_batch), and
+// `strata launch --elastic` restarts a job only on the GPU counts the plan allows.
 #pragma once
 
 #include <cstdint>
@@ -38,5 +39,12 @@ ElasticPlan compute_elastic(const ElasticityConfig& e, int world_size = 0);
 // The micro-batch and accumulation at `world_size` GPUs (dp = world_size / model_parallel_size);
 // InputError when that size is not in the plan (DeepSpeed's ElasticityIncompatibleWorldSize).
 ElasticStep elastic_step(const ElasticityConfig& e, const ElasticPlan& plan, int world_size);
+
+// DeepSpeed's engine with elasticity enabled: the batch triangle comes from the plan at
+// `world_size` (all ranks). Sets the config's given batch keys for resolve_batch. InputError, as
+// DeepSpeed raises ElasticityConfigError, when the config also gives a batch key and
+// ignore_non_elastic_batch_info is false, and when parallelism.tensor x pipeline differs from
+// model_parallel_size (the block's data-parallel size would not be the job's).
+void apply_elastic_batch(Config& c, int world_size);
 
 }  // namespace strata

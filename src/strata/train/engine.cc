@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "strata/comm/communicator.h"
+#include "strata/comm/heartbeat.h"
 #include "strata/comm/peer_exchange.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
@@ -322,6 +323,9 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
 
 void Engine::maybe_kill(KillPhase phase, int64_t step) {
   if (phase != kill_phase_ || step != kill_step_) return;
+  static constexpr const char* kNames[] = {"none", "forward", "backward", "reduce", "optimizer",
+                                           "save"};
+  comm::heartbeat_fault(kNames[int(phase)]);
   std::fflush(stdout);
   std::fflush(stderr);
   ::kill(::getpid(), SIGKILL);

@@ -1,0 +1,177 @@
+#include "strata/comm/heartbeat.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "strata/comm/mpi_runtime.h"
+#include "strata/core/check.h"
+
+namespace strata::comm {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+struct Heartbeat {
+  std::atomic<int> fd{-1};
+  std::atomic<int64_t> step{0};
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> reported{false};
+  std::mutex write_mu;
+  std::thread thread;
+  int rank = 0;
+  double timeout_s = 10.0;
+};
+
+Heartbeat& state() {
+  static Heartbeat h;
+  return h;
+}
+
+// One whole line, never blocking (a cut link must not stall the caller) and never raising SIGPIPE.
+void send_line(const std::string& line) {
+  Heartbeat& h = state();
+  const int fd = h.fd.load();
+  if (fd < 0) return;
+  std::lock_guard<std::mutex> lock(h.write_mu);
+  (void)::send(fd, line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+// Nobody can stop this rank any more: end it, and the OpenMPI daemon that started it, which
+// would otherwise wait forever for a launcher it cannot reach.
+[[noreturn]] void end_self(const char* why) {
+  std::fprintf(stderr, "strata: rank %d on %s: %s; ending this rank\n", state().rank,
+               host_name().c_str(), why);
+  std::fflush(stderr);
+  const pid_t parent = ::getppid();
+  std::string comm;
+  std::ifstream(std::string("/proc/") + std::to_string(parent) + "/comm") >> comm;
+  if (comm == "orted") ::kill(parent, SIGKILL);
+  ::_exit(3);
+}
+
+void on_sigterm(int) {
+  const int fd = state().fd.load();
+  if (fd >= 0) (void)!::send(fd, "term\n", 5, MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::_exit(128 + SIGTERM);
+}
+
+void beat_loop() {
+  Heartbeat& h = state();
+  const auto timeout = std::chrono::duration<double>(h.timeout_s);
+  const int interval_ms = std::clamp(int(h.timeout_s * 1000.0 / 8.0), 50, 1000);
+  auto heard = clock::now();
+  char buf[256];
+  while (!h.stopping.load()) {
+    send_line("beat " + std::to_string(h.step.load()) + "\n");
+    pollfd p{h.fd.load(), POLLIN, 0};
+    const int ready = ::poll(&p, 1, interval_ms);
+    if (h.stopping.load()) return;
+    if (ready > 0) {
+      const ssize_t n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n == 0) end_self("the elastic supervisor stopped the job");
+      if (n > 0) heard = clock::now();
+      if (n < 0 && errno != EAGAIN && errno != EINTR) {
+        end_self("the connection to the elastic supervisor failed");
+      }
+    }
+    if (clock::now() - heard > timeout) {
+      end_self("no word from the elastic supervisor within STRATA_HEARTBEAT_TIMEOUT_S (its host "
+               "or this one lost the network)");
+    }
+  }
+}
+
+int connect_to(const std::string& host, const std::string& port, double timeout_s) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &res) == 0) {
+      for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+          ::freeaddrinfo(res);
+          return fd;
+        }
+        ::close(fd);
+      }
+      ::freeaddrinfo(res);
+    }
+    if (clock::now() > deadline) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+}  // namespace
+
+void start_heartbeat(int rank, int world) {
+  const char* addr = std::getenv("STRATA_SUPERVISOR");
+  if (addr == nullptr || *addr == '\0') return;
+  Heartbeat& h = state();
+  if (h.fd.load() >= 0) return;
+  const std::string a = addr;
+  const size_t colon = a.rfind(':');
+  STRATA_INPUT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < a.size(),
+                     "STRATA_SUPERVISOR=", a, " is not host:port (strata launch --elastic sets it)");
+  h.rank = rank;
+  if (const char* t = std::getenv("STRATA_HEARTBEAT_TIMEOUT_S")) h.timeout_s = std::atof(t);
+  STRATA_INPUT_CHECK(h.timeout_s > 0, "STRATA_HEARTBEAT_TIMEOUT_S must be a positive number");
+  const int fd = connect_to(a.substr(0, colon), a.substr(colon + 1), h.timeout_s);
+  if (fd < 0) end_self("cannot reach the elastic supervisor at STRATA_SUPERVISOR");
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  h.fd.store(fd);
+  const char* attempt = std::getenv("STRATA_ATTEMPT");
+  send_line(strata::detail::concat("hello ", attempt ? attempt : "0", " ", rank, " ", world, " ",
+                                   ::getpid(), " ", host_name(), "\n"));
+  struct sigaction sa{};
+  sa.sa_handler = on_sigterm;
+  ::sigaction(SIGTERM, &sa, nullptr);
+  h.thread = std::thread(beat_loop);
+}
+
+bool heartbeat_active() { return state().fd.load() >= 0; }
+
+void heartbeat_step(int64_t step) { state().step.store(step); }
+
+void heartbeat_fault(const char* phase) { send_line(std::string("fault ") + phase + "\n"); }
+
+void heartbeat_fatal(int exit_code, const std::string& message) {
+  if (state().reported.exchange(true)) return;
+  std::string one_line = message;
+  std::replace(one_line.begin(), one_line.end(), '\n', ' ');
+  send_line(strata::detail::concat("fatal ", exit_code, " ", one_line, "\n"));
+}
+
+void heartbeat_done() {
+  Heartbeat& h = state();
+  if (h.fd.load() < 0) return;
+  h.stopping.store(true);
+  if (h.thread.joinable()) h.thread.join();
+  send_line("done\n");
+  std::lock_guard<std::mutex> lock(h.write_mu);
+  const int fd = h.fd.exchange(-1);
+  ::shutdown(fd, SHUT_WR);
+  ::close(fd);
+}
+
+}  // namespace strata::comm
