@@ -160,6 +160,7 @@ struct Attempt {
   double fault_wall = 0;        // when a rank said it was failing on purpose (--fault)
   double detect_wall = 0;       // when the supervisor knew
   double first_step_wall = 0;   // when a rank completed a step past resume_step
+  bool exited = false;           // mpirun ended by itself, with exit_code
   int exit_code = 0;
 };
 
@@ -292,7 +293,7 @@ void Supervisor::watch(Attempt& a, int pid) {
       if (fds[i].revents != 0) read_conn(a, conns[fds[i].fd]);
     }
     if (!exited && waitpid(pid, &status, WNOHANG) == pid) {
-      exited = true;
+      exited = a.exited = true;
       a.exit_code = exit_code_of(status);
     }
     int done = 0, hello = 0;
@@ -356,15 +357,20 @@ void Supervisor::stop(Attempt& a, int pid, std::map<int, Conn>& conns) {
   const double window = std::min(o_.heartbeat_timeout_s, 5.0);
   bool reaped = pid < 0;
   while (since(t0) < window) {
+    // A rank still talking will hear the hang-up and close; one silent for half the timeout
+    // cannot hear it (they all beat several times per timeout), so nothing is waited for.
     std::vector<pollfd> open;
+    bool talking = false;
     for (const auto& [fd, c] : conns) {
-      if (!c.closed) open.push_back({fd, POLLIN, 0});
+      if (c.closed) continue;
+      open.push_back({fd, POLLIN, 0});
+      talking = talking || since(c.heard) < o_.heartbeat_timeout_s / 2;
     }
     if (!reaped) {
       int status = 0;
       reaped = waitpid(pid, &status, WNOHANG) == pid;
     }
-    if (open.empty() && reaped) break;
+    if (!talking && reaped) break;
     poll(open.data(), open.size(), 100);
     for (const pollfd& p : open) {
       if (p.revents == 0) continue;
@@ -372,6 +378,7 @@ void Supervisor::stop(Attempt& a, int pid, std::map<int, Conn>& conns) {
       Conn& c = conns[p.fd];
       const ssize_t n = recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) c.closed = true;
+      if (n > 0) c.heard = clock::now();
     }
   }
   if (!reaped) {
@@ -491,8 +498,8 @@ int Supervisor::run() {
                               {"cause", a.cause},
                               {"lost_ranks", a.lost},
                               {"last_step", a.last_step},
-                              {"detect_t", a.detect_wall},
-                              {"exit_code", a.exit_code}};
+                              {"detect_t", a.detect_wall}};
+    if (a.exited) failure["mpirun_exit_code"] = a.exit_code;
     if (a.fault_wall > 0) failure["detect_s"] = a.detect_wall - a.fault_wall;
     event(failure);
     if (a.outcome == Outcome::InputError) {

@@ -74,13 +74,20 @@ void on_sigterm(int) {
 void beat_loop() {
   Heartbeat& h = state();
   const auto timeout = std::chrono::duration<double>(h.timeout_s);
-  const int interval_ms = std::clamp(int(h.timeout_s * 1000.0 / 8.0), 50, 1000);
+  const auto interval = std::chrono::milliseconds(std::clamp(int(h.timeout_s * 1000.0 / 8.0), 50, 1000));
   auto heard = clock::now();
+  auto next_beat = clock::now();
   char buf[256];
   while (!h.stopping.load()) {
-    send_line("beat " + std::to_string(h.step.load()) + "\n");
+    const auto now = clock::now();
+    if (now >= next_beat) {
+      send_line("beat " + std::to_string(h.step.load()) + "\n");
+      next_beat = now + interval;
+    }
+    const int wait_ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                next_beat - clock::now()).count()) + 1;
     pollfd p{h.fd.load(), POLLIN, 0};
-    const int ready = ::poll(&p, 1, interval_ms);
+    const int ready = ::poll(&p, 1, std::max(wait_ms, 1));
     if (h.stopping.load()) return;
     if (ready > 0) {
       const ssize_t n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
