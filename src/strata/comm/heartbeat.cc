@@ -30,6 +30,7 @@ using clock = std::chrono::steady_clock;
 struct Heartbeat {
   std::atomic<int> fd{-1};
   std::atomic<int64_t> step{0};
+  int calls = 0;  // heartbeat_step's, from the training loop
   std::atomic<bool> stopping{false};
   std::atomic<bool> reported{false};
   std::mutex write_mu;
@@ -158,7 +159,12 @@ void start_heartbeat(int rank, int world) {
 
 bool heartbeat_active() { return state().fd.load() >= 0; }
 
-void heartbeat_step(int64_t step) { state().step.store(step); }
+void heartbeat_step(int64_t step) {
+  // The first step completed in this process is sent at once: the supervisor times a restart by it.
+  Heartbeat& h = state();
+  const int64_t before = h.step.exchange(step);
+  if (h.calls++ == 1 && step > before) send_line("beat " + std::to_string(step) + "\n");
+}
 
 void heartbeat_fault(const char* phase) { send_line(std::string("fault ") + phase + "\n"); }
 

@@ -25,7 +25,8 @@ namespace strata::comm {
 void start_heartbeat(int rank, int world);
 // Whether start_heartbeat connected this process to a supervisor.
 bool heartbeat_active();
-// The last completed optimizer step, sent with each beat.
+// The last completed optimizer step, sent with each beat: first the step training starts from
+// (0, or a checkpoint's), then each completed one; the first completed one is sent at once.
 void heartbeat_step(int64_t step);
 // Tells the supervisor this process is about to fail on purpose (`--fault ... phase=P`), so that it
 // can time its detection; the failure itself must still be detected on its own.
