@@ -234,7 +234,7 @@ void Supervisor::read_conn(Attempt& a, Conn& c) {
     if (kind == "hello") {
       int attempt = 0;
       in >> attempt >> c.rank;
-    } else if (kind == "beat") {
+    } else if (kind == "beat" || kind == "step") {
       in >> c.step;
       a.last_step = std::max(a.last_step, c.step);
       if (a.first_step_wall == 0 && c.step > a.resume_step) {
@@ -250,7 +250,7 @@ void Supervisor::read_conn(Attempt& a, Conn& c) {
                  {"restart_s", restart_s}});
         }
       }
-      (void)!send(c.fd, "ok\n", 3, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (kind == "beat") (void)!send(c.fd, "ok\n", 3, MSG_DONTWAIT | MSG_NOSIGNAL);
     } else if (kind == "fault") {
       a.fault_wall = wall_now();
     } else if (kind == "term") {

@@ -29,8 +29,7 @@ using clock = std::chrono::steady_clock;
 
 struct Heartbeat {
   std::atomic<int> fd{-1};
-  std::atomic<int64_t> step{0};
-  int calls = 0;  // heartbeat_step's, from the training loop
+  std::atomic<int64_t> step{-1};
   std::atomic<bool> stopping{false};
   std::atomic<bool> reported{false};
   std::mutex write_mu;
@@ -82,7 +81,7 @@ void beat_loop() {
   while (!h.stopping.load()) {
     const auto now = clock::now();
     if (now >= next_beat) {
-      send_line("beat " + std::to_string(h.step.load()) + "\n");
+      send_line("beat " + std::to_string(std::max<int64_t>(h.step.load(), 0)) + "\n");
       next_beat = now + interval;
     }
     const int wait_ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -160,10 +159,9 @@ void start_heartbeat(int rank, int world) {
 bool heartbeat_active() { return state().fd.load() >= 0; }
 
 void heartbeat_step(int64_t step) {
-  // The first step completed in this process is sent at once: the supervisor times a restart by it.
-  Heartbeat& h = state();
-  const int64_t before = h.step.exchange(step);
-  if (h.calls++ == 1 && step > before) send_line("beat " + std::to_string(step) + "\n");
+  // Each completed step is sent at once (a few bytes per step): the supervisor counts the steps a
+  // failure costs and times a restart to the first step after it.
+  if (state().step.exchange(step) != step) send_line("step " + std::to_string(step) + "\n");
 }
 
 void heartbeat_fault(const char* phase) { send_line(std::string("fault ") + phase + "\n"); }

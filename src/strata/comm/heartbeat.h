@@ -3,7 +3,8 @@
 // rank then keeps one TCP connection to it, from a thread of its own, so liveness does not depend
 // on the training loop making progress (a hang is the watchdog's to report).
 //
-// Lines, rank -> supervisor:  hello ATTEMPT RANK WORLD PID HOST | beat STEP | fault PHASE
+// Lines, rank -> supervisor:  hello ATTEMPT RANK WORLD PID HOST | beat STEP | step STEP
+//                             | fault PHASE
 //                             | fatal CODE MESSAGE | term | done
 // supervisor -> rank:         ok (one per beat)
 //
@@ -25,8 +26,8 @@ namespace strata::comm {
 void start_heartbeat(int rank, int world);
 // Whether start_heartbeat connected this process to a supervisor.
 bool heartbeat_active();
-// The last completed optimizer step, sent with each beat: first the step training starts from
-// (0, or a checkpoint's), then each completed one; the first completed one is sent at once.
+// The step training starts from (0, or a checkpoint's), then each completed one: sent at once as
+// `step N`, and with each beat.
 void heartbeat_step(int64_t step);
 // Tells the supervisor this process is about to fail on purpose (`--fault ... phase=P`), so that it
 // can time its detection; the failure itself must still be detected on its own.
