@@ -121,6 +121,28 @@ TEST_F(CliElasticLaunchTest, EveryInjectionPointResumesOnFewerRanksWithTheSameLo
   }
 }
 
+// A rank that hangs (alive, its heartbeat going) is found by the others' watchdog, which reports
+// to the supervisor: nobody is lost, so the job restarts on the same 2 ranks from the checkpoint.
+TEST_F(CliElasticLaunchTest, AWatchdogReportRestartsOnTheSameRanks) {
+  const std::string run_dir = dir_ + "/run";
+  std::string out;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(run("launch --elastic -n 2 --fault rank=1,step=3,phase=hang -- " + train(dir_ + "/c") +
+                    " --set parallelism.timeout_s=3 --run-dir " + run_dir,
+                &out),
+            0)
+      << out;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  const std::vector<nlohmann::json> ev = events(run_dir);
+  ASSERT_EQ(ev.size(), 5u) << out;
+  EXPECT_NE(ev[1]["cause"].get<std::string>().find("waited more than 3 s"), std::string::npos)
+      << ev[1].dump();
+  EXPECT_TRUE(ev[1]["lost_ranks"].empty()) << ev[1].dump();
+  EXPECT_EQ(ev[2]["world"], 2);
+  EXPECT_EQ(ev[2]["resume_step"], 2);
+  EXPECT_EQ(losses(run_dir).size(), 6u);
+}
+
 TEST_F(CliElasticLaunchTest, GivesUpAfterMaxRestartsAndOnBadInput) {
   std::string out;
   // Every start loses a rank (the fault goes to each via train's own --fault, refused) ...

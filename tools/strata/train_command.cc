@@ -53,13 +53,14 @@ Fault parse_fault(const std::string& s) {
   if (s.empty()) return f;
   const char* usage =
       ": expected rank=R,step=S,action=N or rank=R,step=S,phase=P (R, N >= 0, S >= 1; P one of "
-      "forward, backward, reduce, optimizer, save)";
+      "forward, backward, reduce, optimizer, save, or hang: stop before the reduction, alive)";
   const std::pair<const char*, Engine::KillPhase> phases[] = {
       {"forward", Engine::KillPhase::Forward},
       {"backward", Engine::KillPhase::Backward},
       {"reduce", Engine::KillPhase::Reduce},
       {"optimizer", Engine::KillPhase::Optimizer},
-      {"save", Engine::KillPhase::Save}};
+      {"save", Engine::KillPhase::Save},
+      {"hang", Engine::KillPhase::Hang}};
   bool rank = false, step = false;
   for (size_t at = 0; at <= s.size();) {
     const size_t comma = std::min(s.find(',', at), s.size());
@@ -351,7 +352,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--fault", args->fault,
                   "rank=R,step=S,action=N: rank R fails before its action N of step S; "
                   "rank=R,step=S,phase=P: rank R is killed in phase P (forward, backward, reduce, "
-                  "optimizer, save) of step S (tests)");
+                  "optimizer, save) of step S, or hangs before its reduction (hang) (tests)");
   cmd->add_option("--trace-steps", args->trace_steps,
                   "A:B: write every rank's actions of steps A..B (1-based) as one Chrome trace, "
                   "<run_dir>/trace.json (opens in Perfetto)");

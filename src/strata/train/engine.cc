@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/heartbeat.h"
@@ -322,12 +323,18 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
 }
 
 void Engine::maybe_kill(KillPhase phase, int64_t step) {
-  if (phase != kill_phase_ || step != kill_step_) return;
-  static constexpr const char* kNames[] = {"none", "forward", "backward", "reduce", "optimizer",
-                                           "save"};
-  comm::heartbeat_fault(kNames[int(phase)]);
+  // Hang stops where the reduction would start: the process lives on (its heartbeat too), so
+  // only the other ranks' watchdog can tell.
+  const bool hang = kill_phase_ == KillPhase::Hang && phase == KillPhase::Reduce;
+  if ((phase != kill_phase_ && !hang) || step != kill_step_) return;
+  static constexpr const char* kNames[] = {"none",      "forward", "backward", "reduce",
+                                           "optimizer", "save",    "hang"};
+  comm::heartbeat_fault(kNames[int(kill_phase_)]);
   std::fflush(stdout);
   std::fflush(stderr);
+  if (hang) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   ::kill(::getpid(), SIGKILL);
 }
 

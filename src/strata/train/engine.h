@@ -106,7 +106,7 @@ class Engine {
   // a phase of the step numbered `step`: its first forward, its first backward, the gradient
   // reduction, the optimizer step, or the checkpoint save after it (this rank's data file
   // written, the checkpoint not yet committed).
-  enum class KillPhase { None, Forward, Backward, Reduce, Optimizer, Save };
+  enum class KillPhase { None, Forward, Backward, Reduce, Optimizer, Save, Hang };
   void inject_kill(int64_t step, KillPhase phase) { kill_step_ = step, kill_phase_ = phase; }
   const std::vector<ActionSpan>& last_trace() const { return trace_; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
