@@ -145,7 +145,12 @@ struct Conn {
   std::string report;
 };
 
-enum class Outcome { Success, Failed, InputError };
+enum class Outcome { Success, Failed, InputError, Interrupted };
+
+// SIGINT or SIGTERM to the supervisor: stop the job (mpirun leads its own process group, which a
+// terminal's Ctrl-C does not reach) and exit without restarting.
+volatile sig_atomic_t g_interrupted = 0;
+void on_interrupt(int signo) { g_interrupted = signo; }
 
 struct Attempt {
   int number = 0;
@@ -326,6 +331,10 @@ void Supervisor::watch(Attempt& a, int pid) {
       }
       break;
     }
+    if (g_interrupted != 0 && a.detect_wall == 0) {
+      fail(a, strata::detail::concat("the supervisor got signal ", int(g_interrupted)));
+      a.outcome = Outcome::Interrupted;
+    }
     if (a.detect_wall > 0) break;
     if (hello < a.layout.world && since(started) > startup_s) {
       std::set<int> seen;
@@ -445,6 +454,10 @@ int Supervisor::run() {
   setenv("STRATA_SUPERVISOR", (addr + ":" + std::to_string(port_)).c_str(), 1);
   setenv("STRATA_HEARTBEAT_TIMEOUT_S", std::to_string(o_.heartbeat_timeout_s).c_str(), 1);
   signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa{};
+  sa.sa_handler = on_interrupt;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 
   int64_t batch = 0;
   for (int number = 1;; ++number) {
@@ -502,6 +515,12 @@ int Supervisor::run() {
     if (a.exited) failure["mpirun_exit_code"] = a.exit_code;
     if (a.fault_wall > 0) failure["detect_s"] = a.detect_wall - a.fault_wall;
     event(failure);
+    if (a.outcome == Outcome::Interrupted) {
+      std::printf("elastic: stopped on a signal; the latest checkpoint is in %s\n",
+                  ckpt_dir_.c_str());
+      event({{"event", "interrupted"}});
+      return 128 + int(g_interrupted);
+    }
     if (a.outcome == Outcome::InputError) {
       std::printf("elastic: giving up: the job failed on its input, which a restart cannot fix\n");
       event({{"event", "gave_up"}, {"reason", a.cause}});
