@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "strata/data/llmc_shard.h"
+#include "tests/train/cli_fixture.h"
 
 namespace strata {
 namespace {
@@ -24,17 +24,13 @@ namespace {
 class CliElasticLaunchTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/strata_cli_elastic_launch_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = make_cli_dir("strata_cli_elastic_launch");
+    ASSERT_FALSE(dir_.empty());
     // 12 samples per step: dp 4 x accumulation 3 on 4 ranks, dp 3 x accumulation 4 on 3.
     std::ofstream(dir_ + "/tiny.json")
         << R"({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 1,
                "steps_per_print": 1, "model": {"preset": "gpt2-tiny"}, "train": {"seed": 7},
                "parallelism": {"timeout_s": 60}})";
-    std::vector<int32_t> tokens(4000);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + i / 13) % 64);
-    data::write_llmc_shard(dir_ + "/good.bin", tokens, false);
   }
   void TearDown() override {
     std::error_code ec;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "strata/data/llmc_shard.h"
+#include "tests/train/cli_fixture.h"
 
 namespace strata {
 namespace {
@@ -22,15 +23,11 @@ namespace {
 class CliRunTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/strata_cli_run_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = make_cli_dir("strata_cli_run");
+    ASSERT_FALSE(dir_.empty());
     write(dir_ + "/tiny.json",
           R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1,
               "model": {"preset": "gpt2-tiny"}, "train": {"seed": 7}})");
-    std::vector<int32_t> tokens(4000);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7 + i / 13) % 64);
-    data::write_llmc_shard(dir_ + "/good.bin", tokens, false);
   }
   void TearDown() override {
     std::error_code ec;
