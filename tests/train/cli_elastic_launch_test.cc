@@ -38,8 +38,8 @@ class CliElasticLaunchTest : public ::testing::Test {
   }
   int run(const std::string& args, std::string* out = nullptr) {
     const std::string outf = dir_ + "/out.txt";
-    const std::string cmd = "timeout 240 '" + std::string(STRATA_BINARY) + "' " + args + " >'" +
-                            outf + "' 2>&1";
+    const std::string cmd =
+        "timeout 240 '" + std::string(STRATA_BINARY) + "' " + args + " >'" + outf + "' 2>&1";
     const int status = std::system(cmd.c_str());
     std::ifstream in(outf);
     std::stringstream text;
@@ -142,9 +142,10 @@ TEST_F(CliElasticLaunchTest, AWatchdogReportRestartsOnTheSameRanks) {
 TEST_F(CliElasticLaunchTest, GivesUpAfterMaxRestartsAndOnBadInput) {
   std::string out;
   // Every start loses a rank (the fault goes to each via train's own --fault, refused) ...
-  EXPECT_EQ(run("launch --elastic -n 2 -- " + train(dir_ + "/c") + " --fault rank=0,step=1,phase=forward",
-                &out),
-            2);
+  EXPECT_EQ(
+      run("launch --elastic -n 2 -- " + train(dir_ + "/c") + " --fault rank=0,step=1,phase=forward",
+          &out),
+      2);
   EXPECT_NE(out.find("passes it to the first start only"), std::string::npos) << out;
   // ... no checkpoint.dir: nothing to restart from.
   EXPECT_EQ(run("launch --elastic -n 2 -- train --config " + dir_ + "/tiny.json", &out), 2);

@@ -55,9 +55,9 @@ TEST(ElasticLayout, FirstStartTakesTheConfigsBatchThenKeepsIt) {
   EXPECT_EQ(next.world, 4);
   EXPECT_EQ(next.micro, 1);
   EXPECT_EQ(next.accumulation, 3);
-  EXPECT_EQ(next.overrides, (std::vector<std::string>{"train_batch_size=12",
-                                                      "train_micro_batch_size_per_gpu=1",
-                                                      "gradient_accumulation_steps=3"}));
+  EXPECT_EQ(next.overrides,
+            (std::vector<std::string>{"train_batch_size=12", "train_micro_batch_size_per_gpu=1",
+                                      "gradient_accumulation_steps=3"}));
   // 3 workers: 4 samples per rank, micro 2 x accumulation 2.
   ElasticLayout three = choose_elastic_layout(load, {{"localhost", 3}}, 1, 6, 12);
   EXPECT_EQ(three.world, 3);

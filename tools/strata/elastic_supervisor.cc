@@ -43,7 +43,9 @@ namespace {
 
 using clock = std::chrono::steady_clock;
 
-double since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+double since(clock::time_point t) {
+  return std::chrono::duration<double>(clock::now() - t).count();
+}
 
 double wall_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -79,12 +81,14 @@ TrainCommand parse_train_command(const std::vector<std::string>& cmd) {
     } else if (a == "--resume" || a.rfind("--resume=", 0) == 0) {
       t.resume = true;
     } else if (a == "--fault" || a.rfind("--fault=", 0) == 0) {
-      STRATA_INPUT_FAIL("--fault after `train` would kill every restart too; give it to "
-                        "`strata launch --elastic --fault ...`, which passes it to the first "
-                        "start only");
+      STRATA_INPUT_FAIL(
+          "--fault after `train` would kill every restart too; give it to "
+          "`strata launch --elastic --fault ...`, which passes it to the first "
+          "start only");
     }
   }
-  STRATA_INPUT_CHECK(!t.config.empty(), "strata launch --elastic: the train command needs --config");
+  STRATA_INPUT_CHECK(!t.config.empty(),
+                     "strata launch --elastic: the train command needs --config");
   return t;
 }
 
@@ -150,7 +154,9 @@ enum class Outcome { Success, Failed, InputError, Interrupted };
 // SIGINT or SIGTERM to the supervisor: stop the job (mpirun leads its own process group, which a
 // terminal's Ctrl-C does not reach) and exit without restarting.
 volatile sig_atomic_t g_interrupted = 0;
-void on_interrupt(int signo) { g_interrupted = signo; }
+void on_interrupt(int signo) {
+  g_interrupted = signo;
+}
 
 struct Attempt {
   int number = 0;
@@ -158,14 +164,14 @@ struct Attempt {
   int64_t resume_step = 0;
   // Filled by watch():
   Outcome outcome = Outcome::Failed;
-  std::string cause;            // what ended it, for the log
-  std::set<int> lost;           // ranks whose workers are gone
-  std::set<int> silent;         // of those, the ones that fell silent (a host's link)
-  int64_t last_step = 0;        // the most steps any rank completed
-  double fault_wall = 0;        // when a rank said it was failing on purpose (--fault)
-  double detect_wall = 0;       // when the supervisor knew
-  double first_step_wall = 0;   // when a rank completed a step past resume_step
-  bool exited = false;           // mpirun ended by itself, with exit_code
+  std::string cause;           // what ended it, for the log
+  std::set<int> lost;          // ranks whose workers are gone
+  std::set<int> silent;        // of those, the ones that fell silent (a host's link)
+  int64_t last_step = 0;       // the most steps any rank completed
+  double fault_wall = 0;       // when a rank said it was failing on purpose (--fault)
+  double detect_wall = 0;      // when the supervisor knew
+  double first_step_wall = 0;  // when a rank completed a step past resume_step
+  bool exited = false;         // mpirun ended by itself, with exit_code
   int exit_code = 0;
 };
 
@@ -223,8 +229,10 @@ void Supervisor::read_conn(Attempt& a, Conn& c) {
     const bool quiet = !c.done && !c.term && c.report_code < 0;
     if (quiet && a.detect_wall == 0 && c.rank >= 0) {
       a.lost.insert(c.rank);
-      fail(a, strata::detail::concat("rank ", c.rank, "'s process ended without a word (killed "
-                                     "or crashed) after step ", c.step));
+      fail(a, strata::detail::concat("rank ", c.rank,
+                                     "'s process ended without a word (killed "
+                                     "or crashed) after step ",
+                                     c.step));
     }
     return;
   }
@@ -246,8 +254,9 @@ void Supervisor::read_conn(Attempt& a, Conn& c) {
         a.first_step_wall = wall_now();
         if (previous_detect_ > 0) {
           const double restart_s = a.first_step_wall - previous_detect_;
-          std::printf("elastic: training again at step %lld, %.2f s after the failure was detected\n",
-                      static_cast<long long>(c.step), restart_s);
+          std::printf(
+              "elastic: training again at step %lld, %.2f s after the failure was detected\n",
+              static_cast<long long>(c.step), restart_s);
           std::fflush(stdout);
           event({{"event", "running"},
                  {"attempt", a.number},
@@ -307,8 +316,8 @@ void Supervisor::watch(Attempt& a, int pid) {
       hello += c.rank >= 0;
       if (c.rank >= 0 && !c.closed && !c.done && a.detect_wall == 0 && since(c.heard) > timeout) {
         a.lost.insert(c.rank), a.silent.insert(c.rank);
-        fail(a, strata::detail::concat("rank ", c.rank, " fell silent: no heartbeat for ",
-                                       timeout, " s (its host or its link is gone)"));
+        fail(a, strata::detail::concat("rank ", c.rank, " fell silent: no heartbeat for ", timeout,
+                                       " s (its host or its link is gone)"));
       }
     }
     if (exited) {
@@ -427,8 +436,9 @@ int Supervisor::run() {
                      "strata launch --elastic restarts from the latest checkpoint: set "
                      "checkpoint.dir (and checkpoint.interval, the steps a failure can cost)");
   if (cfg.checkpoint.interval <= 0) {
-    std::printf("elastic: note: checkpoint.interval is 0, so a failure restarts from the last "
-                "start's checkpoint (or step 0); set it to bound the steps a failure costs\n");
+    std::printf(
+        "elastic: note: checkpoint.interval is 0, so a failure restarts from the last "
+        "start's checkpoint (or step 0); set it to bound the steps a failure costs\n");
   }
   run_dir_ = cfg.train.run_dir;
   if (!o_.hostfile.empty()) {
@@ -445,7 +455,8 @@ int Supervisor::run() {
   const int max_ranks = o_.max_ranks > 0 ? o_.max_ranks : (o_.n > 0 ? o_.n : slots);
   const int first_max = o_.n > 0 ? std::min(o_.n, max_ranks) : max_ranks;
   std::string addr = o_.supervisor_addr;
-  if (addr.empty()) addr = o_.hostfile.empty() ? "127.0.0.1" : local_address_towards(hosts_[0].name);
+  if (addr.empty())
+    addr = o_.hostfile.empty() ? "127.0.0.1" : local_address_towards(hosts_[0].name);
   STRATA_INPUT_CHECK(!addr.empty(), "cannot tell which address the ranks on ", hosts_[0].name,
                      " reach this host at; give --supervisor-addr");
   listen_fd_ = listen_any(&port_);
@@ -454,7 +465,7 @@ int Supervisor::run() {
   setenv("STRATA_SUPERVISOR", (addr + ":" + std::to_string(port_)).c_str(), 1);
   setenv("STRATA_HEARTBEAT_TIMEOUT_S", std::to_string(o_.heartbeat_timeout_s).c_str(), 1);
   signal(SIGPIPE, SIG_IGN);
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_interrupt;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
@@ -479,8 +490,8 @@ int Supervisor::run() {
     if (number == 1 && !o_.fault.empty()) command.insert(command.end(), {"--fault", o_.fault});
     std::string hostfile;
     if (!o_.hostfile.empty()) {
-      hostfile = (std::filesystem::path(run_dir_) / ("elastic_hosts." + std::to_string(number)))
-                     .string();
+      hostfile =
+          (std::filesystem::path(run_dir_) / ("elastic_hosts." + std::to_string(number))).string();
       std::ofstream f(hostfile);
       for (size_t h = 0; h < hosts_.size(); ++h) {
         if (a.layout.ranks_per_host[h] > 0) {
@@ -490,8 +501,9 @@ int Supervisor::run() {
     }
     setenv("STRATA_ATTEMPT", std::to_string(number).c_str(), 1);
     std::printf("elastic: attempt %d: %s; from %s\n", number, a.layout.describe().c_str(),
-                a.resume_step > 0 ? ("the checkpoint of step " + std::to_string(a.resume_step)).c_str()
-                                  : "step 0");
+                a.resume_step > 0
+                    ? ("the checkpoint of step " + std::to_string(a.resume_step)).c_str()
+                    : "step 0");
     std::fflush(stdout);
     event({{"event", "start"},
            {"attempt", number},
@@ -506,12 +518,9 @@ int Supervisor::run() {
       event({{"event", "done"}, {"attempt", number}, {"restarts", number - 1}});
       return 0;
     }
-    nlohmann::json failure = {{"event", "failure"},
-                              {"attempt", number},
-                              {"cause", a.cause},
-                              {"lost_ranks", a.lost},
-                              {"last_step", a.last_step},
-                              {"detect_t", a.detect_wall}};
+    nlohmann::json failure = {{"event", "failure"},       {"attempt", number},
+                              {"cause", a.cause},         {"lost_ranks", a.lost},
+                              {"last_step", a.last_step}, {"detect_t", a.detect_wall}};
     if (a.exited) failure["mpirun_exit_code"] = a.exit_code;
     if (a.fault_wall > 0) failure["detect_s"] = a.detect_wall - a.fault_wall;
     event(failure);
@@ -540,10 +549,10 @@ int Supervisor::run() {
       ElasticHost& host = hosts_[size_t(h)];
       const bool whole = silent_per_host[h] == a.layout.ranks_per_host[size_t(h)];
       host.slots = whole ? 0 : std::max(0, host.slots - n);
-      std::printf("elastic: %s: %s\n", host.name.c_str(),
-                  whole ? "unreachable, dropped"
-                        : strata::detail::concat(n, " worker(s) lost, ", host.slots, " left")
-                              .c_str());
+      std::printf(
+          "elastic: %s: %s\n", host.name.c_str(),
+          whole ? "unreachable, dropped"
+                : strata::detail::concat(n, " worker(s) lost, ", host.slots, " left").c_str());
     }
     previous_detect_ = a.detect_wall;
   }
@@ -551,6 +560,8 @@ int Supervisor::run() {
 
 }  // namespace
 
-int run_elastic(const ElasticOptions& o) { return Supervisor(o).run(); }
+int run_elastic(const ElasticOptions& o) {
+  return Supervisor(o).run();
+}
 
 }  // namespace strata::cli

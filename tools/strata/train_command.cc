@@ -55,12 +55,9 @@ Fault parse_fault(const std::string& s) {
       ": expected rank=R,step=S,action=N or rank=R,step=S,phase=P (R, N >= 0, S >= 1; P one of "
       "forward, backward, reduce, optimizer, save, or hang: stop before the reduction, alive)";
   const std::pair<const char*, Engine::KillPhase> phases[] = {
-      {"forward", Engine::KillPhase::Forward},
-      {"backward", Engine::KillPhase::Backward},
-      {"reduce", Engine::KillPhase::Reduce},
-      {"optimizer", Engine::KillPhase::Optimizer},
-      {"save", Engine::KillPhase::Save},
-      {"hang", Engine::KillPhase::Hang}};
+      {"forward", Engine::KillPhase::Forward}, {"backward", Engine::KillPhase::Backward},
+      {"reduce", Engine::KillPhase::Reduce},   {"optimizer", Engine::KillPhase::Optimizer},
+      {"save", Engine::KillPhase::Save},       {"hang", Engine::KillPhase::Hang}};
   bool rank = false, step = false;
   for (size_t at = 0; at <= s.size();) {
     const size_t comma = std::min(s.find(',', at), s.size());

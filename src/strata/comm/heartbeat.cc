@@ -74,7 +74,8 @@ void on_sigterm(int) {
 void beat_loop() {
   Heartbeat& h = state();
   const auto timeout = std::chrono::duration<double>(h.timeout_s);
-  const auto interval = std::chrono::milliseconds(std::clamp(int(h.timeout_s * 1000.0 / 8.0), 50, 1000));
+  const auto interval =
+      std::chrono::milliseconds(std::clamp(int(h.timeout_s * 1000.0 / 8.0), 50, 1000));
   auto heard = clock::now();
   auto next_beat = clock::now();
   char buf[256];
@@ -84,8 +85,10 @@ void beat_loop() {
       send_line("beat " + std::to_string(std::max<int64_t>(h.step.load(), 0)) + "\n");
       next_beat = now + interval;
     }
-    const int wait_ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                next_beat - clock::now()).count()) + 1;
+    const int wait_ms =
+        int(std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - clock::now())
+                .count()) +
+        1;
     pollfd p{h.fd.load(), POLLIN, 0};
     const int ready = ::poll(&p, 1, std::max(wait_ms, 1));
     if (h.stopping.load()) return;
@@ -98,8 +101,9 @@ void beat_loop() {
       }
     }
     if (clock::now() - heard > timeout) {
-      end_self("no word from the elastic supervisor within STRATA_HEARTBEAT_TIMEOUT_S (its host "
-               "or this one lost the network)");
+      end_self(
+          "no word from the elastic supervisor within STRATA_HEARTBEAT_TIMEOUT_S (its host "
+          "or this one lost the network)");
     }
   }
 }
@@ -138,7 +142,8 @@ void start_heartbeat(int rank, int world) {
   const std::string a = addr;
   const size_t colon = a.rfind(':');
   STRATA_INPUT_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < a.size(),
-                     "STRATA_SUPERVISOR=", a, " is not host:port (strata launch --elastic sets it)");
+                     "STRATA_SUPERVISOR=", a,
+                     " is not host:port (strata launch --elastic sets it)");
   h.rank = rank;
   if (const char* t = std::getenv("STRATA_HEARTBEAT_TIMEOUT_S")) h.timeout_s = std::atof(t);
   STRATA_INPUT_CHECK(h.timeout_s > 0, "STRATA_HEARTBEAT_TIMEOUT_S must be a positive number");
@@ -150,13 +155,15 @@ void start_heartbeat(int rank, int world) {
   const char* attempt = std::getenv("STRATA_ATTEMPT");
   send_line(strata::detail::concat("hello ", attempt ? attempt : "0", " ", rank, " ", world, " ",
                                    ::getpid(), " ", host_name(), "\n"));
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_sigterm;
   ::sigaction(SIGTERM, &sa, nullptr);
   h.thread = std::thread(beat_loop);
 }
 
-bool heartbeat_active() { return state().fd.load() >= 0; }
+bool heartbeat_active() {
+  return state().fd.load() >= 0;
+}
 
 void heartbeat_step(int64_t step) {
   // Each completed step is sent at once (a few bytes per step): the supervisor counts the steps a
@@ -164,7 +171,9 @@ void heartbeat_step(int64_t step) {
   if (state().step.exchange(step) != step) send_line("step " + std::to_string(step) + "\n");
 }
 
-void heartbeat_fault(const char* phase) { send_line(std::string("fault ") + phase + "\n"); }
+void heartbeat_fault(const char* phase) {
+  send_line(std::string("fault ") + phase + "\n");
+}
 
 void heartbeat_fatal(int exit_code, const std::string& message) {
   if (state().reported.exchange(true)) return;

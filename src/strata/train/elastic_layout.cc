@@ -84,8 +84,8 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
   const int64_t micro0 = base.given_micro_batch;
   const bool elastic_batch = base.elasticity.enabled;
   std::string last_error;
-  for (const auto& [tp, pp] : model_parallel_candidates(base.parallelism.tensor,
-                                                        base.parallelism.pipeline)) {
+  for (const auto& [tp, pp] :
+       model_parallel_candidates(base.parallelism.tensor, base.parallelism.pipeline)) {
     const bool same = tp == base.parallelism.tensor && pp == base.parallelism.pipeline;
     for (int world = std::min(max_ranks, slots); world >= min_ranks; --world) {
       if (world % (tp * pp) != 0) continue;
@@ -124,8 +124,8 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
           l.accumulation = cfg.gradient_accumulation_steps;
           return l;
         } catch (const InputError& e) {
-          last_error = strata::detail::concat(world, " ranks (tp ", tp, ", pp ", pp,
-                                              "): ", e.what());
+          last_error =
+              strata::detail::concat(world, " ranks (tp ", tp, ", pp ", pp, "): ", e.what());
         }
       }
     }

@@ -197,8 +197,9 @@ void apply_elastic_batch(Config& c, int world_size) {
   const ElasticityConfig& e = c.elasticity;
   if (!e.enabled) return;
   const int mp = c.parallelism.tensor * c.parallelism.pipeline;
-  STRATA_INPUT_CHECK(mp == e.model_parallel_size, "elasticity.model_parallel_size=",
-                     e.model_parallel_size, " but parallelism.tensor x pipeline = ", mp,
+  STRATA_INPUT_CHECK(mp == e.model_parallel_size,
+                     "elasticity.model_parallel_size=", e.model_parallel_size,
+                     " but parallelism.tensor x pipeline = ", mp,
                      "; they must agree, or the elastic batch would not match the job's "
                      "data-parallel size");
   const bool given =
