@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kernel_test_util.h"
+#include "strata/kernels/cpu/vec.h"
 #include "strata/core/check.h"
 
 namespace strata::kernels {
@@ -110,6 +111,54 @@ TEST(CrossEntropy, RejectsTargetOutsideVocabulary) {
   tgt[3] = V;
   std::vector<float> loss(N);
   EXPECT_THROW(cross_entropy_forward(loss.data(), x.data(), tgt.data(), N, V), Error);
+}
+
+}  // namespace
+}  // namespace strata::kernels
+
+namespace strata::kernels {
+namespace {
+
+// The backward's dlogits a vocabulary unit at a time (ce_dlogits from cross_entropy_stats):
+// in place in bf16, and into fp32 (what products that run in fp32 read), equal the whole row's
+// in-place forward_backward bit for bit, in every column range, padding and ignored rows included.
+TEST(CrossEntropy, DlogitsByColumnRangesEqualTheWholeRows) {
+  const auto x = test::randn(N * V, "logits", 3.0f);
+  std::vector<bf16> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = store<bf16>(x[i]);
+  const auto tgt = targets();
+  const float dloss = 0.125f;
+  std::vector<float> whole_loss(N), loss(N), stats(3 * N);
+  auto whole = h;
+  cross_entropy_forward_backward(whole_loss.data(), whole.data(), tgt.data(), N, V, dloss);
+  cross_entropy_stats(loss.data(), stats.data(), h.data(), tgt.data(), N, V);
+  EXPECT_EQ(loss, whole_loss);
+  for (const int64_t chunk : {int64_t(V), int64_t(16), int64_t(7)}) {
+    auto in_place = h;
+    std::vector<float> wide(size_t(N) * V, -1.0f);
+    for (int64_t c0 = 0; c0 < V; c0 += chunk) {
+      const int64_t cols = std::min<int64_t>(chunk, V - c0);
+      std::vector<float> part(size_t(N) * cols);
+      ce_dlogits(part.data(), cols, h.data(), tgt.data(), stats.data(), N, V, c0, cols, 0, V,
+                 dloss);
+      for (int n = 0; n < N; ++n) {
+        std::copy_n(&part[size_t(n) * cols], cols, &wide[size_t(n) * V + c0]);
+      }
+      // In place over the columns, later ranges reading logits earlier ones left untouched.
+      ce_dlogits(in_place.data() + c0, V, in_place.data(), tgt.data(), stats.data(), N, V, c0,
+                 cols, 0, V, dloss);
+    }
+    for (size_t i = 0; i < h.size(); ++i) {
+      ASSERT_EQ(in_place[i].bits, whole[i].bits) << "chunk " << chunk << ", element " << i;
+      ASSERT_EQ(wide[i], load(whole[i])) << "chunk " << chunk << ", element " << i;
+    }
+  }
+  // Vocabulary-parallel columns: a shard [v0, v0 + 20) of which 13 are real, targets global.
+  std::vector<float> shard(size_t(N) * 20);
+  ce_dlogits(shard.data(), 20, h.data(), tgt.data(), stats.data(), N, V, 0, 20, 40, 13, dloss);
+  for (int n = 0; n < N; ++n) {
+    for (int j = 13; j < 20; ++j) EXPECT_EQ(shard[size_t(n) * 20 + j], 0.0f) << "padding";
+  }
 }
 
 }  // namespace

@@ -215,8 +215,8 @@ Bytes formula(const ModelSpec& spec, DType t, int B, const ChunkOptions& o) {
   const RecomputeOptions& rc = o.recompute;
   const int L = m.layers;
   Bytes b;
-  int64_t per_slot = 2 * N * 4;                           // tokens, targets
-  per_slot += e * N * C + 2 * N * 4 + e * N * V + N * 4;  // final norm, logits, losses
+  int64_t per_slot = 2 * N * 4;                               // tokens, targets
+  per_slot += e * N * C + 2 * N * 4 + e * N * V + 4 * N * 4;  // norm, logits, losses, CE stats
   int64_t per_input = 0, ckpt_per_slot = 0;
   for (int l = 0; l < L; ++l) {
     // The block's input: a checkpoint, or an activation (the embedding's output or the previous

@@ -218,6 +218,10 @@ void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g) {
                   g.accumulate);
 }
 
+bool gemm_widens(DType t) {
+  return kernels::matmul_widens(t);
+}
+
 namespace {
 
 // (M, K, N) of a linear layer from its weight (N, K) and an activation x (M, K).
@@ -707,6 +711,45 @@ void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets
     using S = decltype(s);
     kernels::cross_entropy_forward_backward(p<float>(losses), p<S>(logits), tokens_of(op, targets),
                                             n.N, n.C, dloss);
+  });
+}
+
+void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets) {
+  constexpr const char* op = "cross_entropy_stats";
+  on_cpu(op, {losses, stats, logits, targets});
+  const Rows n = ce_size(op, logits, targets, {losses});
+  expect_f32(op, "stats", stats);
+  expect_numel(op, "stats", stats, 3 * int64_t(n.N));
+  with_s(op, logits.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::cross_entropy_stats(p<float>(losses), p<float>(stats), p<const S>(logits),
+                                 tokens_of(op, targets), n.N, n.C);
+  });
+}
+
+void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
+                int64_t cols, int64_t v0, int64_t valid, float dloss) {
+  constexpr const char* op = "ce_dlogits";
+  on_cpu(op, {out, logits, targets, stats});
+  const Rows n = ce_size(op, logits, targets, {});
+  check_valid(op, v0, valid, n.C);
+  expect_f32(op, "stats", stats);
+  expect_numel(op, "stats", stats, 3 * int64_t(n.N));
+  STRATA_CHECK(c0 >= 0 && cols > 0 && c0 + cols <= n.C && ldo >= cols &&
+                   (n.N - 1) * ldo + cols <= out.numel(),
+               op, ": columns [", c0, ", ", c0 + cols, ") of ", n.C, " into ", out.shape_str(),
+               " with row stride ", ldo);
+  STRATA_CHECK(out.dtype == logits.dtype || out.dtype == DType::F32, op,
+               ": out must be the logits' dtype or fp32, got ", dtype_name(out.dtype));
+  with_s(op, logits.dtype, [&](auto s) {
+    using S = decltype(s);
+    if (out.dtype == DType::F32) {
+      kernels::ce_dlogits(p<float>(out), ldo, p<const S>(logits), tokens_of(op, targets),
+                          p<const float>(stats), n.N, n.C, c0, cols, v0, int(valid), dloss);
+    } else {
+      kernels::ce_dlogits(p<S>(out), ldo, p<const S>(logits), tokens_of(op, targets),
+                          p<const float>(stats), n.N, n.C, c0, cols, v0, int(valid), dloss);
+    }
   });
 }
 

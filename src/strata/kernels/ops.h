@@ -57,6 +57,9 @@ struct Gemm {
   bool accumulate = false;
 };
 void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g);
+// Whether gemm converts operands of dtype t to fp32 first (half precision where this CPU has no
+// native kernel): a caller that can produce them in fp32 directly saves that pass.
+bool gemm_widens(DType t);
 
 // y (M, N) = x (M, K) · wᵀ (w: (N, K)) + b (N, optional).
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
@@ -130,6 +133,15 @@ void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0);
 // ignored targets).
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
 void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss);
+// Training in two halves, so that a backward can take the dlogits a vocabulary unit at a time:
+// losses (N) and stats (3, N) = row max, Σ exp(logit − max), the target's logit (the layout the
+// vocabulary-parallel steps below leave: gmax, then sums); later out (N, cols) with row stride
+// ldo = the dlogits of logits' columns [c0, c0 + cols), rounded to the logits' dtype and stored
+// in out's: the logits' own (out may be those columns) or fp32 (for products that run in fp32).
+// v0 and valid as below (0 and V for one rank).
+void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets);
+void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
+                int64_t cols, int64_t v0, int64_t valid, float dloss);
 // Vocabulary-parallel, in three local steps around two reductions over the tensor-parallel group.
 // logits (N, Vl) hold global vocabulary columns [v0, v0 + Vl), of which the first `valid` exist
 // (the rest are padding and never count).

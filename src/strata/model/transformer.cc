@@ -205,6 +205,7 @@ void TransformerImpl::layout() {
       s.lnf_rstd = static_cast<float*>(act(Ns, f4));
       s.logits = act(N * Vl_, ps);
       s.losses = static_cast<float*>(act(N, f4));
+      s.ce = static_cast<float*>(act(3 * N, f4));
     }
     if (chunk_.defer_weight) {
       s.stash.resize(size_t(nb));
@@ -225,10 +226,14 @@ void TransformerImpl::layout() {
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
   norm_scratch_ = static_cast<float*>(wk(int64_t(ops::norm_backward_scratch_floats(N, C)), f4));
   att_scratch_ = static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(ash_)), f4));
-  if (has_head_ && tp_->size() > 1) {
-    ce_max_ = static_cast<float*>(wk(N, f4));
-    ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
-    ce_sums_ = static_cast<float*>(wk(2 * N, f4));
+  if (has_head_ && tp_->size() > 1) ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
+  widen_dlogits_ = has_head_ && ops::gemm_widens(pt_);
+  if (widen_dlogits_) {
+    int64_t rows = 0;
+    for (int u : output_units()) {
+      rows = std::max(rows, spec_.units[size_t(u)].row_end - spec_.units[size_t(u)].row_begin);
+    }
+    dlogits32_ = static_cast<float*>(wk(N * rows, f4));
   }
   int64_t largest = 0;
   for (const std::vector<Partial>& p : partials_) {

@@ -90,8 +90,10 @@ struct Slot {
   std::vector<BlockActs> blocks;                  // the chunk's blocks
   void* lnf = nullptr;                            // (Ns, C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;
-  void* logits = nullptr;   // (N, Vl)
+  void* logits = nullptr;   // (N, Vl): logits; dlogits, in place, once the backward has run
   float* losses = nullptr;  // (N)
+  float* ce = nullptr;      // (3, N) cross-entropy row max, Σ exp, target logit (for the backward)
+  float dloss = 0;          // the forward's loss scale, for the backward's dlogits
   int64_t counted = 0;
   // defer_weight only
   std::vector<BlockStash> stash;
@@ -141,6 +143,10 @@ class TransformerImpl final : public Transformer {
   Tensor logit_cols(const Slot& s, int64_t row_begin) const {
     return Tensor(at(s.logits, pt_, row_begin), pt_, {N_ * Vl_ - row_begin}, dev_);
   }
+  // The dlogits of a vocabulary unit's columns, as the head's products read them, and their row
+  // stride: computed (fresh, where they go to fp32) or, with `compute` false, those the input
+  // backward left in place.
+  std::pair<Tensor, int64_t> unit_dlogits(const Slot& s, const UnitSpec& unit, bool compute);
   Tensor hid(void* p) const { return mat(p, pt_, Ns_, C_); }  // (Ns, C)
   Tensor full(void* p) const { return mat(p, pt_, N_, C_); }  // (N, C)
   // Parameters and gradients of units: the hook's or the flat buffers.
@@ -267,7 +273,12 @@ class TransformerImpl final : public Transformer {
   void *gath_ = nullptr, *part_ = nullptr;  // (N, C) each
   float* dlnf32_ = nullptr;                 // (N, C) fp32 output gradient of the final norm
   float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;
-  float *ce_max_ = nullptr, *ce_all_ = nullptr, *ce_sums_ = nullptr;  // (N), (tp, N), (2, N)
+  float* ce_all_ = nullptr;  // (tp, N) the ranks' row maxima
+  // Where gemm would widen bf16/fp16 dlogits to fp32 (both products of each vocabulary unit),
+  // the backward writes them in fp32 here instead, (N, the largest unit's rows): the same values
+  // without two conversion passes over N·Vl elements.
+  bool widen_dlogits_ = false;
+  float* dlogits32_ = nullptr;
   void* scratch_ = nullptr;  // (largest unit) gradients of partial parameters, grad dtype
   // Fused-mode output gradients (defer_weight off): one set reused by every block.
   BlockStash fused_;

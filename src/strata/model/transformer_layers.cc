@@ -123,28 +123,49 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
   }
   const Tensor logits = mat(s.logits, pt_, N_, Vl_), targets = ids(s.targets);
   const Tensor losses = f32(s.losses, N_);
+  // Training keeps each row's statistics; the backward turns them into dlogits a unit at a time.
+  s.dloss = dloss;
   if (tp_->size() == 1) {
     if (train) {
-      ops::cross_entropy_forward_backward(losses, logits, targets, dloss);
+      ops::cross_entropy_stats(losses, f32(s.ce, 3 * N_), logits, targets);
     } else {
       ops::cross_entropy_forward(losses, logits, targets);
     }
   } else {
     // Vocabulary-parallel cross-entropy: the full logits never exist on one rank.
     const int64_t v0 = tpl_.vocab_begin, valid = tpl_.vocab_valid;
-    ops::vocab_ce_max(f32(ce_max_, N_), logits, valid);
-    tp_->all_gather(mat(ce_all_, DType::F32, tp_->size(), N_), mat(ce_max_, DType::F32, 1, N_));
-    ops::max_rows(f32(ce_max_, N_), mat(ce_all_, DType::F32, tp_->size(), N_));
-    ops::vocab_ce_sums(mat(ce_sums_, DType::F32, 2, N_), logits, targets, f32(ce_max_, N_), v0,
-                       valid);
-    tp_->all_reduce(f32(ce_sums_, 2 * N_));
-    ops::vocab_ce_finish(losses, logits, targets, f32(ce_max_, N_),
-                         mat(ce_sums_, DType::F32, 2, N_), v0, valid, train, dloss);
+    const Tensor gmax = f32(s.ce, N_), sums = mat(s.ce + N_, DType::F32, 2, N_);
+    ops::vocab_ce_max(gmax, logits, valid);
+    tp_->all_gather(mat(ce_all_, DType::F32, tp_->size(), N_), mat(s.ce, DType::F32, 1, N_));
+    ops::max_rows(gmax, mat(ce_all_, DType::F32, tp_->size(), N_));
+    ops::vocab_ce_sums(sums, logits, targets, gmax, v0, valid);
+    tp_->all_reduce(f32(s.ce + N_, 2 * N_));
+    ops::vocab_ce_finish(losses, logits, targets, gmax, sums, v0, valid, false, dloss);
   }
   return ops::sum(losses);
 }
 
 // --- backward -----------------------------------------------------------------------------------
+
+std::pair<Tensor, int64_t> TransformerImpl::unit_dlogits(const Slot& s, const UnitSpec& unit,
+                                                         bool compute) {
+  const int64_t c0 = unit.row_begin, rows = unit.row_end - unit.row_begin;
+  const Tensor logits = mat(s.logits, pt_, N_, Vl_);
+  const int64_t v0 = tp_->size() > 1 ? tpl_.vocab_begin : 0;
+  const int64_t valid = tp_->size() > 1 ? tpl_.vocab_valid : Vl_;
+  if (widen_dlogits_) {
+    const Tensor d = mat(dlogits32_, DType::F32, N_, rows);
+    ops::ce_dlogits(d, rows, logits, ids(s.targets), f32(s.ce, 3 * N_), c0, rows, v0, valid,
+                    s.dloss);
+    return {d, rows};
+  }
+  const Tensor cols = logit_cols(s, c0);
+  if (compute) {
+    ops::ce_dlogits(cols, Vl_, logits, ids(s.targets), f32(s.ce, 3 * N_), c0, rows, v0, valid,
+                    s.dloss);
+  }
+  return {cols, Vl_};
+}
 
 // dres (Ns, C): on exit the gradient of the final norm's input.
 void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
@@ -156,20 +177,20 @@ void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
     const int u = out[k];
     const UnitSpec& unit = spec_.units[size_t(u)];
     const int64_t rows = unit.row_end - unit.row_begin;
+    const auto [dl, ld] = unit_dlogits(s, unit, true);
     const void* w = acquire(hook, u);
     ops::Gemm g;
-    g.M = N_, g.N = C_, g.K = rows, g.lda = Vl_, g.ldb = C_, g.ldc = C_;
+    g.M = N_, g.N = C_, g.K = rows, g.lda = ld, g.ldb = C_, g.ldc = C_;
     g.accumulate = k + 1 != out.size();
-    ops::gemm(mat(dlnf32_, DType::F32, N_, C_), logit_cols(s, unit.row_begin),
-              mat(const_cast<void*>(w), pt_, rows, C_), g);
+    ops::gemm(mat(dlnf32_, DType::F32, N_, C_), dl, mat(const_cast<void*>(w), pt_, rows, C_), g);
     release(hook, u);
     if (!chunk_.defer_weight) {
       // dW[rows] += dlogits[:, rows]ᵀ · lnf
       void* dw = grads_of(hook, u);
       ops::Gemm gw;
-      gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = Vl_, gw.ldb = C_, gw.ldc = C_,
+      gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = ld, gw.ldb = C_, gw.ldc = C_,
       gw.accumulate = true;
-      ops::gemm(mat(dw, gt_, rows, C_), logit_cols(s, unit.row_begin), lnf, gw);
+      ops::gemm(mat(dw, gt_, rows, C_), dl, lnf, gw);
       done(hook, u, !tied_);
     }
   }
@@ -206,10 +227,11 @@ void TransformerImpl::head_weight(Slot& s, UnitHook* hook) {
     const int u = out[k];
     const UnitSpec& unit = spec_.units[size_t(u)];
     const int64_t rows = unit.row_end - unit.row_begin;
+    const auto [dl, ld] = unit_dlogits(s, unit, false);
     ops::Gemm gw;
-    gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = Vl_, gw.ldb = C_, gw.ldc = C_,
+    gw.M = rows, gw.N = C_, gw.K = N_, gw.trans_a = true, gw.lda = ld, gw.ldb = C_, gw.ldc = C_,
     gw.accumulate = true;
-    ops::gemm(mat(grads_of(hook, u), gt_, rows, C_), logit_cols(s, unit.row_begin), lnf, gw);
+    ops::gemm(mat(grads_of(hook, u), gt_, rows, C_), dl, lnf, gw);
     done(hook, u, !tied_);
   }
   final_norm_weight(s, block_input(s, l1_), s.dlnf, hook);

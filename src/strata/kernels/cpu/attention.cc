@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "strata/core/check.h"
+#include "strata/core/memory.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/matmul.h"
 #include "strata/kernels/cpu/vec.h"
@@ -79,27 +80,25 @@ void causal_softmax_backward(float* dp, const S* p, int64_t nrows, int T) {
   }
 }
 
-}  // namespace
-
-template <typename S>
-void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd) {
-  constexpr DType dt = dtype_of<S>();
+template <typename S, typename E>
+void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, int hd) {
+  constexpr DType dt = dtype_of<S>(), et = dtype_of<E>();
   const Shape sh(B, T, NH, KVH, hd);
   const int64_t qkv_bs[2] = {T * sh.qkv_row, sh.group};  // batch strides of q, k and v heads
   const int64_t att_bs[2] = {NH * sh.TT, sh.rep * sh.TT};
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
-  const S* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
-  const S* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
+  const E* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
+  const E* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
   const float scale = 1.0f / std::sqrt(float(hd));
   for (int r = 0; r < sh.rep; ++r) {
-    const S* q = qkv + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
+    const E* q = qkv + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     S* a = att + r * sh.TT;              // (B,KVH,T,T) with strides att_bs
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // a[i0:i1, 0:i1] = scale · q[i0:i1] · k[0:i1]ᵀ
       matmul({a + int64_t(i0) * T, dt, T, {att_bs[0], att_bs[1]}},
-             {q + i0 * sh.qkv_row, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}},
-             {k, dt, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
+             {q + i0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}},
+             {k, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
     }
   }
   causal_softmax(att, int64_t(B) * NH * T, T);
@@ -112,38 +111,32 @@ void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int K
       // o[i0:i1] = a[i0:i1, 0:i1] · v[0:i1]
       matmul({o + i0 * sh.out_row, dt, sh.out_row, {out_bs[0], out_bs[1]}},
              {a + int64_t(i0) * T, dt, T, 1, {att_bs[0], att_bs[1]}},
-             {v, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch);
+             {v, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch);
     }
   }
 }
 
-size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) {
-  size_t dscores = size_t(B) * NH * T * T;
-  size_t dkv = NH != KVH ? size_t(B) * T * 2 * KVH * hd : 0;
-  return dscores + dkv;
-}
-
-template <typename S>
-void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, int B,
-                        int T, int NH, int KVH, int hd) {
-  constexpr DType dt = dtype_of<S>();
+template <typename S, typename E>
+void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S* att, int B, int T,
+                   int NH, int KVH, int hd) {
+  constexpr DType dt = dtype_of<S>(), et = dtype_of<E>();
   const Shape sh(B, T, NH, KVH, hd);
   const int64_t qkv_bs[2] = {T * sh.qkv_row, sh.group};  // batch strides of q, k and v heads
   const int64_t att_bs[2] = {NH * sh.TT, sh.rep * sh.TT};
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
-  const S* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
-  const S* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
+  const E* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
+  const E* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
   const float scale = 1.0f / std::sqrt(float(hd));
   float* ds = scratch;  // (B,NH,T,T): dprobs, then dscores
   for (int r = 0; r < sh.rep; ++r) {
-    const S* dy = dout + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
+    const E* dy = dout + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     float* d = ds + r * sh.TT;             // (B,KVH,T,T) with strides att_bs
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
       int i1 = std::min(T, i0 + kQueryBlock);
       // d[i0:i1, 0:i1] = dy[i0:i1] · v[0:i1]ᵀ
       matmul({d + int64_t(i0) * T, DType::F32, T, {att_bs[0], att_bs[1]}},
-             {dy + i0 * sh.out_row, dt, sh.out_row, 1, {out_bs[0], out_bs[1]}},
-             {v, dt, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch);
+             {dy + i0 * sh.out_row, et, sh.out_row, 1, {out_bs[0], out_bs[1]}},
+             {v, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch);
     }
   }
   causal_softmax_backward(ds, att, int64_t(B) * NH * T, T);
@@ -160,8 +153,8 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
   char* dv = dk + dkv_size * hd;                                                  // (B,T,KVH,hd)
   const int64_t dkv_bs[2] = {T * dkv_row, dkv_group};
   for (int r = 0; r < sh.rep; ++r) {
-    const S* q = qkv + int64_t(r) * hd;    // heads (g, r): (B,T,KVH,hd)
-    const S* dy = dout + int64_t(r) * hd;  // (B,T,KVH,hd)
+    const E* q = qkv + int64_t(r) * hd;    // heads (g, r): (B,T,KVH,hd)
+    const E* dy = dout + int64_t(r) * hd;  // (B,T,KVH,hd)
     const S* a = att + r * sh.TT;          // (B,KVH,T,T) with strides att_bs
     const float* d = ds + r * sh.TT;       // (B,KVH,T,T) with strides att_bs
     S* dq = dqkv + int64_t(r) * hd;        // (B,T,KVH,hd)
@@ -170,18 +163,18 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
       // dq[i0:i1] = scale · ds[i0:i1, 0:i1] · k[0:i1]
       matmul({dq + i0 * sh.qkv_row, dt, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}},
              {d + int64_t(i0) * T, DType::F32, T, 1, {att_bs[0], att_bs[1]}},
-             {k, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch, scale);
+             {k, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch, scale);
       // Keys/values [i0, i1) are seen by queries [i0, T):
       // dk[i0:i1] (+)= scale · ds[i0:T, i0:i1]ᵀ · q[i0:T]
       // dv[i0:i1] (+)= a[i0:T, i0:i1]ᵀ · dy[i0:T]
       int64_t corner = int64_t(i0) * T + i0;
       matmul({dk + dkv_size * i0 * dkv_row, dkv_type, dkv_row, {dkv_bs[0], dkv_bs[1]}},
              {d + corner, DType::F32, 1, T, {att_bs[0], att_bs[1]}},
-             {q + i0 * sh.qkv_row, dt, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, T - i0,
+             {q + i0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, T - i0,
              sh.batch, scale, r > 0);
       matmul({dv + dkv_size * i0 * dkv_row, dkv_type, dkv_row, {dkv_bs[0], dkv_bs[1]}},
              {a + corner, dt, 1, T, {att_bs[0], att_bs[1]}},
-             {dy + i0 * sh.out_row, dt, sh.out_row, 1, {out_bs[0], out_bs[1]}}, i1 - i0, hd, T - i0,
+             {dy + i0 * sh.out_row, et, sh.out_row, 1, {out_bs[0], out_bs[1]}}, i1 - i0, hd, T - i0,
              sh.batch, 1.0f, r > 0);
     }
   }
@@ -197,6 +190,75 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
         for (int64_t c = 0; c < dkv_group; ++c) dst[c] = store<S>(s[c]);
       }
     }
+  }
+}
+
+// Where matmul would widen half-precision operands, the products read q, k, v (and the output
+// gradient) from one fp32 copy made per call instead: matmul would copy every key and value
+// block once per query block that reads it, about T / (2·kQueryBlock) times each.
+struct WidenedInputs {
+  Buffer buf;
+  // Room for n floats (grown once, to the largest call: no allocation in a steady step).
+  float* reserve(int64_t n) {
+    if (buf.bytes() < size_t(n) * sizeof(float)) {
+      buf = Buffer(MemCategory::Workspace, size_t(n) * sizeof(float));
+    }
+    return buf.as<float>();
+  }
+  static void widen(float* out, const void* x, DType t, int64_t n) {
+    if (t == DType::BF16) {
+      widen_all(out, static_cast<const bf16*>(x), n);
+    } else {
+      widen_all(out, static_cast<const f16*>(x), n);
+    }
+  }
+  template <typename H>
+  static void widen_all(float* out, const H* in, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinWork)
+    for (int64_t i = 0; i < n; ++i) out[i] = load(in[i]);
+  }
+};
+WidenedInputs& widened_inputs() {
+  static WidenedInputs w;
+  return w;
+}
+
+}  // namespace
+
+size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) {
+  size_t dscores = size_t(B) * NH * T * T;
+  size_t dkv = NH != KVH ? size_t(B) * T * 2 * KVH * hd : 0;
+  return dscores + dkv;
+}
+
+template <typename S>
+void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd) {
+  constexpr DType dt = dtype_of<S>();
+  if (dt != DType::F32 && matmul_widens(dt)) {
+    const int64_t n = int64_t(B) * T * Shape(B, T, NH, KVH, hd).qkv_row;
+    float* q32 = widened_inputs().reserve(n);
+    WidenedInputs::widen(q32, qkv, dt, n);
+    forward_with(out, att, static_cast<const float*>(q32), B, T, NH, KVH, hd);
+  } else {
+    forward_with(out, att, qkv, B, T, NH, KVH, hd);
+  }
+}
+
+template <typename S>
+void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, int B,
+                        int T, int NH, int KVH, int hd) {
+  constexpr DType dt = dtype_of<S>();
+  if (dt != DType::F32 && matmul_widens(dt)) {
+    const Shape sh(B, T, NH, KVH, hd);
+    const int64_t nq = int64_t(B) * T * sh.qkv_row, no = int64_t(B) * T * sh.out_row;
+    float* q32 = widened_inputs().reserve(nq + no);
+    float* dy32 = q32 + nq;
+    WidenedInputs::widen(q32, qkv, dt, nq);
+    WidenedInputs::widen(dy32, dout, dt, no);
+    backward_with(dqkv, scratch, static_cast<const float*>(dy32), static_cast<const float*>(q32),
+                  att, B, T, NH, KVH, hd);
+  } else {
+    backward_with(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hd);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/common.h"
@@ -46,37 +47,66 @@ RowStats row_stats(const S* x, int V) {
   return {mx, row_sumexp(x, V, mx)};
 }
 
-// x (V) = exp(x − max) · dloss / sum, the target's (exp(xt − max) / sum − 1) · dloss (target < 0:
-// this row holds no target).
-template <typename S>
-void row_dlogits(S* x, int V, int target, float xt, float mx, float sum, float dloss) {
-  float scale = dloss / sum;
+// out (cols) = the dlogits of x's columns [c0, c0 + cols) (x: a row of the local vocabulary):
+// exp(x − mx) · dloss / sum, at the target's column (exp(xt − mx) / sum − 1) · dloss (target < 0:
+// not in this row's columns), 0 from column `valid` on; each rounded to S, stored as D. Reads each
+// column before writing it, so out may alias x's columns.
+template <typename S, typename D>
+void row_dlogits(D* out, const S* x, int64_t c0, int64_t cols, int64_t valid, int64_t target,
+                 float xt, float mx, float sum, float dloss) {
+  const float scale = dloss / sum;
+  const int64_t live = std::clamp<int64_t>(valid - c0, 0, cols);
 #pragma omp simd
-  for (int j = 0; j < V; ++j) x[j] = store<S>(exp_approx(load(x[j]) - mx) * scale);
-  if (target >= 0) x[target] = store<S>((exp_approx(xt - mx) / sum - 1.0f) * dloss);
+  for (int64_t j = 0; j < live; ++j) {
+    out[j] = store<D>(load(store<S>(exp_approx(load(x[c0 + j]) - mx) * scale)));
+  }
+  for (int64_t j = live; j < cols; ++j) out[j] = store<D>(0.0f);
+  if (target >= c0 && target < c0 + live) {
+    out[target - c0] = store<D>(load(store<S>((exp_approx(xt - mx) / sum - 1.0f) * dloss)));
+  }
 }
 
 }  // namespace
 
 template <typename S>
-void cross_entropy_forward_backward(float* losses, S* logits, const int32_t* targets, int N, int V,
-                                    float dloss) {
+void cross_entropy_stats(float* losses, float* stats, const S* logits, const int32_t* targets,
+                         int N, int V) {
   check_targets(targets, N, V);
 #pragma omp parallel for schedule(static) if (parallel : int64_t(N) * V >= kParallelMinWork)
   for (int n = 0; n < N; ++n) {
-    S* x = logits + int64_t(n) * V;  // (V)
-    int target = targets[n];
-    if (target < 0) {
-      losses[n] = 0.0f;
-#pragma omp simd
-      for (int j = 0; j < V; ++j) x[j] = store<S>(0.0f);
+    const S* x = logits + int64_t(n) * V;  // (V)
+    const int target = targets[n];
+    const RowStats st = target < 0 ? RowStats{0.0f, 1.0f} : row_stats(x, V);
+    const float xt = target < 0 ? 0.0f : load(x[target]);
+    losses[n] = target < 0 ? 0.0f : std::log(st.sum) + st.max - xt;
+    stats[n] = st.max, stats[N + n] = st.sum, stats[2 * N + n] = xt;
+  }
+}
+
+template <typename S, typename D>
+void ce_dlogits(D* out, int64_t ldo, const S* logits, const int32_t* targets, const float* stats,
+                int N, int V, int64_t c0, int64_t cols, int64_t v0, int valid, float dloss) {
+#pragma omp parallel for schedule(static) if (parallel : int64_t(N) * cols >= kParallelMinWork)
+  for (int n = 0; n < N; ++n) {
+    D* o = out + int64_t(n) * ldo;         // (cols)
+    const S* x = logits + int64_t(n) * V;  // (V)
+    if (targets[n] < 0) {
+      for (int64_t j = 0; j < cols; ++j) o[j] = store<D>(0.0f);
       continue;
     }
-    RowStats st = row_stats(x, V);
-    float xt = load(x[target]);
-    losses[n] = std::log(st.sum) + st.max - xt;
-    row_dlogits(x, V, target, xt, st.max, st.sum, dloss);
+    const int64_t local = int64_t(targets[n]) - v0;
+    const bool owned = local >= 0 && local < valid;
+    row_dlogits(o, x, c0, cols, valid, owned ? local : -1, stats[2 * N + n], stats[n], stats[N + n],
+                dloss);
   }
+}
+
+template <typename S>
+void cross_entropy_forward_backward(float* losses, S* logits, const int32_t* targets, int N, int V,
+                                    float dloss) {
+  std::vector<float> stats(size_t(3) * size_t(N));
+  cross_entropy_stats(losses, stats.data(), logits, targets, N, V);
+  ce_dlogits(logits, V, logits, targets, stats.data(), N, V, 0, V, 0, V, dloss);
 }
 
 template <typename S>
@@ -117,24 +147,14 @@ template <typename S>
 void vocab_ce_finish(float* losses, S* logits, const int32_t* targets, const float* gmax,
                      const float* sums, int N, int V, int64_t v0, int valid, bool train,
                      float dloss) {
-#pragma omp parallel for schedule(static) if (parallel : int64_t(N) * V >= kParallelMinWork)
   for (int n = 0; n < N; ++n) {
-    S* x = logits + int64_t(n) * V;  // (V)
-    const int target = targets[n];
-    const float xt = sums[N + n];
-    losses[n] = target < 0 ? 0.0f : std::log(sums[n]) + gmax[n] - xt;
-    if (!train) continue;
-    if (target < 0) {
-#pragma omp simd
-      for (int j = 0; j < V; ++j) x[j] = store<S>(0.0f);
-      continue;
-    }
-    const int64_t local = int64_t(target) - v0;
-    const bool owned = local >= 0 && local < valid;
-    row_dlogits(x, valid, owned ? int(local) : -1, xt, gmax[n], sums[n], dloss);
-#pragma omp simd
-    for (int j = valid; j < V; ++j) x[j] = store<S>(0.0f);
+    losses[n] = targets[n] < 0 ? 0.0f : std::log(sums[n]) + gmax[n] - sums[N + n];
   }
+  if (!train) return;
+  std::vector<float> stats(size_t(3) * size_t(N));
+  std::copy(gmax, gmax + N, stats.begin());
+  std::copy(sums, sums + 2 * N, stats.begin() + N);
+  ce_dlogits(logits, V, logits, targets, stats.data(), N, V, 0, V, v0, valid, dloss);
 }
 
 void max_rows(float* out, const float* in, int K, int64_t N) {
@@ -153,7 +173,15 @@ void max_rows(float* out, const float* in, int K, int64_t N) {
   template void vocab_ce_sums<S>(float*, const S*, const int32_t*, const float*, int, int,      \
                                  int64_t, int);                                                 \
   template void vocab_ce_finish<S>(float*, S*, const int32_t*, const float*, const float*, int, \
-                                   int, int64_t, int, bool, float);
+                                   int, int64_t, int, bool, float);                             \
+  template void cross_entropy_stats<S>(float*, float*, const S*, const int32_t*, int, int);     \
+  template void ce_dlogits<S, S>(S*, int64_t, const S*, const int32_t*, const float*, int, int, \
+                                 int64_t, int64_t, int64_t, int, float);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
+// Half-precision logits with fp32 dlogits (for products that run in fp32).
+template void ce_dlogits<bf16, float>(float*, int64_t, const bf16*, const int32_t*, const float*,
+                                      int, int, int64_t, int64_t, int64_t, int, float);
+template void ce_dlogits<f16, float>(float*, int64_t, const f16*, const int32_t*, const float*, int,
+                                     int, int64_t, int64_t, int64_t, int, float);
 
 }  // namespace strata::kernels

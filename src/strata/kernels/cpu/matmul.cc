@@ -227,6 +227,10 @@ bool runs_native(DType c, DType a, DType b) {
 
 }  // namespace
 
+bool matmul_widens(DType t) {
+  return t != DType::F32 && !runs_native(t, t, t);
+}
+
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha, bool accumulate) {
   if (runs_native(c.dtype, a.dtype, b.dtype)) {

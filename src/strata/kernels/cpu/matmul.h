@@ -32,6 +32,10 @@ struct MatOut {
 
 // c[b0,b1] (M,N) = alpha * a[b0,b1] (M,K) · b[b0,b1] (K,N) + (accumulate ? c : 0)
 // batch = {B0, B1}, each >= 1. With accumulate, c is read and added to (the += of backward).
+// Whether matmul widens operands of dtype t to fp32 first (half precision with no native kernel on
+// this CPU), so that a caller holding them in fp32 already saves the copy.
+bool matmul_widens(DType t);
+
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha = 1.0f, bool accumulate = false);
 
