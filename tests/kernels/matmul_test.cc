@@ -145,6 +145,24 @@ TEST(Matmul, HalfOperandsAgainstReference) {
   });
 }
 
+// A half-precision b too large to widen at once and met by few rows (a weight in a small batch)
+// is widened and multiplied in blocks of columns (a partial last block here: 320 x 3 + 140):
+// every layout, bf16 and fp16 results, += included, padding untouched.
+TEST(Matmul, HalfWeightInColumnBlocksAgainstReference) {
+  on_each_bf16_path([] {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "ta=" << ta << " tb=" << tb);
+        EXPECT_LT((matmul_error<bf16, bf16, bf16>(8, 1100, 700, 1, 1, ta, tb, 0.5f, true)),
+                  kTolBf16);
+        EXPECT_LT((matmul_error<bf16, bf16, float>(8, 1100, 700, 1, 1, ta, tb, 1.0f, true)),
+                  kTolF32);
+        EXPECT_LT((matmul_error<float, f16, f16>(8, 1100, 700, 1, 1, ta, tb, 1.0f, false)),
+                  kTolF16);
+      }
+  });
+}
+
 // The two bf16 paths compute the same bf16 GEMM with fp32 accumulation: on a linear layer's
 // forward and backward they agree within bf16 rounding (one ulp of the larger result), and the
 // widened path is the one chosen where the CPU has no bf16 dot product.
