@@ -245,8 +245,15 @@ void Supervisor::read_conn(Attempt& a, Conn& c) {
     std::string kind;
     in >> kind;
     if (kind == "hello") {
-      int attempt = 0;
-      in >> attempt >> c.rank;
+      int attempt = 0, rank = -1;
+      in >> attempt >> rank;
+      // A rank of an earlier attempt (a host that came back) has no place in this one.
+      if (attempt != a.number) {
+        shutdown(c.fd, SHUT_RDWR);
+        c.closed = true;
+        return;
+      }
+      c.rank = rank;
     } else if (kind == "beat" || kind == "step") {
       in >> c.step;
       a.last_step = std::max(a.last_step, c.step);
