@@ -18,6 +18,7 @@
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/core/safetensors.h"
+#include "tests/temp_dir_test.h"
 
 namespace strata::ckpt {
 namespace {
@@ -84,19 +85,8 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
-class HfTest : public ::testing::Test {
+class HfTest : public test::TempDirTest {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "strata_hf_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
   // Exports random tensors of m into path(name); returns them.
   Tensors export_random(const ModelConfig& m, const std::string& name, DType dtype = DType::F32) {
     const ModelSpec spec = build_model_spec(m);
@@ -104,8 +94,6 @@ class HfTest : public ::testing::Test {
     export_hf(spec, from(t), dtype, path(name));
     return t;
   }
-
-  fs::path dir_;
 };
 
 TEST(HfTensors, CoverEveryRowOfEveryParameterOnce) {

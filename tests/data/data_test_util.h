@@ -15,26 +15,13 @@
 
 #include "strata/core/check.h"
 #include "strata/data/token_dataset.h"
+#include "tests/temp_dir_test.h"
 
 namespace strata::data::test_util {
 
 namespace fs = std::filesystem;
 
-class TempDirTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "strata_data_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
-};
+using TempDirTest = strata::test::TempDirTest;
 
 inline void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -5,8 +5,8 @@
 #include <limits>
 
 #include "kernel_test_util.h"
-#include "strata/kernels/cpu/vec.h"
 #include "strata/core/check.h"
+#include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
 namespace {
@@ -145,8 +145,8 @@ TEST(CrossEntropy, DlogitsByColumnRangesEqualTheWholeRows) {
         std::copy_n(&part[size_t(n) * cols], cols, &wide[size_t(n) * V + c0]);
       }
       // In place over the columns, later ranges reading logits earlier ones left untouched.
-      ce_dlogits(in_place.data() + c0, V, in_place.data(), tgt.data(), stats.data(), N, V, c0,
-                 cols, 0, V, dloss);
+      ce_dlogits(in_place.data() + c0, V, in_place.data(), tgt.data(), stats.data(), N, V, c0, cols,
+                 0, V, dloss);
     }
     for (size_t i = 0; i < h.size(); ++i) {
       ASSERT_EQ(in_place[i].bits, whole[i].bits) << "chunk " << chunk << ", element " << i;

@@ -316,11 +316,17 @@ VocabCe vocab_parallel(const std::vector<float>& logits, std::vector<int32_t>& t
                   k * Vl, valid(k));
     for (int64_t i = 0; i < 2 * N; ++i) sums[i] += part[i];
   }
+  // The statistics the backward takes: gmax, then sums.
+  std::vector<float> stats(gmax);
+  stats.insert(stats.end(), sums.begin(), sums.end());
   VocabCe r{std::vector<float>(N), std::vector<float>(N * V)};
   for (int k = 0; k < ranks; ++k) {
     std::vector<float> losses(N);
-    vocab_ce_finish(view(losses, {N}), view(shard[k], {N, Vl}), tokens(targets), view(gmax, {N}),
-                    view(sums, {2, N}), k * Vl, valid(k), train, dloss);
+    vocab_ce_finish(view(losses, {N}), tokens(targets), view(gmax, {N}), view(sums, {2, N}));
+    if (train) {
+      ce_dlogits(view(shard[k], {N, Vl}), Vl, view(shard[k], {N, Vl}), tokens(targets),
+                 view(stats, {3, N}), 0, Vl, k * Vl, valid(k), dloss);
+    }
     if (k == 0) r.losses = losses;
     EXPECT_TRUE(test::bit_equal(losses, r.losses)) << "rank " << k;
     for (int64_t n = 0; n < N; ++n)

@@ -725,8 +725,8 @@ TEST(Config, RuntimeBlocksAndNotices) {
   EXPECT_TRUE(c.checkpoint.parallel_write_pipeline_stage);
   EXPECT_EQ(c.elasticity.micro_batch_sizes, (std::vector<int64_t>{2, 4}));
   const std::vector<std::string> notes = config_notices(c, 1);
-  for (const char* key : {"checkpoint.load_universal", "tensorboard.enabled",
-                          "csv_monitor.enabled", "wandb.enabled", "communication_data_type=fp16"}) {
+  for (const char* key : {"checkpoint.load_universal", "tensorboard.enabled", "csv_monitor.enabled",
+                          "wandb.enabled", "communication_data_type=fp16"}) {
     EXPECT_TRUE(any_contains(notes, key)) << key;
   }
   EXPECT_FALSE(any_contains(notes, "activation_checkpointing")) << "4 of the demo's 4 blocks";

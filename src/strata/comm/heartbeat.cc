@@ -161,10 +161,6 @@ void start_heartbeat(int rank, int world) {
   h.thread = std::thread(beat_loop);
 }
 
-bool heartbeat_active() {
-  return state().fd.load() >= 0;
-}
-
 void heartbeat_step(int64_t step) {
   // Each completed step is sent at once (a few bytes per step): the supervisor counts the steps a
   // failure costs and times a restart to the first step after it.

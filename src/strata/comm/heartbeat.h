@@ -24,8 +24,6 @@ namespace strata::comm {
 // when the variable is unset. Installs a SIGTERM handler that reports `term` (a launcher stopping
 // this rank, not a lost worker) before exiting. Throws InputError on a malformed address.
 void start_heartbeat(int rank, int world);
-// Whether start_heartbeat connected this process to a supervisor.
-bool heartbeat_active();
 // The step training starts from (0, or a checkpoint's), then each completed one: sent at once as
 // `step N`, and with each beat.
 void heartbeat_step(int64_t step);

@@ -149,13 +149,12 @@ void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor s
 //      (max_rows over the ranks' gathered maxima)
 //   2. sums (2, N): row 0 Σ exp(logit − gmax) over valid columns, row 1 the target's logit where
 //      this rank owns the target (else 0).                             → sum over ranks
-//   3. losses (N) = log(sumexp) + gmax − target logit (0 for ignored targets); with train,
-//      logits become dlogits (scaled by dloss) as in the serial form, padding columns 0.
+//   3. losses (N) = log(sumexp) + gmax − target logit (0 for ignored targets). For training,
+//      gmax then sums are the stats ce_dlogits takes (padding columns get 0).
 void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid);
 void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int64_t v0,
                    int64_t valid);
-void vocab_ce_finish(Tensor losses, Tensor logits, Tensor targets, Tensor gmax, Tensor sums,
-                     int64_t v0, int64_t valid, bool train, float dloss);
+void vocab_ce_finish(Tensor losses, Tensor targets, Tensor gmax, Tensor sums);
 
 // out (N) = max over k of in (K, N), fp32.
 void max_rows(Tensor out, Tensor in);

@@ -140,7 +140,7 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
     ops::max_rows(gmax, mat(ce_all_, DType::F32, tp_->size(), N_));
     ops::vocab_ce_sums(sums, logits, targets, gmax, v0, valid);
     tp_->all_reduce(f32(s.ce + N_, 2 * N_));
-    ops::vocab_ce_finish(losses, logits, targets, gmax, sums, v0, valid, false, dloss);
+    ops::vocab_ce_finish(losses, targets, gmax, sums);
   }
   return ops::sum(losses);
 }

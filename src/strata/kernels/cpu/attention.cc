@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "strata/core/check.h"
-#include "strata/core/memory.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/matmul.h"
 #include "strata/kernels/cpu/vec.h"
@@ -193,36 +192,6 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
   }
 }
 
-// Where matmul would widen half-precision operands, the products read q, k, v (and the output
-// gradient) from one fp32 copy made per call instead: matmul would copy every key and value
-// block once per query block that reads it, about T / (2·kQueryBlock) times each.
-struct WidenedInputs {
-  Buffer buf;
-  // Room for n floats (grown once, to the largest call: no allocation in a steady step).
-  float* reserve(int64_t n) {
-    if (buf.bytes() < size_t(n) * sizeof(float)) {
-      buf = Buffer(MemCategory::Workspace, size_t(n) * sizeof(float));
-    }
-    return buf.as<float>();
-  }
-  static void widen(float* out, const void* x, DType t, int64_t n) {
-    if (t == DType::BF16) {
-      widen_all(out, static_cast<const bf16*>(x), n);
-    } else {
-      widen_all(out, static_cast<const f16*>(x), n);
-    }
-  }
-  template <typename H>
-  static void widen_all(float* out, const H* in, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (parallel : n >= kParallelMinWork)
-    for (int64_t i = 0; i < n; ++i) out[i] = load(in[i]);
-  }
-};
-WidenedInputs& widened_inputs() {
-  static WidenedInputs w;
-  return w;
-}
-
 }  // namespace
 
 size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) {
@@ -231,14 +200,15 @@ size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) 
   return dscores + dkv;
 }
 
+// Where matmul would widen half-precision operands, the products read q, k, v (and the output
+// gradient) from one fp32 copy made per call instead: matmul would copy every key and value
+// block once per query block that reads it, about T / (2·kQueryBlock) times each.
 template <typename S>
 void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd) {
   constexpr DType dt = dtype_of<S>();
   if (dt != DType::F32 && matmul_widens(dt)) {
-    const int64_t n = int64_t(B) * T * Shape(B, T, NH, KVH, hd).qkv_row;
-    float* q32 = widened_inputs().reserve(n);
-    WidenedInputs::widen(q32, qkv, dt, n);
-    forward_with(out, att, static_cast<const float*>(q32), B, T, NH, KVH, hd);
+    const int64_t rows = int64_t(B) * T, qkv_row = Shape(B, T, NH, KVH, hd).qkv_row;
+    forward_with(out, att, widen_input(0, qkv, dt, rows, qkv_row), B, T, NH, KVH, hd);
   } else {
     forward_with(out, att, qkv, B, T, NH, KVH, hd);
   }
@@ -250,13 +220,9 @@ void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, co
   constexpr DType dt = dtype_of<S>();
   if (dt != DType::F32 && matmul_widens(dt)) {
     const Shape sh(B, T, NH, KVH, hd);
-    const int64_t nq = int64_t(B) * T * sh.qkv_row, no = int64_t(B) * T * sh.out_row;
-    float* q32 = widened_inputs().reserve(nq + no);
-    float* dy32 = q32 + nq;
-    WidenedInputs::widen(q32, qkv, dt, nq);
-    WidenedInputs::widen(dy32, dout, dt, no);
-    backward_with(dqkv, scratch, static_cast<const float*>(dy32), static_cast<const float*>(q32),
-                  att, B, T, NH, KVH, hd);
+    const int64_t rows = int64_t(B) * T;
+    backward_with(dqkv, scratch, widen_input(1, dout, dt, rows, sh.out_row),
+                  widen_input(0, qkv, dt, rows, sh.qkv_row), att, B, T, NH, KVH, hd);
   } else {
     backward_with(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hd);
   }

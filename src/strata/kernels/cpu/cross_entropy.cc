@@ -143,18 +143,11 @@ void vocab_ce_sums(float* sums, const S* logits, const int32_t* targets, const f
   }
 }
 
-template <typename S>
-void vocab_ce_finish(float* losses, S* logits, const int32_t* targets, const float* gmax,
-                     const float* sums, int N, int V, int64_t v0, int valid, bool train,
-                     float dloss) {
+void vocab_ce_finish(float* losses, const int32_t* targets, const float* gmax, const float* sums,
+                     int N) {
   for (int n = 0; n < N; ++n) {
     losses[n] = targets[n] < 0 ? 0.0f : std::log(sums[n]) + gmax[n] - sums[N + n];
   }
-  if (!train) return;
-  std::vector<float> stats(size_t(3) * size_t(N));
-  std::copy(gmax, gmax + N, stats.begin());
-  std::copy(sums, sums + 2 * N, stats.begin() + N);
-  ce_dlogits(logits, V, logits, targets, stats.data(), N, V, 0, V, v0, valid, dloss);
 }
 
 void max_rows(float* out, const float* in, int K, int64_t N) {
@@ -172,8 +165,6 @@ void max_rows(float* out, const float* in, int K, int64_t N) {
   template void vocab_ce_max<S>(float*, const S*, int, int, int);                               \
   template void vocab_ce_sums<S>(float*, const S*, const int32_t*, const float*, int, int,      \
                                  int64_t, int);                                                 \
-  template void vocab_ce_finish<S>(float*, S*, const int32_t*, const float*, const float*, int, \
-                                   int, int64_t, int, bool, float);                             \
   template void cross_entropy_stats<S>(float*, float*, const S*, const int32_t*, int, int);     \
   template void ce_dlogits<S, S>(S*, int64_t, const S*, const int32_t*, const float*, int, int, \
                                  int64_t, int64_t, int64_t, int, float);

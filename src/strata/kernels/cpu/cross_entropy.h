@@ -47,12 +47,9 @@ template <typename S>
 void vocab_ce_sums(float* sums, const S* logits, const int32_t* targets, const float* gmax, int N,
                    int V, int64_t v0, int valid);
 // 3. With sums summed over ranks: losses (N) = log(sumexp) + gmax − target logit (0 for ignored
-// targets); with train, logits become dlogits = (softmax − onehot) · dloss, padding columns and
-// ignored rows 0.
-template <typename S>
-void vocab_ce_finish(float* losses, S* logits, const int32_t* targets, const float* gmax,
-                     const float* sums, int N, int V, int64_t v0, int valid, bool train,
-                     float dloss);
+// targets). gmax then sums are the statistics ce_dlogits takes for training.
+void vocab_ce_finish(float* losses, const int32_t* targets, const float* gmax, const float* sums,
+                     int N);
 
 // out (N) = max over k of in (K,N): the maximum over ranks of gathered row maxima.
 void max_rows(float* out, const float* in, int K, int64_t N);

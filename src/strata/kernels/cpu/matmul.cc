@@ -138,11 +138,14 @@ void run_native(const MatOut& c, const MatOperand& a, const MatOperand& b, int64
   cpu_stream().wait();
 }
 
+const int64_t kNoBatch[2] = {1, 1};
+
 // Workspace for widening half-precision operands to fp32 where the CPU has no native kernel.
 // Grows to the largest shape seen (the first step), then is reused.
 struct Widen {
   Buffer a, b, c;
-  Buffer dout;  // linear_backward: dout widened once for both of its products
+  Buffer dout;       // linear_backward: dout widened once for both of its products
+  Buffer inputs[2];  // widen_input's slots
 };
 Widen& widen_buffers() {
   static Widen w;
@@ -244,6 +247,13 @@ bool matmul_widens(DType t) {
   return t != DType::F32 && !runs_native(t, t, t);
 }
 
+const float* widen_input(int slot, const void* src, DType t, int64_t rows, int64_t cols) {
+  STRATA_CHECK(slot == 0 || slot == 1, "widen_input: slot ", slot, " is not 0 or 1");
+  float* dst = reserve(widen_buffers().inputs[slot], size_t(rows * cols));
+  widen(dst, {src, t, cols, 1}, rows, cols, kNoBatch);
+  return dst;
+}
+
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha, bool accumulate) {
   if (runs_native(c.dtype, a.dtype, b.dtype)) {
@@ -287,10 +297,6 @@ void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t 
   } else {
     narrow_out<f16>(c, d, M, N, batch);
   }
-}
-
-namespace {
-const int64_t kNoBatch[2] = {1, 1};
 }
 
 template <typename T>

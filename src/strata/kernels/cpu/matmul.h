@@ -36,6 +36,11 @@ struct MatOut {
 // this CPU), so that a caller holding them in fp32 already saves the copy.
 bool matmul_widens(DType t);
 
+// A dense (rows, cols) bf16 or fp16 matrix widened to fp32 in the workspace's input slot `slot`
+// (0 or 1; valid until that slot's next use), for a caller whose products would otherwise widen
+// the same operand blocks many times over.
+const float* widen_input(int slot, const void* src, DType t, int64_t rows, int64_t cols);
+
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha = 1.0f, bool accumulate = false);
 
