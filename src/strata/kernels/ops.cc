@@ -218,8 +218,8 @@ void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g) {
                   g.accumulate);
 }
 
-bool gemm_widens(DType t) {
-  return kernels::matmul_widens(t);
+bool gemm_widens(DType t, int64_t rows) {
+  return kernels::matmul_widens(t, rows);
 }
 
 namespace {

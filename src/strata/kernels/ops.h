@@ -57,9 +57,10 @@ struct Gemm {
   bool accumulate = false;
 };
 void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g);
-// Whether gemm converts operands of dtype t to fp32 first (half precision where this CPU has no
-// native kernel): a caller that can produce them in fp32 directly saves that pass.
-bool gemm_widens(DType t);
+// Whether a gemm of `rows` rows converts operands of dtype t into an fp32 copy first (half
+// precision where this CPU has no native kernel, in a product too small to widen them as it
+// packs): a caller that can produce them in fp32 directly saves that pass.
+bool gemm_widens(DType t, int64_t rows);
 
 // y (M, N) = x (M, K) · wᵀ (w: (N, K)) + b (N, optional).
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);

@@ -227,13 +227,15 @@ void TransformerImpl::layout() {
   norm_scratch_ = static_cast<float*>(wk(int64_t(ops::norm_backward_scratch_floats(N, C)), f4));
   att_scratch_ = static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(ash_)), f4));
   if (has_head_ && tp_->size() > 1) ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
-  widen_dlogits_ = has_head_ && ops::gemm_widens(pt_);
-  if (widen_dlogits_) {
-    int64_t rows = 0;
+  if (has_head_) {
+    // Each unit's dlogits feed two products: of N rows (dlnf) and of the unit's rows (dW).
+    int64_t rows = 0, fewest = N;
     for (int u : output_units()) {
-      rows = std::max(rows, spec_.units[size_t(u)].row_end - spec_.units[size_t(u)].row_begin);
+      const int64_t r = spec_.units[size_t(u)].row_end - spec_.units[size_t(u)].row_begin;
+      rows = std::max(rows, r), fewest = std::min(fewest, r);
     }
-    dlogits32_ = static_cast<float*>(wk(N * rows, f4));
+    widen_dlogits_ = ops::gemm_widens(pt_, fewest);
+    if (widen_dlogits_) dlogits32_ = static_cast<float*>(wk(N * rows, f4));
   }
   int64_t largest = 0;
   for (const std::vector<Partial>& p : partials_) {

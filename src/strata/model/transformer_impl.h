@@ -274,9 +274,9 @@ class TransformerImpl final : public Transformer {
   float* dlnf32_ = nullptr;                 // (N, C) fp32 output gradient of the final norm
   float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;
   float* ce_all_ = nullptr;  // (tp, N) the ranks' row maxima
-  // Where gemm would widen bf16/fp16 dlogits to fp32 (both products of each vocabulary unit),
-  // the backward writes them in fp32 here instead, (N, the largest unit's rows): the same values
-  // without two conversion passes over N·Vl elements.
+  // Where gemm would copy bf16/fp16 dlogits into fp32 (either product of a vocabulary unit too
+  // small to widen them as it packs), the backward writes them in fp32 here instead, (N, the
+  // largest unit's rows): the same values without conversion passes over N·Vl elements.
   bool widen_dlogits_ = false;
   float* dlogits32_ = nullptr;
   void* scratch_ = nullptr;  // (largest unit) gradients of partial parameters, grad dtype

@@ -15,6 +15,7 @@
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/kernels/cpu/elementwise.h"
+#include "strata/kernels/cpu/pack_gemm.h"
 #include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
@@ -151,10 +152,6 @@ Widen& widen_buffers() {
   static Widen w;
   return w;
 }
-float* reserve(Buffer& buf, size_t elems) {
-  if (buf.bytes() < elems * sizeof(float)) buf = Buffer(MemCategory::Workspace, elems * 4);
-  return buf.as<float>();
-}
 
 // dst (B0·B1, lines, len) fp32 = src[b0,b1] line l, element j at
 // b0·bstride[0] + b1·bstride[1] + l·line_stride + j·elem_stride.
@@ -241,15 +238,24 @@ int64_t column_block(DType t, int64_t M, int64_t K, int64_t N, int64_t nb) {
   return cols >= N ? N : cols;
 }
 
+// Whether a product that is not native runs on pack_gemm (widening as it packs) rather than
+// widening whole operands into the workspace for oneDNN's sgemm. pack_gemm packs b's block once
+// per call and amortises it over a's rows; below kPackMinRows rows that packing costs more than
+// the workspace copies (measured at M = 256: 20% slower than widening for oneDNN).
+constexpr int64_t kPackMinRows = 512;
+bool packs(int64_t M, int64_t N, int64_t K, int64_t nb) {
+  return nb == 1 && M >= kPackMinRows && N > 0 && K > 0 && !pack_gemm_kernels().empty();
+}
+
 }  // namespace
 
-bool matmul_widens(DType t) {
-  return t != DType::F32 && !runs_native(t, t, t);
+bool matmul_widens(DType t, int64_t rows) {
+  return t != DType::F32 && !runs_native(t, t, t) && !(rows > 0 && packs(rows, 1, 1, 1));
 }
 
 const float* widen_input(int slot, const void* src, DType t, int64_t rows, int64_t cols) {
   STRATA_CHECK(slot == 0 || slot == 1, "widen_input: slot ", slot, " is not 0 or 1");
-  float* dst = reserve(widen_buffers().inputs[slot], size_t(rows * cols));
+  float* dst = reserve_floats(widen_buffers().inputs[slot], rows * cols);
   widen(dst, {src, t, cols, 1}, rows, cols, kNoBatch);
   return dst;
 }
@@ -261,9 +267,13 @@ void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t 
     return;
   }
   int64_t nb = batch[0] * batch[1];
+  if (packs(M, N, K, nb)) {
+    pack_gemm(c, a, b, M, N, K, alpha, accumulate);
+    return;
+  }
   Widen& w = widen_buffers();
   MatOperand wa = a, wb = b;
-  if (a.dtype != DType::F32) wa = widen(reserve(w.a, size_t(nb * M * K)), a, M, K, batch);
+  if (a.dtype != DType::F32) wa = widen(reserve_floats(w.a, nb * M * K), a, M, K, batch);
   const int64_t nc = column_block(b.dtype, M, K, N, nb);
   if (nc < N) {
     // b (a weight, typically) by blocks of columns, each widened while the GEMM that reads it
@@ -280,12 +290,12 @@ void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t 
     }
     return;
   }
-  if (b.dtype != DType::F32) wb = widen(reserve(w.b, size_t(nb * K * N)), b, K, N, batch);
+  if (b.dtype != DType::F32) wb = widen(reserve_floats(w.b, nb * K * N), b, K, N, batch);
   if (c.dtype == DType::F32) {
     run_native(c, wa, wb, M, N, K, batch, alpha, accumulate);
     return;
   }
-  float* d = reserve(w.c, size_t(nb * M * N));
+  float* d = reserve_floats(w.c, nb * M * N);
   MatOut wc{d, DType::F32, N, {batch[1] * M * N, M * N}};
   if (accumulate) {
     MatOperand cur{c.ptr, c.dtype, c.row_stride, 1, {c.batch_stride[0], c.batch_stride[1]}};
@@ -309,15 +319,16 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
 
 namespace {
 
-// dout (M,N) as the two products of the linear backward read it: where half operands would be
-// widened by each product, widened once here instead. Every form of the backward (fused or
-// split) reads it through this, so they run the same products on the same operands.
+// dout (M,N) as the two products of the linear backward (rows M and N) read it: where half
+// operands would be widened into the workspace by each product, widened once here instead (not
+// where both products widen it as they pack). Every form of the backward (fused or split) reads
+// it through this, so they run the same products on the same operands.
 template <typename T>
-MatOperand linear_dout(const T* dout, int64_t M, int64_t N) {
+MatOperand linear_dout(const T* dout, int64_t M, int64_t K, int64_t N) {
   constexpr DType t = dtype_of<T>();
   MatOperand dy{dout, t, N, 1};
-  if (t != DType::F32 && !runs_native(t, t, t)) {
-    dy = widen(reserve(widen_buffers().dout, size_t(M * N)), dy, M, N, kNoBatch);
+  if (t != DType::F32 && !runs_native(t, t, t) && !(packs(M, K, N, 1) && packs(N, K, M, 1))) {
+    dy = widen(reserve_floats(widen_buffers().dout, M * N), dy, M, N, kNoBatch);
   }
   return dy;
 }
@@ -364,7 +375,7 @@ void linear_dbias(G* dbias, const T* dout, int64_t M, int64_t N) {
 template <typename T, typename G>
 void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t M, int64_t K, int64_t N) {
-  const MatOperand dy = linear_dout(dout, M, N);
+  const MatOperand dy = linear_dout(dout, M, K, N);
   if (dinp != nullptr) linear_dinp(dinp, dy, weight, M, K, N, false);
   linear_dweight(dweight, dy, inp, M, K, N);
   if (dbias != nullptr) linear_dbias(dbias, dout, M, N);
@@ -373,13 +384,13 @@ void linear_backward(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
 template <typename T>
 void linear_backward_input(T* dinp, const T* dout, const T* weight, int64_t M, int64_t K, int64_t N,
                            bool accumulate) {
-  linear_dinp(dinp, linear_dout(dout, M, N), weight, M, K, N, accumulate);
+  linear_dinp(dinp, linear_dout(dout, M, K, N), weight, M, K, N, accumulate);
 }
 
 template <typename T, typename G>
 void linear_backward_weight(G* dweight, G* dbias, const T* dout, const T* inp, int64_t M, int64_t K,
                             int64_t N) {
-  if (dweight != nullptr) linear_dweight(dweight, linear_dout(dout, M, N), inp, M, K, N);
+  if (dweight != nullptr) linear_dweight(dweight, linear_dout(dout, M, K, N), inp, M, K, N);
   if (dbias != nullptr) linear_dbias(dbias, dout, M, N);
 }
 

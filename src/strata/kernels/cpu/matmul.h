@@ -1,8 +1,10 @@
 // Matrix multiply on the CPU through oneDNN. Primitives are created once per shape and cached;
 // executing one allocates nothing. Operands and result may each be fp32, bf16 or fp16. Two bf16
 // operands run on oneDNN's bf16 kernels where the CPU has a bf16 dot product (cpu_features.h);
-// anything else (no such instructions, fp16, mixed operand types) is widened to fp32 in a cached
-// workspace and multiplied in fp32, so results are the same up to accumulation order.
+// anything else (no such instructions, fp16, mixed operand types) is multiplied in fp32 on
+// exactly widened operands: on pack_gemm (pack_gemm.h), which widens while it packs, for
+// unbatched products of many rows; else widened into a cached workspace for oneDNN's sgemm.
+// Results are the same up to accumulation order.
 // Not reentrant: calls from several threads at once share the cached plans and workspace.
 #pragma once
 
@@ -30,17 +32,18 @@ struct MatOut {
   int64_t batch_stride[2] = {0, 0};
 };
 
-// c[b0,b1] (M,N) = alpha * a[b0,b1] (M,K) · b[b0,b1] (K,N) + (accumulate ? c : 0)
-// batch = {B0, B1}, each >= 1. With accumulate, c is read and added to (the += of backward).
-// Whether matmul widens operands of dtype t to fp32 first (half precision with no native kernel on
-// this CPU), so that a caller holding them in fp32 already saves the copy.
-bool matmul_widens(DType t);
+// Whether a product of `rows` rows (0: a batched product) widens its operands of dtype t into a
+// workspace copy first: half precision with no native kernel on this CPU, in a product batched or
+// too small for pack_gemm. A caller holding them in fp32 already saves that copy.
+bool matmul_widens(DType t, int64_t rows = 0);
 
 // A dense (rows, cols) bf16 or fp16 matrix widened to fp32 in the workspace's input slot `slot`
 // (0 or 1; valid until that slot's next use), for a caller whose products would otherwise widen
 // the same operand blocks many times over.
 const float* widen_input(int slot, const void* src, DType t, int64_t rows, int64_t cols);
 
+// c[b0,b1] (M,N) = alpha * a[b0,b1] (M,K) · b[b0,b1] (K,N) + (accumulate ? c : 0)
+// batch = {B0, B1}, each >= 1. With accumulate, c is read and added to (the += of backward).
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha = 1.0f, bool accumulate = false);
 
