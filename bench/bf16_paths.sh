@@ -5,7 +5,8 @@
 # this CPU runs; then the same with oneDNN held to AVX2 (DNNL_MAX_CPU_ISA=AVX2), as on a CPU with
 # AVX2 only. (2) Whole training steps, fp32, bf16 on the detected path and bf16 forced onto the
 # widened path (STRATA_BF16_MATMUL=widened, what a CPU without a bf16 dot product runs), in turn
-# ROUNDS times; the summary gives medians over the rounds and bf16 / fp32.
+# ROUNDS times; the summary gives medians over the rounds and bf16 / fp32. BEFORE=/path/to/strata
+# adds a fourth run, that binary's bf16 on the widened path (an earlier commit, for an A/B).
 #
 #   bench/bf16_paths.sh | tee bench/results_bf16_$(date +%F).txt
 #   ROUNDS=1 STEPS=2 bench/bf16_paths.sh
@@ -37,10 +38,11 @@ for model in "bench-23M" "gpt2-124M -b 4 -t 64"; do
   echo "## $model: fp32, bf16 (detected path), bf16 widened; $rounds rounds of $steps steps"
   declare -A t=()
   for r in $(seq "$rounds"); do
-    for run in fp32 bf16 widened; do
-      dt=$run path=
+    for run in fp32 bf16 widened ${BEFORE:+before}; do
+      dt=$run path= bin=$strata
       [ "$run" = widened ] && dt=bf16 path=widened
-      out=$(STRATA_BF16_MATMUL=$path "$strata" bench --model $model --dtype "$dt" \
+      [ "$run" = before ] && dt=bf16 path=widened bin=$BEFORE
+      out=$(STRATA_BF16_MATMUL=$path "$bin" bench --model $model --dtype "$dt" \
         --steps "$steps" 2>&1 | grep -E '^(bench model|cpu|MFU)')
       echo "# round $r, $run"
       echo "$out"
@@ -51,5 +53,10 @@ for model in "bench-23M" "gpt2-124M -b 4 -t 64"; do
   echo "summary $model: median step fp32 ${f}s, bf16 ${b}s, bf16 widened ${w}s;" \
     "bf16 speed / fp32: $(awk -v f="$f" -v b="$b" 'BEGIN { printf "%.2f", f / b }')," \
     "widened: $(awk -v f="$f" -v b="$w" 'BEGIN { printf "%.2f", f / b }')"
+  if [ -n "${BEFORE:-}" ]; then
+    o=$(median <<<"${t[before]}")
+    echo "summary $model: before ($BEFORE) bf16 widened ${o}s, / fp32:" \
+      "$(awk -v f="$f" -v b="$o" 'BEGIN { printf "%.2f", f / b }')"
+  fi
   unset t
 done
