@@ -241,7 +241,8 @@ int64_t column_block(DType t, int64_t M, int64_t K, int64_t N, int64_t nb) {
 // Whether a product that is not native runs on pack_gemm (widening as it packs) rather than
 // widening whole operands into the workspace for oneDNN's sgemm. pack_gemm packs b's block once
 // per call and amortises it over a's rows; below kPackMinRows rows that packing costs more than
-// the workspace copies (measured at M = 256: 20% slower than widening for oneDNN).
+// the workspace copies (bench/gemm_paths at M = 256, gpt2-124M's shapes: 166-201 GFLOP/s against
+// 189-202; at M = 512, 170-196 against 137-179).
 constexpr int64_t kPackMinRows = 512;
 bool packs(int64_t M, int64_t N, int64_t K, int64_t nb) {
   return nb == 1 && M >= kPackMinRows && N > 0 && K > 0 && !pack_gemm_kernels().empty();
