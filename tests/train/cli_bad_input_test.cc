@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "strata/data/llmc_shard.h"
+#include "strata/kernels/cpu/cpu_features.h"
 #include "strata/train/config.h"
 #include "tests/train/bad_configs.h"
 
@@ -162,6 +163,30 @@ TEST_F(CliInputTest, FileErrorsExitTwoWithoutASourceLocation) {
   EXPECT_TRUE(contains(locked.err, "cannot read the config file")) << locked.err;
   EXPECT_TRUE(contains(locked.err, "Permission denied")) << locked.err;
   EXPECT_FALSE(contains(locked.err, ".cc:")) << locked.err;
+}
+
+// STRATA_BF16_MATMUL names a path this build knows and this CPU has: anything else, and "native"
+// on a CPU where oneDNN has no bf16 matmul (AVX2 only), exits 2 saying what to use instead.
+TEST_F(CliInputTest, Bf16PathVariableExitsTwoUnlessThisCpuHasThePath) {
+  write("tiny.json", R"({"train_micro_batch_size_per_gpu": 1, "steps_per_print": 0,
+      "model": {"preset": "gpt2-tiny"}})");
+  ::setenv("STRATA_BF16_MATMUL", "fastest", 1);
+  const Result bogus = train("tiny.json", "--data '" + dir_ + "/tokens.bin'");
+  ::setenv("STRATA_BF16_MATMUL", "native", 1);
+  const Result native = train("tiny.json", "--data '" + dir_ + "/tokens.bin'");
+  ::unsetenv("STRATA_BF16_MATMUL");
+  EXPECT_EQ(bogus.code, 2) << bogus.err;
+  EXPECT_TRUE(contains(bogus.err, "STRATA_BF16_MATMUL=fastest is not a bf16 matmul path"))
+      << bogus.err;
+  EXPECT_FALSE(contains(bogus.err, ".cc:")) << bogus.err;
+  if (kernels::cpu_features().onednn_bf16()) {
+    EXPECT_EQ(native.code, 0) << native.err;
+  } else {
+    EXPECT_EQ(native.code, 2) << native.err;
+    EXPECT_TRUE(contains(native.err, "oneDNN has no bf16 matmul on this CPU")) << native.err;
+    EXPECT_TRUE(contains(native.err, "use widened")) << native.err;
+    EXPECT_FALSE(contains(native.err, ".cc:")) << native.err;
+  }
 }
 
 // 12·hidden² = 5·10^13 parameters: 192 TiB of fp32, more than any address space holds, so the

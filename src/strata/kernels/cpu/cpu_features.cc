@@ -84,7 +84,14 @@ CpuFeatures detect() {
 
 Bf16Matmul initial_path() {
   if (const char* env = std::getenv("STRATA_BF16_MATMUL"); env != nullptr && *env != '\0') {
-    if (std::strcmp(env, "native") == 0) return Bf16Matmul::Native;
+    if (std::strcmp(env, "native") == 0) {
+      if (!cpu_features().onednn_bf16()) {
+        STRATA_INPUT_FAIL("STRATA_BF16_MATMUL=native: oneDNN has no bf16 matmul on this CPU ",
+                          "(oneDNN ISA ", cpu_features().onednn_isa,
+                          "); use widened, or leave it unset to detect the CPU");
+      }
+      return Bf16Matmul::Native;
+    }
     if (std::strcmp(env, "widened") == 0) return Bf16Matmul::Widened;
     STRATA_INPUT_FAIL("STRATA_BF16_MATMUL=", env,
                       " is not a bf16 matmul path; use native, widened, or leave it unset to "
@@ -103,6 +110,10 @@ std::atomic<int>& forced_path() {
 bool CpuFeatures::native_bf16() const {
   return (avx512_bf16 || amx_bf16) &&
          (onednn_isa == "avx512_core_bf16" || onednn_isa == "avx512_core_amx");
+}
+
+bool CpuFeatures::onednn_bf16() const {
+  return onednn_isa.rfind("avx512_core", 0) == 0;
 }
 
 std::string CpuFeatures::flags() const {
@@ -133,7 +144,14 @@ Bf16Matmul bf16_matmul_path() {
   return forced < 0 ? detected : Bf16Matmul(forced);
 }
 
+std::vector<Bf16Matmul> bf16_matmul_paths() {
+  if (!cpu_features().onednn_bf16()) return {Bf16Matmul::Widened};
+  return {Bf16Matmul::Native, Bf16Matmul::Widened};
+}
+
 void set_bf16_matmul_path(Bf16Matmul path) {
+  STRATA_CHECK(path == Bf16Matmul::Widened || cpu_features().onednn_bf16(),
+               "no native bf16 matmul on this CPU (oneDNN ISA ", cpu_features().onednn_isa, ")");
   forced_path().store(int(path), std::memory_order_relaxed);
 }
 

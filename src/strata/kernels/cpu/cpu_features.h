@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace strata::kernels {
 
@@ -15,6 +16,9 @@ struct CpuFeatures {
   // A bf16 dot product the CPU has and oneDNN dispatches to (AMX also needs the OS's consent,
   // which oneDNN's effective ISA reflects).
   bool native_bf16() const;
+  // oneDNN 2.6 builds a bf16 matmul at all (natively or emulated): from AVX-512 on; on a CPU
+  // with AVX2 only it has none, and bf16 products can only be widened.
+  bool onednn_bf16() const;
   // The flags above that are present, space-separated ("avx2 fma avx512f ...").
   std::string flags() const;
 };
@@ -28,9 +32,12 @@ const CpuFeatures& cpu_features();
 enum class Bf16Matmul { Native, Widened };
 
 // Detected once; STRATA_BF16_MATMUL=native|widened in the environment overrides the detection
-// (to measure or test either path on any CPU).
+// (to measure or test either path on any CPU that has it).
 Bf16Matmul bf16_matmul_path();
-// Forces a path for this process from now on (tests); later matmuls follow it.
+// The paths this CPU can run: Widened always, Native where oneDNN builds a bf16 matmul.
+std::vector<Bf16Matmul> bf16_matmul_paths();
+// Forces a path of bf16_matmul_paths() for this process from now on (tests); later matmuls follow
+// it.
 void set_bf16_matmul_path(Bf16Matmul path);
 const char* bf16_matmul_path_name(Bf16Matmul path);
 // One line for logs and results files: model, flags, oneDNN ISA, bf16 path and why.
