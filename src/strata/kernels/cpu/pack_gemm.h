@@ -5,11 +5,11 @@
 // passes over memory made bf16 slower than fp32 there. The math is the same: products of
 // exactly widened operands, accumulated in fp32, rounded once.
 //
-// Blocking follows BLIS (Goto's algorithm): columns in blocks of NC, depth in blocks of KC, b's
-// block packed once and shared by the threads, each thread packing its own rows of a by MC. Each
-// element is the fp32 sum of its K products in k order, in blocks of KC, whatever the shape,
-// position or thread count: a product split by rows or columns (data, tensor or sequence
-// parallel) gives the same bits in every piece.
+// Blocking follows BLIS (Goto's algorithm): columns in blocks, depth in blocks of KC, rows in
+// blocks of MC. The threads split the rows and run without a barrier: each packs its own blocks
+// of b (NC / threads columns) as well as its rows of a. Each element is the fp32 sum of its K
+// products in k order, in blocks of KC, whatever the shape, position or thread count: a product
+// split by rows or columns (data, tensor or sequence parallel) gives the same bits in every piece.
 #pragma once
 
 #include <cstdint>
