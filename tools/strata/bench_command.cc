@@ -123,6 +123,8 @@ Bubble pipeline_bubble(const Engine& engine, const Config& cfg) {
 void run_bench(const BenchArgs& a) {
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = world == 1 || comm::world_rank() == 0;
+  // A bad STRATA_BF16_MATMUL is an input error on every rank before anything is built.
+  kernels::bf16_matmul_path();
   const comm::RankGrid grid(world, a.tensor, a.pipeline);
   std::unique_ptr<comm::ProcessGroups> groups;
   if (world > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);

@@ -194,6 +194,8 @@ void run_train(const TrainArgs& a) {
   const bool rank0 = !comm::initialized() || comm::world_rank() == 0;
   split_cores_between_local_ranks();
   comm::start_heartbeat(comm::initialized() ? comm::world_rank() : 0, world);
+  // A bad STRATA_BF16_MATMUL is an input error on every rank before anything is built.
+  kernels::bf16_matmul_path();
   std::vector<std::string> overrides = a.overrides;
   if (a.steps >= 0) overrides.push_back("train.steps=" + std::to_string(a.steps));
   if (!a.run_dir.empty()) overrides.push_back("train.run_dir=\"" + a.run_dir + "\"");

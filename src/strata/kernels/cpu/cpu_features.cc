@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -150,8 +151,10 @@ std::vector<Bf16Matmul> bf16_matmul_paths() {
 }
 
 void set_bf16_matmul_path(Bf16Matmul path) {
-  STRATA_CHECK(path == Bf16Matmul::Widened || cpu_features().onednn_bf16(),
-               "no native bf16 matmul on this CPU (oneDNN ISA ", cpu_features().onednn_isa, ")");
+  const std::vector<Bf16Matmul> paths = bf16_matmul_paths();
+  STRATA_CHECK(std::find(paths.begin(), paths.end(), path) != paths.end(), "no ",
+               bf16_matmul_path_name(path), " bf16 matmul on this CPU (oneDNN ISA ",
+               cpu_features().onednn_isa, ")");
   forced_path().store(int(path), std::memory_order_relaxed);
 }
 
