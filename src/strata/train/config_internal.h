@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/core/text.h"
 #include "strata/train/config.h"
 
 namespace strata::config_detail {
@@ -28,13 +29,10 @@ const Keys& keys_of(std::string_view path);  // the block at `path` must exist i
 
 // ---- messages ----
 
-std::string lower(std::string_view s);
-
-// Edit distance (optimal string alignment, case-insensitive): insertion, deletion, substitution
-// and transposition of adjacent characters each cost 1.
-size_t edit_distance(std::string_view a, std::string_view b);
-// The candidate nearest to `word` by edit distance; "" when there are none.
-std::string nearest(std::string_view word, const Keys& candidates);
+// lower, edit_distance and nearest: core/text.h.
+using strata::edit_distance;
+using strata::lower;
+using strata::nearest;
 // A value as the user wrote it (JSON), shortened for a message.
 std::string show(const json& v);
 std::string join_path(std::string_view parent, std::string_view key);
