@@ -47,6 +47,18 @@ TEST(HfTokenizerTest, Gpt2PatternSplitsContractionsDigitsAndSpaces) {
   EXPECT_EQ(encode(*tok, "   x"), (std::vector<int32_t>{sp_sp, ' ', 'x'}));
 }
 
+TEST(HfTokenizerTest, SpacesAreUnicodeWhiteSpaceAsInOniguruma) {
+  // U+180E is no White_Space (Unicode 6.3): after a combining mark it stays in the same
+  // pre-token (" ?[^\s\p{L}\p{N}]+"), so a merge across the two characters applies.
+  Builder b;
+  const int across = b.merge(test_util::byte_char(0xA8), test_util::byte_char(0xE1));
+  const auto tok = b.tokenizer();
+  EXPECT_EQ(encode(*tok, "\xcc\xa8\xe1\xa0\x8e"), (std::vector<int32_t>{0xCC, across, 0xA0, 0x8E}));
+  // U+3000 is White_Space: its own pre-token, no merge into it.
+  const int sp = b.merge(test_util::byte_char(0xA8), test_util::byte_char(0xE3));
+  EXPECT_EQ(encode(*b.tokenizer(), "\xcc\xa8\xe3\x80\x80").size(), 5u) << sp;
+}
+
 TEST(HfTokenizerTest, MergePairFormEqualsStringForm) {
   Builder a;
   a.merge("h", "i");

@@ -137,15 +137,44 @@ struct Pcre2Code {
   }
 };
 
+// Oniguruma's \s (what `tokenizers` runs) is Unicode's White_Space; PCRE2's, with UCP, also takes
+// U+180E (MONGOLIAN VOWEL SEPARATOR, no longer a space since Unicode 6.3), which would split
+// "\u0328\u180e" where `tokenizers` does not. \s and \S become White_Space, inside classes too;
+// \Q...\E stays literal.
+std::string onig_spaces(std::string_view p) {
+  std::string out;
+  out.reserve(p.size() + 32);
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] != '\\' || i + 1 == p.size()) {
+      out.push_back(p[i]);
+      continue;
+    }
+    const char c = p[++i];
+    if (c == 's' || c == 'S') {
+      out += c == 's' ? "\\p{White_Space}" : "\\P{White_Space}";
+    } else if (c == 'Q') {
+      const size_t end = p.find("\\E", i + 1);
+      const size_t stop = end == std::string_view::npos ? p.size() : end + 2;
+      out.append(p.substr(i - 1, stop - (i - 1)));
+      i = stop - 1;
+    } else {
+      out.push_back('\\');
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 std::unique_ptr<Pcre2Code> compile_regex(std::string_view pattern, bool literal,
                                          const std::string& where) {
   auto r = std::make_unique<Pcre2Code>();
   r->pattern = std::string(pattern);
+  const std::string compiled = literal ? std::string(pattern) : onig_spaces(pattern);
   int err = 0;
   PCRE2_SIZE offset = 0;
   const uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-  r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err,
-                          &offset, nullptr);
+  r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(), opts,
+                          &err, &offset, nullptr);
   if (!r->code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
