@@ -1,6 +1,7 @@
 // strata: the command line. Exit codes: 0 success, 2 usage or configuration error (bad config,
 // data file or command line), 1 runtime failure. Under mpirun (or srun) every process runs the
-// same command; a failure on any rank aborts the whole job with a message naming the rank.
+// same command; a failure on any rank aborts the whole job with a message naming the rank, except
+// an input error that every rank hits: it is printed once and each rank exits 2.
 #include <dnnl.h>
 #include <mpi.h>
 
@@ -28,9 +29,17 @@ bool launched_by_mpi() {
   return false;
 }
 
+// How long the ranks of a job that hit an input error wait for each other before the job is
+// aborted: every rank reads the config and the command line within moments of the others.
+constexpr double kInputErrorWaitSeconds = 5.0;
+
 int fail(int code, const char* kind, const char* what) {
   strata::comm::heartbeat_fatal(code, std::string(kind) + what);
   if (strata::comm::initialized() && strata::comm::world_size() > 1) {
+    if (code == 2) {  // bad input: printed once when every rank has it, no MPI_Abort
+      strata::comm::end_job_on_input_error(code, std::string(kind) + what, kInputErrorWaitSeconds);
+      return code;
+    }
     strata::comm::abort_job(code, std::string(kind) + what);  // never returns
   }
   std::fprintf(stderr, "strata: %s%s\n", kind, what);
