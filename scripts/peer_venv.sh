@@ -18,9 +18,11 @@ if command -v flock >/dev/null; then
 fi
 
 if [ ! -x "$venv/bin/python" ]; then
+  existed=no
+  [ -e "$venv" ] && existed=yes
   if ! python3 -m venv "$venv" >&2; then
     echo "peer_venv.sh: cannot create the venv $venv (is python3-venv installed?)" >&2
-    rm -rf "$venv"
+    [ $existed = yes ] || rm -rf "$venv"  # only what this run made
     exit 77
   fi
 fi

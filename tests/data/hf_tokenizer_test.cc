@@ -130,6 +130,24 @@ TEST(HfTokenizerTest, Llama3StyleSplitByteLevelAndTemplate) {
   EXPECT_EQ(encode(*tok, "1234"), (std::vector<int32_t>{d12, '3', '4'}));
 }
 
+// A String pattern is literal ("." is a dot), and Removed drops what it matches; the pieces
+// around it are BPE'd apart. The expected ids are what tokenizers 0.23 gives for the same file.
+TEST(HfTokenizerTest, SplitStringPatternRemoved) {
+  Builder b;
+  const int ab = b.merge("a", "b");
+  b.pre = {{"type", "Sequence"},
+           {"pretokenizers",
+            {{{"type", "Split"},
+              {"pattern", {{"String", "."}}},
+              {"behavior", "Removed"},
+              {"invert", false}},
+             {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  const auto tok = b.tokenizer();
+  EXPECT_EQ(encode(*tok, "a.b"), (std::vector<int32_t>{'a', 'b'}));
+  EXPECT_EQ(encode(*tok, "ab.x"), (std::vector<int32_t>{ab, 'x'}));
+  EXPECT_EQ(encode(*tok, "axb"), (std::vector<int32_t>{'a', 'x', 'b'}));
+}
+
 TEST(HfTokenizerTest, IgnoreMergesTakesWholeWords) {
   Builder b;
   b.merge("a", "b");
@@ -139,6 +157,29 @@ TEST(HfTokenizerTest, IgnoreMergesTakesWholeWords) {
   EXPECT_EQ(encode(*b.tokenizer(), "abc"), (std::vector<int32_t>{abc}));
   b.extra_model["ignore_merges"] = false;
   EXPECT_EQ(encode(*b.tokenizer(), "abc"), (std::vector<int32_t>{abc - 1, 'c'}));
+}
+
+// Bytes whose character is not in the vocabulary: byte_fallback's <0xXX> tokens (of the
+// character's UTF-8 bytes, as tokenizers does for a byte-level word), else unk (fused with
+// fuse_unk), else nothing. The expected ids are what tokenizers 0.23 gives for the same file.
+TEST(HfTokenizerTest, ByteFallbackUnkAndFuseUnk) {
+  Builder b;
+  b.vocab.erase("z");
+  b.vocab.erase(test_util::byte_char('\n'));
+  b.vocab.erase("q");
+  b.vocab["<0x7A>"] = 300;
+  b.vocab["<0xC4>"] = 301;
+  b.vocab["<0x8A>"] = 302;
+  b.vocab["<unk>"] = 303;
+  b.extra_model = {{"byte_fallback", true}, {"unk_token", "<unk>"}};
+  EXPECT_EQ(encode(*b.tokenizer(), "az\n"), (std::vector<int32_t>{'a', 300, 301, 302}));
+  EXPECT_EQ(encode(*b.tokenizer(), "aqqa"), (std::vector<int32_t>{'a', 303, 303, 'a'}));
+  b.extra_model["fuse_unk"] = true;
+  EXPECT_EQ(encode(*b.tokenizer(), "aqqa"), (std::vector<int32_t>{'a', 303, 'a'}));
+  b.extra_model = {{"byte_fallback", true}};
+  EXPECT_EQ(encode(*b.tokenizer(), "aqqa"), (std::vector<int32_t>{'a', 'a'}));
+  b.extra_model = {{"unk_token", "<nope>"}};
+  expect_input_error([&] { b.tokenizer(); }, {"model.unk_token", "<nope>", "not in model.vocab"});
 }
 
 TEST(HfTokenizerTest, FirstInvalidUtf8) {

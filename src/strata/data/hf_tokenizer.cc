@@ -172,7 +172,8 @@ std::unique_ptr<Pcre2Code> compile_regex(std::string_view pattern, bool literal,
   const std::string compiled = literal ? std::string(pattern) : onig_spaces(pattern);
   int err = 0;
   PCRE2_SIZE offset = 0;
-  const uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL refuses PCRE2_UCP, which a literal does not need.
+  const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(), opts,
                           &err, &offset, nullptr);
   if (!r->code) {
