@@ -179,7 +179,7 @@ TEST(DeepSpeedExtras, TheirValuesAreStillChecked) {
   const std::string e = error_of(with(kMinimal, {{"flops_profiler", {{"enabled", "on"}}},
                                                  {"aio", {{"queue_depth", 0}}},
                                                  {"comms_logger", {{"prof_ops", "all"}}},
-                                                 {"flops_profiler2", {}}}));
+                                                 {"flops_profiler2", true}}));
   EXPECT_TRUE(contains(e, "the config has 4 errors")) << e;
   EXPECT_TRUE(contains(e, "flops_profiler.enabled must be true or false")) << e;
   EXPECT_TRUE(contains(e, "aio.queue_depth must be an integer >= 1, got 0")) << e;
