@@ -238,9 +238,9 @@ TEST(Config, SchedulerDefaultsAsDeepSpeed) {
                        "did you mean \"WarmupLR\"?"));
   // DeepSpeed takes warmup_num_steps 0 (the Hugging Face Trainer's default fills it) and warms
   // up over max(2, it) steps.
-  EXPECT_EQ(parse_config(with(kMinimal, {{"scheduler",
-                                          {{"type", "WarmupLR"},
-                                           {"params", {{"warmup_num_steps", 0}}}}}}))
+  EXPECT_EQ(parse_config(
+                with(kMinimal, {{"scheduler",
+                                 {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}}}))
                 .scheduler.warmup_num_steps,
             0);
   EXPECT_TRUE(contains(

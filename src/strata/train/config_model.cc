@@ -262,10 +262,11 @@ void parse_layout_blocks(const Block& top, Config& c) {
   }
 
   // The micro batch is known here when given; resolve_batch checks again once it is resolved.
-  check_tensor_split(c, c.given_micro_batch);
+  // Both checks need the model: a model block with errors (listed already) leaves it unset.
   const ModelConfig& m = c.model;
+  if (m.layers > 0) check_tensor_split(c, c.given_micro_batch);
   const int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
-  if (chunks > m.layers) {
+  if (m.layers > 0 && chunks > m.layers) {
     STRATA_INPUT_FAIL("more pipeline stages than units: parallelism.pipeline=", p.pipeline,
                       " x virtual_stages=", p.virtual_stages, " = ", chunks,
                       " model chunks, but model.layers=", m.layers,

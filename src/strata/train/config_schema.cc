@@ -308,7 +308,11 @@ std::string unknown_key_message(std::string_view path, std::string_view key, con
   if (near_d > 1) {
     Keys elsewhere;
     for (const BlockSchema& b : schema()) {
-      if (b.path == path || b.path == "bfloat16") continue;
+      // Not the legacy alias, nor the DeepSpeed blocks strata only checks.
+      const bool quiet = b.path == "bfloat16" || b.path == "flops_profiler" ||
+                         b.path == "comms_logger" || b.path == "torch_autocast" ||
+                         b.path == "aio" || b.path == "data_efficiency";
+      if (b.path == path || quiet) continue;
       if (std::find(b.keys->begin(), b.keys->end(), key) != b.keys->end()) {
         elsewhere.push_back(join_path(b.path, key));
       }
