@@ -38,9 +38,8 @@ inline const std::vector<DsConfig>& ds_configs() {
       {"fastchat_s3", {"'micro_batch_size_per_gpu'"}, {"/micro_batch_size_per_gpu"}},
       {"alpaca_offload_opt_param", {}, {}},
       {"megatron_ds_examples", {}, {}},
-      {"megatron_ds_zero2_bf16",
-       {"communication_data_type", "bfloat16.loss_scale"},
-       {"/communication_data_type", "/bfloat16/loss_scale"}},
+      // Its communication_data_type "bfp16" is read as bf16 (older DeepSpeed's spelling).
+      {"megatron_ds_zero2_bf16", {"bfloat16.loss_scale"}, {"/bfloat16/loss_scale"}},
       // The batch triangle: train_batch_size 16 = 1 x 1 x 16 GPUs (resolve_batch refuses it).
       {"megatron_ds_root_zero3", {"train_batch_size=16"}, {"/train_batch_size"}},
       {"bigscience_flops_profiler", {}, {}},

@@ -302,14 +302,16 @@ TEST(LegacySpellings, CpuOffloadSwitchesMapToTheOffloadBlocks) {
       "zero_optimization.cpu_offload_use_pin_memory has no effect"));
 }
 
-TEST(LegacySpellings, BfpSixteenIsRefusedAsDeepSpeedZeroNineteenDoes) {
-  // Checked against DeepSpeed v0.19's get_communication_data_type: only fp32/fp16/bf16 pass.
-  const std::string e = error_of(with(kMinimal, {{"communication_data_type", "bfp16"}}));
-  EXPECT_TRUE(contains(e, "communication_data_type \"bfp16\" is an old DeepSpeed spelling")) << e;
-  EXPECT_TRUE(contains(e, "write \"bf16\"")) << e;
+TEST(LegacySpellings, BfpSixteenIsReadAsBf16WithANote) {
+  // Older DeepSpeed spelt bf16 "bfp16" here (and only so); v0.19 refuses it. strata reads both.
+  const json j = with(kMinimal, {{"communication_data_type", "bfp16"}});
+  EXPECT_EQ(*parse_config(j).communication_data_type, DType::BF16);
+  EXPECT_TRUE(any_contains(notes_of(j), "communication_data_type \"bfp16\" is read as \"bf16\""));
   EXPECT_EQ(
       *parse_config(with(kMinimal, {{"communication_data_type", "BF16"}})).communication_data_type,
       DType::BF16);
+  EXPECT_FALSE(
+      any_contains(notes_of(with(kMinimal, {{"communication_data_type", "bf16"}})), "bfp16"));
 }
 
 // ---- schedulers as DeepSpeed runs them ----

@@ -165,6 +165,7 @@ struct DeepSpeedExtrasConfig {
   std::vector<std::string> data_efficiency_keys;  // its other keys that are given
   bool elastic_checkpoint = false;                // zero_optimization.elastic_checkpoint
   bool cpu_offload_use_pin_memory = false;        // zero_optimization's legacy pin_memory switch
+  bool communication_data_type_bfp16 = false;     // given as older DeepSpeed's "bfp16"
 };
 
 struct Config {

@@ -89,10 +89,10 @@ void parse_batch_and_top(const Block& top, Config& c) {
   if (top.has("communication_data_type")) {
     const json& v = top.at("communication_data_type");
     if (v.is_string() && lower(v.get_ref<const std::string&>()) == "bfp16") {
-      // Older DeepSpeed releases spelt bf16 "bfp16" here; the pinned release refuses it.
-      top.report(
-          "communication_data_type \"bfp16\" is an old DeepSpeed spelling that DeepSpeed 0.19 "
-          "refuses too (\"Invalid communication_data_type\"); write \"bf16\"");
+      // DeepSpeed's spelling of bf16 here until it became "bf16" (Megatron-DeepSpeed's configs
+      // carry it); the pinned release refuses it, strata reads it as bf16 with a note.
+      c.communication_data_type = DType::BF16;
+      c.extras.communication_data_type_bfp16 = true;
     } else {
       c.communication_data_type = parse_dtype_key(top, "communication_data_type");
     }

@@ -395,6 +395,11 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
     add("zero_optimization.elastic_checkpoint has no effect: every strata checkpoint loads into "
         "any layout already");
   }
+  if (x.communication_data_type_bfp16) {
+    add("communication_data_type \"bfp16\" is read as \"bf16\": it is older DeepSpeed's "
+        "spelling, which DeepSpeed 0.19 refuses (\"Invalid communication_data_type\"); write "
+        "\"bf16\" for both");
+  }
   if (x.cpu_offload_use_pin_memory) {
     add("zero_optimization.cpu_offload_use_pin_memory has no effect: it is deprecated in "
         "DeepSpeed, which reads offload_param/offload_optimizer.pin_memory instead");
