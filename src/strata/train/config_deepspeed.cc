@@ -254,7 +254,9 @@ void parse_scheduler(const Block& top, Config& c) {
   p.get_choice("warmup_type", s.warmup_type, {"log", "linear"});
   if (s.type != "WarmupCosineLR") {
     p.get_number("warmup_min_lr", s.warmup_min_lr, 0.0, HUGE_VAL);
-    s.warmup_max_lr = c.optimizer.lr;  // DeepSpeed: unset means the optimizer's lr
+    // DeepSpeed: WarmupLR's warmup_max_lr defaults to None (the optimizer's lr), WarmupDecayLR's
+    // to 0.001.
+    if (s.type == "WarmupLR") s.warmup_max_lr = c.optimizer.lr;
     p.get_number("warmup_max_lr", s.warmup_max_lr, 0.0, HUGE_VAL);
   } else {
     p.get_number("warmup_min_ratio", s.warmup_min_ratio, 0.0, 1.0);

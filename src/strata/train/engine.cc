@@ -656,7 +656,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   const bool overflow = !std::isfinite(sumsq);
   const bool check = !cfg_.bf16.enabled || cfg_.bf16.check_grad_overflow;
   s.skipped = overflow && check;
-  s.lr = lr_at(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
+  s.lr = lr_of_step(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
   if (!s.skipped) {
     float clip = 1.0f;
     if (cfg_.gradient_clipping > 0.0f && s.grad_norm > cfg_.gradient_clipping) {
