@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include "strata/core/check.h"
+
 namespace strata {
 namespace {
 
@@ -39,9 +43,46 @@ TEST(LossScaler, DoublesAfterAWindowWithoutOverflow) {
 
 TEST(LossScaler, NeverBelowMinimum) {
   Fp16Config c;
+  c.initial_scale_power = 3, c.hysteresis = 1, c.min_loss_scale = 3.0f;
+  LossScaler s(c);
+  s.update(true);  // 8 -> 4
+  s.update(true);  // 4 -> max(2, 3)
+  EXPECT_FLOAT_EQ(s.scale(), 3.0f);
+}
+
+TEST(LossScaler, AnOverflowAtTheMinimumIsARuntimeError) {
+  Fp16Config c;
   c.initial_scale_power = 1, c.hysteresis = 1, c.min_loss_scale = 1.0f;
   LossScaler s(c);
-  for (int i = 0; i < 5; ++i) s.update(true);
+  s.update(true);  // 2 -> 1, the minimum
+  EXPECT_FLOAT_EQ(s.scale(), 1.0f);
+  try {
+    s.update(true);
+    FAIL() << "an overflow at the minimum scale must stop the run";
+  } catch (const InputError&) {
+    FAIL() << "an overflow is not bad input";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16.min_loss_scale=1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2 skipped steps in a row"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(LossScaler, HysteresisAtTheMinimumIsSpentBeforeTheError) {
+  // As DeepSpeed: the error comes where a halving would, once the hysteresis is used up.
+  Fp16Config c;
+  c.initial_scale_power = 0, c.hysteresis = 2, c.min_loss_scale = 1.0f;
+  LossScaler s(c);
+  s.update(true);  // tolerated: hysteresis 2 -> 1
+  EXPECT_THROW(s.update(true), Error);
+}
+
+TEST(LossScaler, AGoodStepAtTheMinimumKeepsTraining) {
+  Fp16Config c;
+  c.initial_scale_power = 1, c.hysteresis = 1, c.min_loss_scale = 1.0f, c.loss_scale_window = 100;
+  LossScaler s(c);
+  s.update(true);   // 2 -> 1
+  s.update(false);  // fits at the minimum
   EXPECT_FLOAT_EQ(s.scale(), 1.0f);
 }
 

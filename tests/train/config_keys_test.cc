@@ -49,6 +49,7 @@ const Implemented kImplemented[] = {
     {"fp16.min_loss_scale", "LossScaler"},
     {"optimizer.type", "Optimizer: adam_step or sgd_step"},
     {"optimizer.params.lr", "Optimizer and lr_at"},
+    {"optimizer.weight_decay_exclude", "set_weight_decay: each parameter's ParamRange::decay"},
     {"optimizer.params.betas", "kernels::adam_step"},
     {"optimizer.params.eps", "kernels::adam_step"},
     {"optimizer.params.weight_decay", "kernels::adam_step / sgd_step on decayed ranges"},

@@ -78,8 +78,9 @@ void verify(const CkptArgs& a) {
   const int64_t bytes = rd.verify_all();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "ok: %s: the manifest is consistent, every tensor is covered once and all %zu "
-      "chunks match their checksums (%s in %.2f s)\n",
+      "ok: %s: the manifest is consistent, every tensor is covered once, each data file's "
+      "safetensors header agrees with it and all %zu chunks match their checksums (%s in "
+      "%.2f s)\n",
       rd.dir().c_str(), rd.manifest().chunks.size(), format_bytes(size_t(bytes)).c_str(), s);
 }
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "strata/ckpt/store.h"
+#include "strata/comm/heartbeat.h"
 #include "strata/comm/topology.h"
 #include "strata/core/check.h"
 #include "strata/train/elastic_layout.h"
@@ -141,7 +142,7 @@ int listen_any(int* port) {
 struct Conn {
   int fd = -1;
   int rank = -1;
-  std::string buf;
+  comm::LineInbox lines;
   clock::time_point heard;
   int64_t step = 0;
   bool done = false, term = false, closed = false;
@@ -212,6 +213,15 @@ int Supervisor::host_of(const Attempt& a, int rank) const {
   return -1;
 }
 
+// The ranks that said `done`, each counted once (a rank reconnecting is one rank).
+int ranks_done(const std::map<int, Conn>& conns) {
+  std::set<int> done;
+  for (const auto& [fd, c] : conns) {
+    if (c.done && c.rank >= 0) done.insert(c.rank);
+  }
+  return int(done.size());
+}
+
 void Supervisor::fail(Attempt& a, const std::string& cause) {
   if (a.detect_wall > 0) return;
   a.detect_wall = wall_now();
@@ -237,10 +247,8 @@ void Supervisor::read_conn(Attempt& a, Conn& c) {
     return;
   }
   c.heard = clock::now();
-  c.buf.append(buf, size_t(n));
-  for (size_t nl = c.buf.find('\n'); nl != std::string::npos; nl = c.buf.find('\n')) {
-    const std::string line = c.buf.substr(0, nl);
-    c.buf.erase(0, nl + 1);
+  c.lines.feed(buf, size_t(n));
+  for (std::string line; c.lines.next(line);) {
     std::istringstream in(line);
     std::string kind;
     in >> kind;
@@ -317,9 +325,8 @@ void Supervisor::watch(Attempt& a, int pid) {
       exited = a.exited = true;
       a.exit_code = exit_code_of(status);
     }
-    int done = 0, hello = 0;
+    int hello = 0;
     for (auto& [fd, c] : conns) {
-      done += c.done;
       hello += c.rank >= 0;
       if (c.rank >= 0 && !c.closed && !c.done && a.detect_wall == 0 && since(c.heard) > timeout) {
         a.lost.insert(c.rank), a.silent.insert(c.rank);
@@ -328,19 +335,22 @@ void Supervisor::watch(Attempt& a, int pid) {
       }
     }
     if (exited) {
-      // Let the last words (a report, end-of-file) arrive before judging.
+      // Let the last words (a report, `done`, end-of-file) arrive before judging: until every
+      // connection has closed (at once when the ranks ended with mpirun), at most 2 s.
       const auto t = clock::now();
-      while (since(t) < 0.5) {
+      while (since(t) < 2.0) {
         std::vector<pollfd> rest;
         for (const auto& [fd, c] : conns) {
           if (!c.closed) rest.push_back({fd, POLLIN, 0});
         }
-        if (rest.empty() || poll(rest.data(), rest.size(), 100) <= 0) break;
+        if (rest.empty()) break;
+        if (poll(rest.data(), rest.size(), 100) <= 0) continue;
         for (const pollfd& p : rest) {
           if (p.revents != 0) read_conn(a, conns[p.fd]);
         }
       }
-      if (a.exit_code == 0 && done == a.layout.world) {
+      // Counted after the drain: a `done` read during it counts.
+      if (a.exit_code == 0 && ranks_done(conns) == a.layout.world) {
         a.outcome = Outcome::Success;
       } else {
         fail(a, strata::detail::concat("mpirun exited with code ", a.exit_code));
@@ -368,6 +378,13 @@ void Supervisor::watch(Attempt& a, int pid) {
     return;
   }
   stop(a, exited ? -1 : pid, conns);
+  // Every rank said `done` before its connection closed (some while the job was being stopped):
+  // the training finished, whatever ended the processes after.
+  if (a.outcome != Outcome::Interrupted && ranks_done(conns) == a.layout.world) {
+    std::printf("elastic: every rank of attempt %d finished; it counts as done\n", a.number);
+    std::fflush(stdout);
+    a.outcome = Outcome::Success;
+  }
 }
 
 // Hangs up on every rank (those that can hear it exit), signals mpirun's process group, and waits
@@ -397,13 +414,9 @@ void Supervisor::stop(Attempt& a, int pid, std::map<int, Conn>& conns) {
     }
     if (!talking && reaped) break;
     poll(open.data(), open.size(), 100);
+    // What arrives meanwhile is read as any other line (a `done` or a report counts).
     for (const pollfd& p : open) {
-      if (p.revents == 0) continue;
-      char buf[4096];
-      Conn& c = conns[p.fd];
-      const ssize_t n = recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) c.closed = true;
-      if (n > 0) c.heard = clock::now();
+      if (p.revents != 0) read_conn(a, conns[p.fd]);
     }
   }
   if (!reaped) {

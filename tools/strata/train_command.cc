@@ -24,6 +24,7 @@
 #include "strata/train/elasticity.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
+#include "strata/train/weight_decay.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -277,6 +278,8 @@ void run_train(const TrainArgs& a) {
   const int shard = engine.zero() != nullptr ? int(engine.spec().align) : 0;
   const MemoryPrediction predicted = predict_memory(engine.config(), engine.spec(), shard);
   if (rank0) std::printf("memory (predicted): %s\n", describe_memory(predicted).c_str());
+  const std::string decay = weight_decay_summary(cfg.optimizer, build_model_spec(cfg.model));
+  if (rank0 && !decay.empty()) std::printf("%s\n", decay.c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
   std::unique_ptr<MetricsLog> log;
   if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir, engine.step() > 0);

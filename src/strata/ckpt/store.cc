@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 
 #include "strata/core/check.h"
 #include "strata/core/crc32c.h"
+#include "strata/core/safetensors.h"
 
 namespace strata::ckpt {
 
@@ -34,14 +36,32 @@ std::string rank_file_name(int rank) {
 
 namespace {
 
+// A failed system call on a checkpoint file (a full disk, an I/O error, no permission) is a
+// runtime failure: the elastic supervisor retries it from the previous checkpoint. What the files
+// say (truncated, damaged, another model) stays an InputError.
 [[noreturn]] void io_fail(const std::string& what, const std::string& path) {
-  STRATA_INPUT_FAIL(what, " ", path, ": ", std::strerror(errno));
+  const int e = errno;
+  STRATA_RUNTIME_FAIL(what, " ", path, ": ", std::strerror(e),
+                      e == ENOSPC || e == EDQUOT ? " (free space on that file system)"
+                      : e == EACCES || e == EPERM || e == EROFS
+                          ? " (check the directory's permissions or mount)"
+                          : "");
+}
+
+// A test-only seam: STRATA_CKPT_FAIL_IO=write|fsync|rename|read makes every such call fail with
+// EIO, as a failing disk would (root ignores permissions, so a test cannot provoke all of
+// these otherwise).
+bool injected(const char* call) {
+  const char* v = std::getenv("STRATA_CKPT_FAIL_IO");
+  if (v == nullptr || std::strcmp(v, call) != 0) return false;
+  errno = EIO;
+  return true;
 }
 
 void write_all(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
-    const ssize_t w = ::write(fd, c, std::min<size_t>(n, size_t(1) << 30));
+    const ssize_t w = injected("write") ? -1 : ::write(fd, c, std::min<size_t>(n, size_t(1) << 30));
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) io_fail("cannot write", path);
     c += w, n -= size_t(w);
@@ -51,7 +71,8 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 void pread_all(int fd, void* p, size_t n, int64_t offset, const std::string& path) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
-    const ssize_t r = ::pread(fd, c, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
+    const ssize_t r =
+        injected("read") ? -1 : ::pread(fd, c, std::min<size_t>(n, size_t(1) << 30), off_t(offset));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) io_fail("cannot read", path);
     if (r == 0) STRATA_INPUT_FAIL(path, " ends early: the checkpoint is truncated");
@@ -61,7 +82,10 @@ void pread_all(int fd, void* p, size_t n, int64_t offset, const std::string& pat
 
 std::string read_text(const std::string& path, size_t limit) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) STRATA_INPUT_FAIL("cannot open ", path);
+  if (!in) {
+    if (errno == ENOENT) STRATA_INPUT_FAIL("cannot open ", path, ": it does not exist");
+    io_fail("cannot open", path);
+  }
   std::string s;
   char b[65536];
   while (in.read(b, sizeof b) || in.gcount() > 0) {
@@ -99,7 +123,7 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
       write_all(fd, p.data, bytes, path);
       at += int64_t(bytes);
     }
-    if (::fsync(fd) != 0) io_fail("cannot flush", path);
+    if (injected("fsync") || ::fsync(fd) != 0) io_fail("cannot flush", path);
   } catch (...) {
     ::close(fd);
     throw;
@@ -111,8 +135,10 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
 void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
   if (fd < 0) io_fail("cannot open", path);
-  const int rc = ::fsync(fd);
+  const int rc = injected("fsync") ? -1 : ::fsync(fd);
+  const int e = errno;
   ::close(fd);
+  errno = e;
   if (rc != 0) io_fail("cannot flush", path);
 }
 
@@ -122,13 +148,15 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   if (fd < 0) io_fail("cannot create", tmp);
   try {
     write_all(fd, text.data(), text.size(), tmp);
-    if (::fsync(fd) != 0) io_fail("cannot flush", tmp);
+    if (injected("fsync") || ::fsync(fd) != 0) io_fail("cannot flush", tmp);
   } catch (...) {
     ::close(fd);
     throw;
   }
-  ::close(fd);
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) io_fail("cannot rename " + tmp + " to", path);
+  if (::close(fd) != 0) io_fail("cannot close", tmp);
+  if (injected("rename") || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    io_fail("cannot rename " + tmp + " to", path);
+  }
   fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(),
              true);
 }
@@ -146,7 +174,9 @@ void commit(const std::string& root, const std::string& tmp, const std::string& 
     fsync_path(root, true);
     fs::remove_all(tmp);
   } else {
-    fs::rename(tmp, final_dir);
+    if (injected("rename") || std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      io_fail("cannot rename " + tmp + " to", final_dir.string());
+    }
     fsync_path(root, true);
   }
   write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
@@ -355,6 +385,38 @@ void Reader::run() {
 }
 
 int64_t Reader::verify_all() {
+  // Each data file's safetensors header describes exactly the manifest's chunks of that file.
+  for (size_t f = 0; f < m_.files.size(); ++f) {
+    const std::string path = (fs::path(dir_) / m_.files[f].name).string();
+    const SafetensorsIndex ix = read_safetensors_index(path);
+    std::map<uint64_t, const std::pair<const std::string, SafetensorsEntry>*> at_offset;
+    for (const auto& e : ix.tensors) at_offset[e.second.offset] = &e;
+    size_t of_file = 0;
+    for (const Chunk& k : m_.chunks) {
+      if (size_t(k.file) != f) continue;
+      ++of_file;
+      const auto it = at_offset.find(uint64_t(k.offset));
+      const std::string prefix = k.kind + "/" + k.tensor + "/";
+      if (it == at_offset.end()) {
+        STRATA_INPUT_FAIL(path, ": its safetensors header has no tensor at byte ", k.offset,
+                          ", where the manifest puts the ", k.kind, " chunk of ", k.tensor,
+                          "; the file and the manifest disagree: the checkpoint is damaged");
+      }
+      const auto& [name, e] = *it->second;
+      if (name.compare(0, prefix.size(), prefix) != 0 || e.dtype != "F32" ||
+          e.shape != std::vector<int64_t>{k.numel} || e.bytes != uint64_t(k.numel) * 4) {
+        STRATA_INPUT_FAIL(path, ": its safetensors header says ", name, " (", e.dtype, ", ",
+                          e.numel(), " elements) at byte ", k.offset,
+                          " where the manifest has the ", k.kind, " chunk of ", k.tensor, " (F32, ",
+                          k.numel, " elements); the checkpoint is damaged");
+      }
+    }
+    if (ix.tensors.size() != of_file) {
+      STRATA_INPUT_FAIL(path, ": its safetensors header lists ", ix.tensors.size(),
+                        " tensors where the manifest has ", of_file,
+                        " chunks in it; the checkpoint is damaged");
+    }
+  }
   int64_t bytes = 0;
   for (size_t c = 0; c < m_.chunks.size(); ++c) {
     load_chunk(c);

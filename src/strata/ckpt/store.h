@@ -29,7 +29,8 @@ struct PendingChunk {
 };
 // Writes one rank's data file at `path` (safetensors: each chunk an F32 tensor named
 // "kind/tensor/index"), fsyncs it, and sets each chunk's offset and CRC-32C. Returns its bytes.
-// An I/O error is an InputError naming the file and the system's reason.
+// An I/O error (the disk full, EIO, no permission) is a runtime Error naming the file and the
+// system's reason; what a file holds (truncated, damaged) is an InputError.
 int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks);
 
 // Durability helpers: fsync a file or a directory; write a small file atomically (tmp, fsync,
@@ -80,7 +81,9 @@ class Reader {
             float* out) {
     read_into(kind, tensor, {{lo, 0, hi - lo, 1}}, out);
   }
-  // Reads every chunk and checks its CRC (strata ckpt verify); returns the bytes read.
+  // Checks each data file's safetensors header against the manifest's chunks (names, F32,
+  // shapes, offsets), then reads every chunk and checks its CRC (strata ckpt verify); returns
+  // the bytes read. A disagreement is an InputError naming the file.
   int64_t verify_all();
 
  private:

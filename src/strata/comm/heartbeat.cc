@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +34,7 @@ struct Heartbeat {
   std::atomic<bool> stopping{false};
   std::atomic<bool> reported{false};
   std::mutex write_mu;
+  LineOutbox outbox;  // under write_mu
   std::thread thread;
   int rank = 0;
   double timeout_s = 10.0;
@@ -43,13 +45,24 @@ Heartbeat& state() {
   return h;
 }
 
-// One whole line, never blocking (a cut link must not stall the caller) and never raising SIGPIPE.
+// One whole line, never blocking (a cut link must not stall the caller) and never raising SIGPIPE;
+// what the socket cannot take now is sent by the next call or the beat thread.
 void send_line(const std::string& line) {
   Heartbeat& h = state();
   const int fd = h.fd.load();
   if (fd < 0) return;
   std::lock_guard<std::mutex> lock(h.write_mu);
-  (void)::send(fd, line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  h.outbox.add(line);
+  h.outbox.flush(fd);
+}
+
+// Sends what is still pending; true when nothing is.
+bool flush_pending() {
+  Heartbeat& h = state();
+  const int fd = h.fd.load();
+  std::lock_guard<std::mutex> lock(h.write_mu);
+  if (fd >= 0) h.outbox.flush(fd);
+  return h.outbox.empty();
 }
 
 // Nobody can stop this rank any more: end it, and the OpenMPI daemon that started it, which
@@ -89,10 +102,13 @@ void beat_loop() {
         int(std::chrono::duration_cast<std::chrono::milliseconds>(next_beat - clock::now())
                 .count()) +
         1;
-    pollfd p{h.fd.load(), POLLIN, 0};
+    // While lines wait in the outbox, wake when the socket can take them.
+    const bool pending = !flush_pending();
+    pollfd p{h.fd.load(), short(POLLIN | (pending ? POLLOUT : 0)), 0};
     const int ready = ::poll(&p, 1, std::max(wait_ms, 1));
     if (h.stopping.load()) return;
-    if (ready > 0) {
+    if (ready > 0 && (p.revents & POLLOUT)) flush_pending();
+    if (ready > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
       const ssize_t n = ::recv(p.fd, buf, sizeof buf, MSG_DONTWAIT);
       if (n == 0) end_self("the elastic supervisor stopped the job");
       if (n > 0) heard = clock::now();
@@ -133,6 +149,31 @@ int connect_to(const std::string& host, const std::string& port, double timeout_
 }
 
 }  // namespace
+
+bool LineOutbox::flush(int fd) {
+  while (!pending_.empty()) {
+    const ssize_t n = ::send(fd, pending_.data(), pending_.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      pending_.erase(0, size_t(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+  return true;
+}
+
+bool LineInbox::next(std::string& line) {
+  const size_t nl = buf_.find('\n', begin_);
+  if (nl == std::string::npos) {
+    buf_.erase(0, begin_);  // keep only the unfinished line
+    begin_ = 0;
+    return false;
+  }
+  line.assign(buf_, begin_, nl - begin_);
+  begin_ = nl + 1;
+  return true;
+}
 
 void start_heartbeat(int rank, int world) {
   const char* addr = std::getenv("STRATA_SUPERVISOR");
@@ -184,6 +225,12 @@ void heartbeat_done() {
   h.stopping.store(true);
   if (h.thread.joinable()) h.thread.join();
   send_line("done\n");
+  // The last lines must arrive: wait (up to the timeout) until the socket has taken them.
+  const auto deadline = clock::now() + std::chrono::duration<double>(h.timeout_s);
+  while (!flush_pending() && clock::now() < deadline) {
+    pollfd p{h.fd.load(), POLLOUT, 0};
+    ::poll(&p, 1, 50);
+  }
   std::lock_guard<std::mutex> lock(h.write_mu);
   const int fd = h.fd.exchange(-1);
   ::shutdown(fd, SHUT_WR);

@@ -15,10 +15,37 @@
 // job it shuts its side down; every rank that can still hear it exits at once.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace strata::comm {
+
+// The framing, both ends. Lines leave whole and in order: what a non-blocking send cannot take
+// now (a full socket buffer, a partial send) waits in the outbox for the next flush, instead of
+// being dropped or cut in half (half a line would merge with the next one into garbage).
+class LineOutbox {
+ public:
+  void add(const std::string& line) { pending_ += line; }
+  // Sends what the socket takes without blocking; false when the connection is broken.
+  bool flush(int fd);
+  bool empty() const { return pending_.empty(); }
+
+ private:
+  std::string pending_;
+};
+
+// Received bytes in, whole lines out: a line split over several recv calls waits for its end.
+class LineInbox {
+ public:
+  void feed(const char* data, size_t n) { buf_.append(data, n); }
+  // The next whole line, without its newline; false when none is complete yet.
+  bool next(std::string& line);
+
+ private:
+  std::string buf_;
+  size_t begin_ = 0;
+};
 
 // Connects to the supervisor named by STRATA_SUPERVISOR and starts the heartbeat thread; a no-op
 // when the variable is unset. Installs a SIGTERM handler that reports `term` (a launcher stopping

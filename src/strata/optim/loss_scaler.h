@@ -1,7 +1,10 @@
 // fp16 loss scaling with DeepSpeed's semantics (deepspeed/runtime/fp16/loss_scaler.py): a
 // static scale when fp16.loss_scale > 0, else dynamic: start at 2^initial_scale_power, halve on
 // overflow once `hysteresis` overflows have been tolerated, double after `loss_scale_window`
-// steps without one, never below min_loss_scale. An overflowing step is skipped.
+// steps without one, never below min_loss_scale. An overflowing step is skipped. An overflow that
+// would halve the scale when it is already at min_loss_scale (its hysteresis spent) is a runtime
+// Error, as DeepSpeed's raise_error_at_min_scale: the job stops (exit 1) instead of skipping
+// every step.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +19,9 @@ class LossScaler {
   explicit LossScaler(const Fp16Config& c);
 
   float scale() const { return scale_; }
-  // Records the outcome of a step: overflow = the gradients held Inf or NaN.
+  bool dynamic() const { return dynamic_; }
+  // Records the outcome of a step: overflow = the gradients held Inf or NaN. Throws Error on an
+  // overflow at the minimum scale.
   void update(bool overflow);
   // What a checkpoint keeps of it (the dynamic schedule's place).
   struct State {
@@ -36,6 +41,7 @@ class LossScaler {
   int64_t window_ = 1000, iter_ = 0, last_overflow_iter_ = -1;
   int hysteresis_ = 1, hysteresis_left_ = 1;
   bool consecutive_hysteresis_ = false;
+  int64_t skipped_in_a_row_ = 0;  // for the message at the minimum
 };
 
 }  // namespace strata

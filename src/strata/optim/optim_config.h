@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace strata {
 
@@ -14,6 +15,10 @@ struct OptimizerConfig {
   bool adam_w_mode = true;     // DeepSpeed's "adam" with adam_w_mode true behaves as AdamW
   float momentum = 0.0f;       // sgd
   bool nesterov = false;       // sgd
+  // optimizer.weight_decay_exclude: the parameter groups weight decay does not apply to, of
+  // "bias" (linear layers' biases), "norm" (norm gains and biases), "embedding" (token and
+  // position embeddings). Megatron's default: biases and norm gains; matrices always decay.
+  std::vector<std::string> weight_decay_exclude = {"bias", "norm"};
 };
 
 struct SchedulerConfig {

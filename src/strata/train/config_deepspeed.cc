@@ -187,6 +187,24 @@ void parse_optimizer(const Block& top, Config& c) {
         "optimizer.type is required in an optimizer block: \"Adam\", \"AdamW\" or "
         "\"SGD\"");
   }
+  // strata's key beside type and params (DeepSpeed passes params to the optimizer as keyword
+  // arguments, where an unknown name is an error).
+  if (ob.has("weight_decay_exclude")) {
+    const json& x = ob.at("weight_decay_exclude");
+    const Keys groups = {"bias", "norm", "embedding"};
+    std::vector<std::string> out;
+    const bool ok = x.is_array() && std::all_of(x.begin(), x.end(), [&](const json& g) {
+                      return g.is_string() && std::find(groups.begin(), groups.end(),
+                                                        g.get<std::string>()) != groups.end();
+                    });
+    if (!ok) {
+      ob.fail("weight_decay_exclude",
+              "a list of \"bias\", \"norm\", \"embedding\" (the parameters weight decay "
+              "does not apply to; [] decays every parameter)");
+    }
+    for (const json& g : x) out.push_back(g.get<std::string>());
+    o.weight_decay_exclude = out;
+  }
   const json* params = ob.has("params") ? &ob.at("params") : nullptr;
   if (params != nullptr && params->is_object() && params->contains("max_grad_norm")) {
     STRATA_INPUT_FAIL(
@@ -266,7 +284,9 @@ void parse_scheduler(const Block& top, Config& c) {
   p.get_choice("warmup_type", s.warmup_type, {"log", "linear"});
   if (s.type != "WarmupCosineLR") {
     p.get_number("warmup_min_lr", s.warmup_min_lr, 0.0, HUGE_VAL);
-    s.warmup_max_lr = c.optimizer.lr;  // DeepSpeed: unset means the optimizer's lr
+    // DeepSpeed: WarmupLR's warmup_max_lr defaults to None (the optimizer's lr), WarmupDecayLR's
+    // to 0.001.
+    if (s.type == "WarmupLR") s.warmup_max_lr = c.optimizer.lr;
     p.get_number("warmup_max_lr", s.warmup_max_lr, 0.0, HUGE_VAL);
   } else {
     p.get_number("warmup_min_ratio", s.warmup_min_ratio, 0.0, 1.0);

@@ -58,7 +58,7 @@ const Keys kFp16 = {"enabled",
                     "consecutive_hysteresis",
                     "min_loss_scale",
                     "fp16_master_weights_and_grads"};
-const Keys kOptimizer = {"type", "params"};
+const Keys kOptimizer = {"type", "params", "weight_decay_exclude"};
 const Keys kOptimizerParams = {"lr",          "betas",      "eps",      "weight_decay",
                                "adam_w_mode", "torch_adam", "momentum", "nesterov"};
 const Keys kScheduler = {"type", "params"};

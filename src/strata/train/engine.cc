@@ -19,6 +19,7 @@
 #include "strata/kernels/ops.h"
 #include "strata/optim/lr_schedule.h"
 #include "strata/pipeline/partition.h"
+#include "strata/train/weight_decay.h"
 #include "strata/zero/zero_sync.h"
 
 namespace strata {
@@ -193,8 +194,9 @@ pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& 
 // `plan` receives the units of every global chunk.
 ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
                      const comm::Communicator* pp, pipeline::StagePlan& plan) {
-  const ModelSpec full = build_model_spec(cfg.model, shard, tp != nullptr ? tp->size() : 1,
-                                          tp != nullptr ? tp->rank() : 0);
+  ModelSpec full = build_model_spec(cfg.model, shard, tp != nullptr ? tp->size() : 1,
+                                    tp != nullptr ? tp->rank() : 0);
+  set_weight_decay(cfg.optimizer, full);
   const int stages = pp != nullptr ? pp->size() : 1;
   plan = plan_chunks(full, cfg.parallelism, stages);
   if (stages == 1) return full;
@@ -656,7 +658,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   const bool overflow = !std::isfinite(sumsq);
   const bool check = !cfg_.bf16.enabled || cfg_.bf16.check_grad_overflow;
   s.skipped = overflow && check;
-  s.lr = lr_at(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
+  s.lr = lr_of_step(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
   if (!s.skipped) {
     float clip = 1.0f;
     if (cfg_.gradient_clipping > 0.0f && s.grad_norm > cfg_.gradient_clipping) {

@@ -65,7 +65,9 @@ struct RangeParams {
 const char* const kAdamKinds[2] = {ckpt::kExpAvg, ckpt::kExpAvgSq};
 const char* const kSgdKinds[2] = {ckpt::kMomentum, nullptr};
 
-// Runs a collective step: every rank's exception becomes an error on all of them.
+// Runs a collective step: every rank's exception becomes an error on all of them, of one kind: a
+// runtime Error (exit 1, which the elastic supervisor retries) when any rank's was one (a disk
+// that failed), else an InputError (exit 2).
 template <typename F>
 void on_every_rank(Engine& e, bool (Engine::*all_ok)(bool), const char* what, F&& f) {
   std::string error;
@@ -78,8 +80,10 @@ void on_every_rank(Engine& e, bool (Engine::*all_ok)(bool), const char* what, F&
     error = x.what(), input = false;
   }
   if ((e.*all_ok)(error.empty())) return;
-  if (error.empty()) STRATA_INPUT_FAIL(what, " failed on another rank (its error says why)");
-  if (input) throw InputError(error);
+  // Every rank gets here, so the second reduction is collective too.
+  const bool all_input = (e.*all_ok)(error.empty() || input);
+  if (error.empty()) error = std::string(what) + " failed on another rank (its error says why)";
+  if (all_input) throw InputError(error);
   STRATA_RUNTIME_FAIL(error);
 }
 
@@ -257,9 +261,18 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
     optimizer_->set_steps_taken(with_moments ? m.optimizer_steps : 0);
     // A run without fp16 saved the disabled scaler (scale 1, never updated): keep this run's
     // initial scale then.
-    if (cfg_.fp16.enabled && (m.scaler.iter > 0 || m.scaler.scale != 1.0f)) {
+    // A static fp16.loss_scale in this run's config wins over the saved scale (DeepSpeed would
+    // reload the saved scaler; a static scale asked for at resume is taken as meant).
+    const bool saved_scaler = m.scaler.iter > 0 || m.scaler.scale != 1.0f;
+    if (cfg_.fp16.enabled && saved_scaler && scaler_.dynamic()) {
       scaler_.restore(
           {m.scaler.scale, m.scaler.iter, m.scaler.last_overflow_iter, m.scaler.hysteresis_left});
+    } else if (cfg_.fp16.enabled && saved_scaler && m.scaler.scale != scaler_.scale()) {
+      std::ostringstream note;
+      note << "fp16.loss_scale=" << scaler_.scale()
+           << " is static: it replaces the checkpoint's loss scale " << m.scaler.scale
+           << (m.scaler.iter > 0 ? " (dynamic)" : "");
+      out.notes.push_back(note.str());
     }
     step_ = m.step;
     consumed_samples_ = m.consumed_samples;
