@@ -35,12 +35,17 @@ struct ParallelismConfig {
 struct DataConfig {
   std::string path;             // "" = the built-in demo corpus
   std::string format = "auto";  // "auto" | "llmc" | "megatron"
+  std::string val_path;         // validation data; "" = the val split of path, if any (open_splits)
 };
 
 struct TrainConfig {
-  int64_t steps = 0;  // 0 = the default of the run (demo: 200)
+  int64_t steps = 200;  // optimizer steps of the run in all (>= 1)
   uint64_t seed = 1234;
   std::string run_dir = "runs/default";
+  // Validation (Megatron's --eval-interval, --eval-iters): every eval_interval steps (0: only at
+  // the last step) and at the last, eval_iters batches of train_batch_size (0: no validation).
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
 };
 
 struct Bf16Config {
