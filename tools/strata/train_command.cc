@@ -270,17 +270,26 @@ void run_train(const TrainArgs& a) {
                   cfg.checkpoint.dir.c_str());
     }
   }
-  if (cfg.model.layers == 0 && !resume.empty()) {
+  if (!cfg.given_model && !resume.empty()) {
     // No model block: the model the checkpoint holds (an import records the Hugging Face one).
+    // The config is read again with it as the model block, so that every check of the layout
+    // against the model (heads over tp, blocks over stages, ...) sees this model.
     const ckpt::Reader rd(ckpt::resolve_checkpoint(resume));
-    cfg.model = rd.manifest().model;
+    const ModelConfig& m = rd.manifest().model;
+    nlohmann::json block = {
+        {"family", m.family},     {"layers", m.layers},     {"hidden", m.hidden},
+        {"heads", m.heads},       {"kv_heads", m.kv_heads}, {"ffn_hidden", m.ffn_hidden},
+        {"vocab", m.vocab},       {"seq_len", m.seq_len},   {"tied_embeddings", m.tied_embeddings},
+        {"norm_eps", m.norm_eps}, {"init_std", m.init_std}};
+    if (m.family == "llama") block["rope_theta"] = m.rope_theta;
+    overrides.push_back("model=" + block.dump());
+    cfg = load_config(a.config, overrides);
     if (rank0) {
       std::printf("note: no model block: the model of %s (%s, %d layers, hidden %d, seq_len %d)\n",
                   rd.dir().c_str(), cfg.model.family.c_str(), cfg.model.layers, cfg.model.hidden,
                   cfg.model.seq_len);
     }
   }
-  if (cfg.model.layers == 0) cfg.model = model_preset("demo");  // no model block: the demo model
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
                             cfg.parallelism.order);
   apply_elastic_batch(cfg, world);

@@ -191,6 +191,7 @@ struct Config {
   // Which of the three batch keys the user gave (0 = not given). parse_config leaves the three
   // resolved fields above at 0; resolve_batch fills them.
   int64_t given_train_batch_size = 0, given_micro_batch = 0, given_grad_accum = 0;
+  bool given_model = false;  // a model block was given (else the demo model, or a checkpoint's)
 
   DType param_dtype() const {
     return bf16.enabled ? DType::BF16 : fp16.enabled ? DType::F16 : DType::F32;

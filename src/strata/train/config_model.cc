@@ -181,6 +181,7 @@ void parse_model(const Block& top, Config& c) {
     c.model = model_preset("demo");
     return;
   }
+  c.given_model = true;
   ModelConfig m;
   std::string preset;
   const bool from_preset = b.get_string("preset", preset);
