@@ -38,7 +38,7 @@ class EvalLayouts : public ::testing::Test {
       const uint64_t key = rng_key(11, "eval_test");
       for (const auto& [path, n, a] :
            {std::tuple{train_path_, 30000, 7}, std::tuple{val_path_, 3000, 5}}) {
-        std::vector<int32_t> tokens(size_t(n));
+        std::vector<int32_t> tokens(static_cast<size_t>(n));
         for (size_t i = 0; i < tokens.size(); ++i) {
           tokens[i] = rng_uniform(key, i + size_t(a) * (1u << 24)) < 0.3f
                           ? int32_t(rng_uniform(key, i + (1u << 30)) * 64) % 64
