@@ -71,10 +71,10 @@ class EvalLayouts : public ::testing::Test {
 
   // val_loss after kSteps steps; parallelism null: one process.
   static double val_loss(nlohmann::json j, const nlohmann::json& parallelism, int micro) {
-    const int tp = parallelism.value("tensor", 1), pp = parallelism.value("pipeline", 1);
     std::unique_ptr<comm::ProcessGroups> groups;
     int dp = 1;
     if (!parallelism.is_null()) {
+      const int tp = parallelism.value("tensor", 1), pp = parallelism.value("pipeline", 1);
       j["parallelism"] = parallelism;
       const comm::RankGrid grid(world_size(), tp, pp);
       groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
