@@ -203,5 +203,47 @@ TEST_F(CliInputTest, ModelTooLargeForMemoryFailsWithWhatToChange) {
   EXPECT_FALSE(contains(r.err, ".cc:")) << r.err;
 }
 
+// A misspelt subcommand or flag names the word and the nearest valid one; a word nowhere near
+// lists the choices instead. Each exits 2.
+TEST(CliUsage, MisspeltCommandsAndFlagsGetASuggestion) {
+  const std::string dir = temp_dir();
+  struct Case {
+    std::string args, expect;
+  };
+  const Case cases[] = {
+      {"trian --config x.json", "unknown command 'trian' of 'strata': did you mean 'train'?"},
+      {"data prepar", "unknown command 'prepar' of 'strata data': did you mean 'prepare'?"},
+      {"ckpt verfy /nonexistent",
+       "unknown command 'verfy' of 'strata ckpt': did you mean 'verify'?"},
+      {"train --config x.json --stpes 3",
+       "unknown option --stpes of 'strata train': did you mean --steps?"},
+      {"train --config x.json --resume=auto --run-dri d",
+       "unknown option --run-dri of 'strata train': did you mean --run-dir?"},
+      {"xyzzyqq", "unknown command 'xyzzyqq' of 'strata'; one of: train, launch"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run_strata(dir, c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_TRUE(contains(r.err, c.expect)) << c.args << "\n" << r.err;
+  }
+  // Known flags with values are not taken for misspellings.
+  const Result ok = run_strata(dir, "train --config /nonexistent.json --steps 3 --run-dir d");
+  EXPECT_EQ(ok.code, 2) << ok.err;
+  EXPECT_FALSE(contains(ok.err, "unknown option")) << ok.err;
+  std::filesystem::remove_all(dir);
+}
+
+TEST(CliUsage, VersionNamesTheReleaseAndTheBackends) {
+  const std::string dir = temp_dir();
+  const std::string out = dir + "/out.txt";
+  const std::string cmd = std::string("'") + STRATA_BINARY + "' --version >'" + out + "'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string text = read_text(out);
+  EXPECT_TRUE(contains(text, "strata 0.")) << text;
+  EXPECT_TRUE(contains(text, "backends: cpu (oneDNN ")) << text;
+  EXPECT_TRUE(contains(text, "MPI: ")) << text;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace strata

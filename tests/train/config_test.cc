@@ -236,10 +236,17 @@ TEST(Config, SchedulerDefaultsAsDeepSpeed) {
       "scheduler.params.warmup_max_lr is not a parameter of WarmupCosineLR"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"scheduler", {{"type", "warmuplr"}}}})),
                        "did you mean \"WarmupLR\"?"));
+  // DeepSpeed takes warmup_num_steps 0 (the Hugging Face Trainer's default fills it) and warms
+  // up over max(2, it) steps.
+  EXPECT_EQ(parse_config(with(kMinimal, {{"scheduler",
+                                          {{"type", "WarmupLR"},
+                                           {"params", {{"warmup_num_steps", 0}}}}}}))
+                .scheduler.warmup_num_steps,
+            0);
   EXPECT_TRUE(contains(
       error_of(with(kMinimal, {{"scheduler",
-                                {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 0}}}}}})),
-      "scheduler.params.warmup_num_steps must be an integer >= 1, got 0"));
+                                {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", -1}}}}}})),
+      "scheduler.params.warmup_num_steps must be an integer >= 0, got -1"));
 }
 
 TEST(Config, OverlapCommFollowsTheStageWhenUnset) {

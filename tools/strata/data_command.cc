@@ -1,10 +1,13 @@
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "strata/core/check.h"
+#include "strata/data/hf_tokenizer.h"
+#include "strata/data/inspect.h"
 #include "strata/data/prepare.h"
-#include "strata/data/token_dataset.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {
@@ -14,14 +17,21 @@ namespace {
 struct PrepareArgs {
   std::vector<std::string> inputs;
   std::string output;
-  std::string format = "llmc";
-  double val_fraction = 0.0;
+  data::PrepareOptions options;
 };
 
 struct InspectArgs {
   std::string path;
   std::string format = "auto";
+  int64_t vocab = 0;
+  std::string tokenizer;
 };
+
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  return s.empty() ? "none" : s;
+}
 
 }  // namespace
 
@@ -31,26 +41,36 @@ void add_data_command(CLI::App& app) {
 
   auto prep = std::make_shared<PrepareArgs>();
   CLI::App* p = cmd->add_subcommand(
-      "prepare", "Tokenize text files (byte-level) into an llm.c or Megatron dataset");
+      "prepare",
+      "Tokenize text files (byte-level, or with a Hugging Face tokenizer.json) into an "
+      "llm.c or Megatron dataset");
   p->add_option("--input,-i", prep->inputs, "text files or directories (recursive)")->required();
   p->add_option("--output,-o", prep->output,
                 "output prefix: writes PREFIX_train and PREFIX_val datasets; into an existing "
                 "directory (or a path ending in /): DIR/train and DIR/val")
       ->required();
-  p->add_option("--format", prep->format, "llmc | megatron")
+  p->add_option("--format", prep->options.format, "llmc | megatron")
       ->check(CLI::IsMember({"llmc", "megatron"}));
-  p->add_option("--val-fraction", prep->val_fraction,
+  p->add_option("--val-fraction", prep->options.val_fraction,
                 "fraction of the tokens (the end of the stream) held out for validation")
       ->check(CLI::Range(0.0, 0.5));
+  p->add_option("--tokenizer", prep->options.tokenizer,
+                "a Hugging Face tokenizer.json (or its directory): byte-level BPE as GPT-2 and "
+                "Llama-3 use it; default: one token per byte");
+  p->add_flag("--append-eod", prep->options.append_eod,
+              "end each document with the end-of-text token (Megatron's --append-eod) instead "
+              "of opening it with it; with a BOS template, after the document");
   p->callback([prep] {
-    data::PrepareResult r =
-        data::prepare_text_dataset(prep->inputs, prep->output, prep->format, prep->val_fraction);
+    data::PrepareResult r = data::prepare_text_dataset(prep->inputs, prep->output, prep->options);
     std::string written;
     for (const std::string& f : r.outputs) written += (written.empty() ? "" : ", ") + f;
     std::printf("%lld documents, %lld train tokens, %lld val tokens, %lld files skipped -> %s\n",
                 static_cast<long long>(r.documents), static_cast<long long>(r.train_tokens),
                 static_cast<long long>(r.val_tokens), static_cast<long long>(r.files_skipped),
                 written.c_str());
+    std::printf("vocabulary %lld ids, %s tokens; each document: [%s] text [%s]\n",
+                static_cast<long long>(r.vocab_size), r.token_type.c_str(),
+                ids_text(r.doc_prefix).c_str(), ids_text(r.doc_suffix).c_str());
   });
 
   auto insp = std::make_shared<InspectArgs>();
@@ -59,11 +79,40 @@ void add_data_command(CLI::App& app) {
       ->required();
   i->add_option("--format", insp->format, "auto | llmc | megatron")
       ->check(CLI::IsMember({"auto", "llmc", "megatron"}));
+  auto* vocab = i->add_option("--vocab", insp->vocab,
+                              "the model's vocabulary size: every id must be below it")
+                    ->check(CLI::PositiveNumber);
+  i->add_option("--tokenizer", insp->tokenizer,
+                "a tokenizer.json (or its directory): its vocabulary, and its document token for "
+                "counting llm.c documents")
+      ->excludes(vocab);
   i->callback([insp] {
-    auto ds = data::open_dataset(insp->path, insp->format);
+    std::optional<int32_t> delimiter;
+    int64_t vocab_size = insp->vocab;
+    if (!insp->tokenizer.empty()) {
+      const auto tok = data::HfTokenizer::load(insp->tokenizer);
+      vocab_size = tok->vocab_size();
+      delimiter = tok->template_prefix().empty() ? data::end_of_text_id(*tok)
+                                                 : tok->template_prefix().front();
+    }
+    const data::DatasetSummary s = data::summarize_dataset(insp->path, insp->format, delimiter);
     std::printf("%s: %lld tokens, largest token id %lld\n", insp->path.c_str(),
-                static_cast<long long>(ds->num_tokens()),
-                static_cast<long long>(ds->vocab_bound() - 1));
+                static_cast<long long>(s.tokens), static_cast<long long>(s.max_id));
+    std::printf("format %s, dtype %s\n", s.format.c_str(), s.token_type.c_str());
+    if (s.format.find("llmc") != std::string::npos && s.delimiter) {
+      std::printf("documents %lld (occurrences of id %d, the document token)\n",
+                  static_cast<long long>(s.documents), *s.delimiter);
+    } else {
+      std::printf("documents %lld (from the index)\n", static_cast<long long>(s.documents));
+    }
+    if (vocab_size > 0) {
+      const bool fits = s.max_id < vocab_size;
+      std::printf("vocabulary %lld: %s\n", static_cast<long long>(vocab_size),
+                  fits ? "every id fits" : "ids out of range");
+      STRATA_INPUT_CHECK(fits, insp->path, ": token id ", s.max_id, " is not below the vocabulary ",
+                         vocab_size, "; the data was made with another tokenizer, or the model's ",
+                         "vocab is too small");
+    }
   });
 }
 

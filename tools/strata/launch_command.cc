@@ -1,8 +1,10 @@
 // strata launch: runs a strata command on N processes through mpirun, which is also how
 // multi-host jobs start (--hostfile) and what Slurm's srun replaces.
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -47,6 +49,120 @@ bool forwardable(const std::string& name) {
   return name != "OMP_NUM_THREADS" && name != "_" && name != "PWD" && name != "SHLVL";
 }
 
+// mpirun's own words when a job ends with a non-zero code, boxed between lines of dashes: that a
+// process "returned a non-zero exit code", or that MPI_Abort was called with code 2 (an input
+// error on some ranks only, which strata has printed naming the rank). launch returns the code
+// and strata has said what went wrong, so these are dropped; every other line passes unchanged.
+class EpilogueFilter {
+ public:
+  explicit EpilogueFilter(FILE* out) : out_(out) {}
+
+  void feed(const char* data, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      partial_ += data[i];
+      if (data[i] == '\n') {
+        line(partial_);
+        partial_.clear();
+      }
+    }
+  }
+  // End of the stream: what is left of a box that never closed, and a last unterminated line.
+  void finish() {
+    emit(block_);
+    block_.clear();
+    emit(partial_);
+    partial_.clear();
+  }
+
+ private:
+  static bool dashes(const std::string& l) {
+    const size_t n = l.find_last_not_of("\r\n") + 1;
+    return n >= 20 && l.find_first_not_of('-') >= n;
+  }
+  static bool is_epilogue(const std::string& box) {
+    const auto has = [&](const char* s) { return box.find(s) != std::string::npos; };
+    return has("Primary job  terminated normally") ||
+           has("mpirun detected that one or more processes exited with non-zero status") ||
+           (has("MPI_ABORT was invoked") && has("with errorcode 2."));
+  }
+  void emit(const std::string& text) {
+    if (text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), out_);
+    std::fflush(out_);
+  }
+  void line(const std::string& l) {
+    if (block_.empty()) {
+      // mpirun's tally of the same box from other ranks, after a dropped MPI_Abort box.
+      if (dropped_abort_ && (l.find("help-mpi-api.txt / mpi-abort") != std::string::npos ||
+                             l.find("orte_base_help_aggregate") != std::string::npos)) {
+        return;
+      }
+      if (dashes(l)) {
+        block_ = l;
+        block_lines_ = 1;
+      } else {
+        emit(l);
+      }
+      return;
+    }
+    block_ += l;
+    ++block_lines_;
+    if (dashes(l)) {
+      if (is_epilogue(block_)) {
+        dropped_abort_ = dropped_abort_ || block_.find("MPI_ABORT") != std::string::npos;
+      } else {
+        emit(block_);
+      }
+      block_.clear();
+    } else if (block_lines_ > 40) {  // too long for one of mpirun's boxes
+      emit(block_);
+      block_.clear();
+    }
+  }
+
+  FILE* out_;
+  std::string partial_, block_;
+  int block_lines_ = 0;
+  bool dropped_abort_ = false;
+};
+
+// Runs mpirun with its stderr (its own and every rank's) passed through EpilogueFilter; returns
+// the job's exit code.
+int run_mpirun(const std::vector<std::string>& argv) {
+  int fds[2];
+  // Close-on-exec: mpirun gets the pipe's write end as its stderr only.
+  STRATA_CHECK(pipe2(fds, O_CLOEXEC) == 0, "pipe failed: ", std::strerror(errno));
+  const int saved = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 0);
+  STRATA_CHECK(saved >= 0, "dup failed: ", std::strerror(errno));
+  std::fflush(stderr);
+  dup2(fds[1], STDERR_FILENO);  // the child inherits the pipe as its stderr
+  int pid = -1;
+  try {
+    pid = spawn(argv, false);
+  } catch (...) {
+    dup2(saved, STDERR_FILENO);
+    close(saved), close(fds[0]), close(fds[1]);
+    throw;
+  }
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  close(fds[1]);
+  EpilogueFilter filter(stderr);
+  char buf[4096];
+  for (;;) {
+    const ssize_t got = read(fds[0], buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    filter.feed(buf, size_t(got));
+  }
+  filter.finish();
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return exit_code_of(status);
+}
+
 int run_launch(const LaunchArgs& a) {
   STRATA_INPUT_CHECK(!a.command.empty(),
                      "nothing to launch: give the strata command after --, e.g. "
@@ -61,11 +177,7 @@ int run_launch(const LaunchArgs& a) {
   std::vector<std::string> command = a.command;
   if (!a.fault.empty()) command.insert(command.end(), {"--fault", a.fault});
   const int threads = threads_per_rank(a.n, a.threads, a.hostfile.empty());
-  int status = 0;
-  const int pid = spawn(mpirun_command(a.n, a.hostfile, threads, command), false);
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return exit_code_of(status);
+  return run_mpirun(mpirun_command(a.n, a.hostfile, threads, command));
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // strata: the command line. Exit codes: 0 success, 2 usage or configuration error (bad config,
 // data file or command line), 1 runtime failure. Under mpirun (or srun) every process runs the
-// same command; a failure on any rank aborts the whole job with a message naming the rank.
+// same command; a failure on any rank aborts the whole job with a message naming the rank, except
+// an input error that every rank hits: it is printed once and each rank exits 2.
+#include <dnnl.h>
+#include <mpi.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +17,7 @@
 #include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
 #include "tools/strata/commands.h"
+#include "tools/strata/suggest.h"
 
 namespace {
 
@@ -24,9 +29,17 @@ bool launched_by_mpi() {
   return false;
 }
 
+// How long the ranks of a job that hit an input error wait for each other before the job is
+// aborted: every rank reads the config and the command line within moments of the others.
+constexpr double kInputErrorWaitSeconds = 5.0;
+
 int fail(int code, const char* kind, const char* what) {
   strata::comm::heartbeat_fatal(code, std::string(kind) + what);
   if (strata::comm::initialized() && strata::comm::world_size() > 1) {
+    if (code == 2) {  // bad input: printed once when every rank has it, no MPI_Abort
+      strata::comm::end_job_on_input_error(code, std::string(kind) + what, kInputErrorWaitSeconds);
+      return code;
+    }
     strata::comm::abort_job(code, std::string(kind) + what);  // never returns
   }
   std::fprintf(stderr, "strata: %s%s\n", kind, what);
@@ -34,11 +47,26 @@ int fail(int code, const char* kind, const char* what) {
   return code;
 }
 
+// `strata --version`: the release and what this binary was built with.
+std::string version_text() {
+  const dnnl_version_t* dnnl = dnnl_version();
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(mpi, &len);
+  std::string mpi_line(mpi, size_t(len));
+  mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
+  return std::string("strata ") + STRATA_VERSION + "\nbackends: cpu (oneDNN " +
+         std::to_string(dnnl->major) + "." + std::to_string(dnnl->minor) + "." +
+         std::to_string(dnnl->patch) +
+         ", OpenMP); CUDA: not built into this binary\nMPI: " + mpi_line;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"strata: distributed training of Transformer models", "strata"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text());
   int exit_code = 0;
   strata::cli::add_train_command(app);
   strata::cli::add_launch_command(app, &exit_code);
@@ -53,7 +81,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // Help, or a bad command line: CLI11 prints it (once, from rank 0 under MPI).
-    const int code = strata::comm::world_rank() == 0 ? app.exit(e) : e.get_exit_code();
+    const bool rank0 = strata::comm::world_rank() == 0;
+    const int code = rank0 ? app.exit(e) : e.get_exit_code();
+    if (rank0 && code != 0) {
+      for (const std::string& s : strata::cli::suggestions(app, argc, argv)) {
+        std::fprintf(stderr, "strata: %s\n", s.c_str());
+      }
+    }
     if (strata::comm::initialized()) strata::comm::finalize();
     return code == 0 ? 0 : 2;
   } catch (const std::filesystem::filesystem_error& e) {

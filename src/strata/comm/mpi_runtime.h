@@ -28,6 +28,14 @@ std::string host_name();
 // runs (mpirun then kills every rank), std::exit otherwise.
 [[noreturn]] void abort_job(int exit_code, const std::string& why);
 
+// Ends this rank's part of a job that hit an input error (bad config, data or command line), the
+// error `why`. When every rank reports an input error within `wait_s` seconds (a deterministic
+// one), it is printed once ("strata: all N ranks: WHY" from rank 0, or each rank's own where they
+// differ), MPI is finalized and the caller exits with `exit_code` (no MPI_Abort, so mpirun shows
+// no abort banner). Otherwise (an error on some ranks only) abort_job. Without MPI running it
+// only prints "strata: WHY".
+void end_job_on_input_error(int exit_code, const std::string& why, double wait_s);
+
 // The MPI library's sentence for an error code.
 std::string mpi_error_string(int code);
 

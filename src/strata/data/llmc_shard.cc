@@ -48,6 +48,7 @@ void add_llmc_shard(MappedTokenDataset& ds, const std::string& path) {
                      "; the file is truncated or not an llm.c shard. Re-create it");
   int index = ds.add_file(std::move(file));
   ds.add_segment(index, kLlmcHeaderBytes, ntok, u32 ? TokenType::U32 : TokenType::U16);
+  ds.note_part({"llmc", u32 ? TokenType::U32 : TokenType::U16, ntok, -1});
 }
 
 LlmcShardWriter::LlmcShardWriter(const std::string& path, bool uint32)

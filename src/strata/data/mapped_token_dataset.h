@@ -37,6 +37,18 @@ class MappedTokenDataset final : public TokenDataset {
 
   const std::vector<MappedFile>& files() const { return files_; }
 
+  // What `strata data inspect` reports, noted by the format readers: per part (an llm.c shard or
+  // a Megatron prefix) its format, token type and, for Megatron, the documents its index lists
+  // (-1 for llm.c, whose shards record no documents).
+  struct Part {
+    std::string format;
+    TokenType type;
+    int64_t tokens;
+    int64_t documents;
+  };
+  void note_part(Part part) { parts_.push_back(std::move(part)); }
+  const std::vector<Part>& parts() const { return parts_; }
+
  private:
   struct Segment {
     const uint8_t* data;
@@ -52,6 +64,7 @@ class MappedTokenDataset final : public TokenDataset {
   std::string source_;
   std::vector<MappedFile> files_;
   std::vector<Segment> segments_;
+  std::vector<Part> parts_;
   int64_t num_tokens_ = 0;
   mutable std::once_flag scanned_;
   mutable int64_t vocab_bound_ = 0;

@@ -146,6 +146,7 @@ void add_megatron_dataset(MappedTokenDataset& ds, const std::string& prefix) {
   MappedFile bin(bin_path);
   const int64_t bin_size = bin.size();
   const int bin_index = ds.add_file(std::move(bin));
+  int64_t tokens = 0;
   for (uint64_t s = 0; s < seqs; ++s) {
     const int64_t n = load<int32_t>(sizes + 4 * s);
     const int64_t ptr = load<int64_t>(pointers + 8 * s);
@@ -158,7 +159,9 @@ void add_megatron_dataset(MappedTokenDataset& ds, const std::string& prefix) {
                        " spans bytes [", ptr, ", ", ptr + n * width, ") but ", bin_path, " has ",
                        bin_size, " bytes; the .bin is truncated or does not belong to this .idx");
     ds.add_segment(bin_index, ptr, n, *type);
+    tokens += n;
   }
+  ds.note_part({"megatron", *type, tokens, docs > 0 ? int64_t(docs) - 1 : 0});
 }
 
 MegatronWriter::MegatronWriter(const std::string& prefix, TokenType type)

@@ -21,25 +21,27 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
   json root = j.is_null() ? json::object() : j;
   for (const std::string& o : overrides) apply_override(root, o);
   if (!overrides.empty()) check_json_depth(root, "the config with its --set overrides");
-  Block top(&root, "", keys_of(""));
+  // Every block is read, and every bad key or value listed, before the one InputError is thrown.
+  ConfigErrors errors;
+  Block top(&root, "", keys_of(""), false, &errors);
   top.nullable({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                 "steps_per_print", "communication_data_type", "optimizer", "scheduler"});
   Config c;
-  parse_batch_and_top(top, c);
-  parse_precision(top, c);
-  parse_optimizer(top, c);
-  parse_scheduler(top, c);
-  parse_zero(top, c);
-  parse_runtime_blocks(top, c);
-  parse_model(top, c);
-  parse_layout_blocks(top, c);
+  for (void (*parse)(const Block&, Config&) :
+       {parse_batch_and_top, parse_precision, parse_optimizer, parse_scheduler, parse_zero,
+        parse_deepspeed_extras, parse_runtime_blocks, parse_model, parse_layout_blocks}) {
+    errors.collect([&] { parse(top, c); });
+  }
   // An enabled elasticity block sets the batch itself (apply_elastic_batch).
-  if (c.given_train_batch_size == 0 && c.given_micro_batch == 0 && !c.elasticity.enabled) {
-    STRATA_INPUT_FAIL(
+  // A batch key given with a bad value is already listed.
+  if (c.given_train_batch_size == 0 && c.given_micro_batch == 0 && !c.elasticity.enabled &&
+      !top.has("train_batch_size") && !top.has("train_micro_batch_size_per_gpu")) {
+    errors.add(
         "either train_batch_size or train_micro_batch_size_per_gpu must be given (as in "
         "DeepSpeed; gradient_accumulation_steps alone does not fix the batch), e.g. "
         "\"train_micro_batch_size_per_gpu\": 1");
   }
+  if (!errors.empty()) errors.raise();
   check_cross_block(c);
   return c;
 }

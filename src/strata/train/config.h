@@ -151,6 +151,27 @@ struct WandbConfig {
   std::string project = "deepspeed";
 };
 
+// DeepSpeed blocks and keys read only to check them: they change nothing in strata's training (a
+// printout, DeepSpeed's own data loader, NVMe I/O tuning, a check on a client optimizer strata
+// does not have), so config_notices names the ones set away from DeepSpeed's default. What would
+// change training (data_efficiency's sampling or routing enabled) is refused instead.
+struct DeepSpeedExtrasConfig {
+  bool flops_profiler = false;                   // flops_profiler.enabled
+  std::vector<std::string> flops_profiler_keys;  // its other keys that are given
+  bool comms_logger = false;                     // comms_logger.enabled
+  std::vector<std::string> comms_logger_keys;
+  bool torch_autocast = false;  // torch_autocast.enabled (only where the model already runs in
+                                // its dtype; otherwise refused)
+  std::vector<std::string> torch_autocast_keys;
+  std::vector<std::string> aio_keys;  // aio's keys that are given
+  bool dataloader_drop_last = false;
+  bool zero_force_ds_cpu_optimizer = true;
+  bool data_efficiency = false;                   // data_efficiency.enabled (its features all off)
+  std::vector<std::string> data_efficiency_keys;  // its other keys that are given
+  bool elastic_checkpoint = false;                // zero_optimization.elastic_checkpoint
+  bool cpu_offload_use_pin_memory = false;        // zero_optimization's legacy pin_memory switch
+};
+
 struct Config {
   // The batch triangle, resolved for a data-parallel size (see resolve_batch).
   int64_t train_batch_size = 0;
@@ -182,6 +203,7 @@ struct Config {
   ElasticityConfig elasticity;
   MonitorConfig tensorboard, csv_monitor;
   WandbConfig wandb;
+  DeepSpeedExtrasConfig extras;
 
   ModelConfig model;  // no "model" block: the "demo" preset
   ParallelismConfig parallelism;

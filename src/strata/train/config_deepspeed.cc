@@ -2,6 +2,7 @@
 // precision_config.py, zero/config.py, zero/offload_config.py, lr_schedules.py, engine.py).
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "strata/core/check.h"
 #include "strata/train/config_internal.h"
@@ -86,7 +87,15 @@ void parse_batch_and_top(const Block& top, Config& c) {
   }
   top.get_bool("wall_clock_breakdown", c.wall_clock_breakdown);
   if (top.has("communication_data_type")) {
-    c.communication_data_type = parse_dtype_key(top, "communication_data_type");
+    const json& v = top.at("communication_data_type");
+    if (v.is_string() && lower(v.get_ref<const std::string&>()) == "bfp16") {
+      // Older DeepSpeed releases spelt bf16 "bfp16" here; the pinned release refuses it.
+      top.report(
+          "communication_data_type \"bfp16\" is an old DeepSpeed spelling that DeepSpeed 0.19 "
+          "refuses too (\"Invalid communication_data_type\"); write \"bf16\"");
+    } else {
+      c.communication_data_type = parse_dtype_key(top, "communication_data_type");
+    }
   }
   top.get_bool("prescale_gradients", c.prescale_gradients);
   top.get_number("gradient_predivide_factor", c.gradient_predivide_factor, 0.0, HUGE_VAL, true);
@@ -173,6 +182,7 @@ void parse_optimizer(const Block& top, Config& c) {
   OptimizerConfig& o = c.optimizer;
   std::string type;
   if (!ob.get_choice("type", type, {"Adam", "AdamW", "SGD"}, true)) {
+    if (ob.has("type")) return;  // a bad type is listed already
     STRATA_INPUT_FAIL(
         "optimizer.type is required in an optimizer block: \"Adam\", \"AdamW\" or "
         "\"SGD\"");
@@ -235,6 +245,7 @@ void parse_scheduler(const Block& top, Config& c) {
   if (!sb.present()) return;
   SchedulerConfig& s = c.scheduler;
   if (!sb.get_choice("type", s.type, {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"})) {
+    if (sb.has("type")) return;  // a bad type is listed already
     STRATA_INPUT_FAIL(
         "scheduler.type is required in a scheduler block: \"WarmupLR\", "
         "\"WarmupDecayLR\" or \"WarmupCosineLR\"");
@@ -250,7 +261,8 @@ void parse_scheduler(const Block& top, Config& c) {
   check_params_of_type(sb.has("params") ? &sb.at("params") : nullptr, "scheduler.params", s.type,
                        valid);
   Block p = sb.child("params", valid);
-  const bool warmup_given = p.get_int("warmup_num_steps", s.warmup_num_steps, 1);
+  // DeepSpeed's schedulers take any warmup_num_steps >= 0 and warm up over max(2, it).
+  const bool warmup_given = p.get_int("warmup_num_steps", s.warmup_num_steps, 0);
   p.get_choice("warmup_type", s.warmup_type, {"log", "linear"});
   if (s.type != "WarmupCosineLR") {
     p.get_number("warmup_min_lr", s.warmup_min_lr, 0.0, HUGE_VAL);
@@ -261,17 +273,21 @@ void parse_scheduler(const Block& top, Config& c) {
     p.get_number("cos_min_ratio", s.cos_min_ratio, 0.0, 1.0);
   }
   if (s.type == "WarmupLR") return;
-  if (!p.get_int("total_num_steps", s.total_num_steps, 1)) {
+  if (!p.has("total_num_steps")) {
     STRATA_INPUT_FAIL("scheduler.params.total_num_steps is required by ", s.type,
                       " (the step where the schedule ends), e.g. the run's train.steps");
   }
+  if (!p.get_int("total_num_steps", s.total_num_steps, 1)) return;
+  // WarmupDecayLR decays over max(1, total - warmup) steps: DeepSpeed only warns when total is
+  // below warmup (noted by config_notices). WarmupCosineLR divides by total - warmup.
   const int64_t warmup = std::max<int64_t>(2, s.warmup_num_steps);  // DeepSpeed's floor
-  if (s.total_num_steps <= warmup) {
+  if (s.type == "WarmupCosineLR" && s.total_num_steps <= warmup) {
     STRATA_INPUT_FAIL(
         "scheduler.params.total_num_steps=", s.total_num_steps,
         " must be greater than scheduler.params.warmup_num_steps=", s.warmup_num_steps,
         warmup_given ? (s.warmup_num_steps < 2 ? " (2 in effect)" : "") : " (default)",
-        "; raise total_num_steps or lower warmup_num_steps");
+        " for WarmupCosineLR, whose cosine spans the steps between them; raise total_num_steps "
+        "or lower warmup_num_steps");
   }
 }
 
@@ -286,21 +302,27 @@ void parse_zero(const Block& top, Config& c) {
   ZeroConfig& zc = c.zero;
   int64_t stage = 0;
   if (z.get_int("stage", stage, INT64_MIN)) {
-    if (stage < 0 || stage > 3) z.fail("stage", "one of 0, 1, 2, 3");
-    zc.stage = int(stage);
+    if (stage < 0 || stage > 3) {
+      z.bad("stage", "one of 0, 1, 2, 3");
+    } else {
+      zc.stage = int(stage);
+    }
   }
   zc.overlap_comm = zc.stage == 3;  // DeepSpeed: unset means true iff stage 3
   z.get_bool("overlap_comm", zc.overlap_comm);
   z.get_bool("contiguous_gradients", zc.contiguous_gradients);
-  z.get_int("reduce_bucket_size", zc.reduce_bucket_size, 1);
-  if (z.get_int("allgather_bucket_size", zc.allgather_bucket_size, 1) &&
+  // DeepSpeed's bucket and sub-group sizes are pydantic ge=0 fields. reduce_bucket_size 0 flushes
+  // the bucket before every gradient (each reduced alone): strata reduces unit by unit.
+  z.get_int("reduce_bucket_size", zc.reduce_bucket_size, 0);
+  if (z.get_int("allgather_bucket_size", zc.allgather_bucket_size, 0) &&
       zc.allgather_bucket_size % 2 != 0) {
-    z.fail("allgather_bucket_size", "an even integer >= 2 (DeepSpeed's alignment)");
+    z.bad("allgather_bucket_size", "an even integer >= 0 (DeepSpeed's alignment)");
   }
   z.get_bool("reduce_scatter", zc.reduce_scatter);
   z.get_bool("allgather_partitions", zc.allgather_partitions);
   z.get_bool("round_robin_gradients", zc.round_robin_gradients);
-  z.get_int("sub_group_size", zc.sub_group_size, 1);
+  z.get_int("sub_group_size", zc.sub_group_size, 0);
+  z.get_bool("elastic_checkpoint", c.extras.elastic_checkpoint);
   // DeepSpeed's MiCS: -1 (the default) shards over the whole data-parallel group.
   if (z.get_int("mics_shard_size", zc.mics_shard_size, -1) && zc.mics_shard_size == 0) {
     z.fail("mics_shard_size", "-1 (shard over all data-parallel ranks) or a group size >= 1");
@@ -312,8 +334,10 @@ void parse_zero(const Block& top, Config& c) {
     std::string_view k = alias_given(z, names);
     if (!k.empty()) z.get_int(k, out, lo);
   };
+  // 0: no prefetch (each unit is gathered when it is acquired). max_live_parameters 0 and
+  // max_reuse_distance 0 keep nothing resident past its use.
   aliased({"stage3_prefetch_bucket_size", "prefetch_bucket_size"}, zc.stage3_prefetch_bucket_size,
-          1);
+          0);
   aliased({"stage3_param_persistence_threshold", "param_persistence_threshold"},
           zc.stage3_param_persistence_threshold, 0);
   aliased({"stage3_max_live_parameters", "max_live_parameters"}, zc.stage3_max_live_parameters, 0);
@@ -329,9 +353,161 @@ void parse_zero(const Block& top, Config& c) {
                 true);
   parse_offload(z, "offload_optimizer", keys_of("zero_optimization.offload_optimizer"),
                 zc.offload_optimizer, false);
+  // DeepSpeed's deprecated switches, remapped as its pydantic model does;
+  // cpu_offload_use_pin_memory is deprecated without a new parameter to set (DeepSpeed reads it
+  // nowhere).
+  for (const auto& [legacy, block, o] :
+       {std::tuple{"cpu_offload", "offload_optimizer", &zc.offload_optimizer},
+        std::tuple{"cpu_offload_param", "offload_param", &zc.offload_param}}) {
+    bool on = false;
+    if (!z.get_bool(legacy, on)) continue;
+    if (z.has(block)) {
+      z.report(z.key_path(legacy) + " is the deprecated form of " + z.key_path(block) +
+               "; give only " + z.key_path(block) + " (DeepSpeed refuses both together)");
+    } else if (on) {
+      o->device = "cpu";
+    }
+  }
+  z.get_bool("cpu_offload_use_pin_memory", c.extras.cpu_offload_use_pin_memory);
   if (zc.offload_optimizer.ratio < 1.0 && zc.stage != 3) {
     STRATA_INPUT_FAIL("zero_optimization.offload_optimizer.ratio=", zc.offload_optimizer.ratio,
                       " (partial offload) needs zero_optimization.stage 3, got stage ", zc.stage);
+  }
+}
+
+namespace {
+
+// The keys of `b` other than "enabled" that are given, in schema order.
+std::vector<std::string> given_keys(const Block& b, const Keys& keys) {
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    if (k != "enabled" && b.has(k)) out.push_back(k);
+  }
+  return out;
+}
+
+// A list of strings at `key` (DeepSpeed's prof_ops, lower_precision_safe_modules).
+void check_string_list(const Block& b, std::string_view key) {
+  if (!b.has(key)) return;
+  const json& v = b.at(key);
+  const auto is_string = [](const json& x) { return x.is_string(); };
+  if (!v.is_array() || !std::all_of(v.begin(), v.end(), is_string)) {
+    b.bad(key, "a list of strings");
+  }
+}
+
+// A switch inside data_efficiency's free-form settings: true, false or absent.
+bool switch_on(const Block& de, const json* block, const std::string& path) {
+  if (block == nullptr || !block->is_object() || !block->contains("enabled")) return false;
+  const json& v = block->at("enabled");
+  if (!v.is_boolean()) {
+    de.report(path + ".enabled must be true or false, got " + show(v));
+    return false;
+  }
+  return v.get<bool>();
+}
+
+const json* member(const json* block, const char* key) {
+  if (block == nullptr || !block->is_object() || !block->contains(key)) return nullptr;
+  return &block->at(key);
+}
+
+}  // namespace
+
+void parse_deepspeed_extras(const Block& top, Config& c) {
+  DeepSpeedExtrasConfig& x = c.extras;
+  top.get_bool("dataloader_drop_last", x.dataloader_drop_last);
+  top.get_bool("zero_force_ds_cpu_optimizer", x.zero_force_ds_cpu_optimizer);
+
+  Block fp = top.child("flops_profiler", keys_of("flops_profiler"));
+  fp.nullable({"output_file"});
+  fp.get_bool("enabled", x.flops_profiler);
+  double factor = 0;
+  fp.get_number("recompute_fwd_factor", factor, 0.0, HUGE_VAL);
+  int64_t n = 0;  // DeepSpeed's profiler fields are plain ints (profile_step -1: never)
+  for (const char* key : {"profile_step", "module_depth", "top_modules"}) {
+    fp.get_int(key, n, INT64_MIN);
+  }
+  bool flag = false;
+  fp.get_bool("detailed", flag);
+  std::string text;
+  fp.get_string("output_file", text);
+  x.flops_profiler_keys = given_keys(fp, keys_of("flops_profiler"));
+
+  Block cl = top.child("comms_logger", keys_of("comms_logger"));
+  cl.get_bool("enabled", x.comms_logger);
+  for (const char* key : {"verbose", "prof_all", "debug"}) cl.get_bool(key, flag);
+  check_string_list(cl, "prof_ops");
+  x.comms_logger_keys = given_keys(cl, keys_of("comms_logger"));
+
+  Block ta = top.child("torch_autocast", keys_of("torch_autocast"));
+  ta.get_bool("enabled", x.torch_autocast);
+  DType autocast = DType::BF16;  // DeepSpeed's default autocast dtype
+  if (ta.has("dtype")) {
+    const json& v = ta.at("dtype");
+    std::string d = v.is_string() ? lower(v.get_ref<const std::string&>()) : "";
+    if (d.rfind("torch.", 0) == 0) d = d.substr(6);
+    if (d == "bfloat16" || d == "bf16") {
+      autocast = DType::BF16;
+    } else if (d == "float16" || d == "fp16" || d == "half") {
+      autocast = DType::F16;
+    } else {
+      ta.bad("dtype", "\"torch.bfloat16\" or \"torch.float16\"");
+    }
+  }
+  check_string_list(ta, "lower_precision_safe_modules");
+  x.torch_autocast_keys = given_keys(ta, keys_of("torch_autocast"));
+  // Autocast over fp32 parameters would run the matmuls in 16 bits: strata runs the model in its
+  // parameter dtype only, so that is refused; over parameters already in that dtype it is moot.
+  if (x.torch_autocast && autocast != c.param_dtype()) {
+    const char* flag_key = autocast == DType::BF16 ? "bf16.enabled" : "fp16.enabled";
+    ta.report(detail::concat(
+        "torch_autocast.enabled=true computes in ", dtype_name(autocast), " over ",
+        dtype_name(c.param_dtype()),
+        " parameters; strata has no autocast and runs the model in its parameter dtype: set ",
+        flag_key, "=true to train in ", dtype_name(autocast), ", or torch_autocast.enabled=false"));
+  }
+
+  Block aio = top.child("aio", keys_of("aio"));
+  for (const char* key : {"block_size", "queue_depth", "intra_op_parallelism", "thread_count"}) {
+    aio.get_int(key, n, 1);
+  }
+  if (aio.has("intra_op_parallelism") && aio.has("thread_count")) {
+    aio.report(
+        "aio.thread_count is the former name of aio.intra_op_parallelism; give only one of them");
+  }
+  for (const char* key : {"single_submit", "overlap_events", "use_gds"}) aio.get_bool(key, flag);
+  x.aio_keys = given_keys(aio, keys_of("aio"));
+
+  // Only the switches are read: with every feature off, DeepSpeed's data pipeline is untouched.
+  Block de = top.child("data_efficiency", keys_of("data_efficiency"));
+  de.get_bool("enabled", x.data_efficiency);
+  uint64_t seed = 0;
+  de.get_uint64("seed", seed);
+  const json* sampling = de.has("data_sampling") ? &de.at("data_sampling") : nullptr;
+  const json* routing = de.has("data_routing") ? &de.at("data_routing") : nullptr;
+  if (sampling != nullptr && !sampling->is_object()) de.bad("data_sampling", "a block");
+  if (routing != nullptr && !routing->is_object()) de.bad("data_routing", "a block");
+  struct Feature {
+    const json* block;
+    std::string path, what;
+  };
+  const Feature features[] = {
+      {sampling, "data_efficiency.data_sampling",
+       "DeepSpeed's data sampler chooses which samples each step reads"},
+      {member(sampling, "curriculum_learning"), "data_efficiency.data_sampling.curriculum_learning",
+       "curriculum learning changes which samples (and sequence lengths) each step trains on"},
+      {routing, "data_efficiency.data_routing",
+       "data routing changes which tokens each layer computes"},
+      {member(routing, "random_ltd"), "data_efficiency.data_routing.random_ltd",
+       "random-LTD drops tokens from the middle layers"}};
+  x.data_efficiency_keys = given_keys(de, keys_of("data_efficiency"));
+  for (const Feature& f : features) {
+    if (switch_on(de, f.block, f.path)) {
+      de.report(f.path + ".enabled=true: " + f.what +
+                ", which strata does not implement; ignoring it would change training, so set " +
+                f.path + ".enabled=false (or remove data_efficiency)");
+    }
   }
 }
 

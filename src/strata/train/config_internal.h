@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "strata/core/text.h"
 #include "strata/train/config.h"
 
 namespace strata::config_detail {
@@ -28,22 +29,44 @@ const Keys& keys_of(std::string_view path);  // the block at `path` must exist i
 
 // ---- messages ----
 
-std::string lower(std::string_view s);
-
-// Edit distance (optimal string alignment, case-insensitive): insertion, deletion, substitution
-// and transposition of adjacent characters each cost 1.
-size_t edit_distance(std::string_view a, std::string_view b);
-// The candidate nearest to `word` by edit distance; "" when there are none.
-std::string nearest(std::string_view word, const Keys& candidates);
+// lower, edit_distance and nearest: core/text.h.
+using strata::edit_distance;
+using strata::lower;
+using strata::nearest;
 // A value as the user wrote it (JSON), shortened for a message.
 std::string show(const json& v);
 std::string join_path(std::string_view parent, std::string_view key);
 // ", "-joined list, each element quoted when `quote`.
 std::string list(const Keys& items, bool quote);
-// Throws the InputError for key `key` of the block at `path`, which allows `valid`: names a
-// DeepSpeed key strata does not implement as such, a key that belongs to another block by its
-// full path, else the nearest valid key.
-[[noreturn]] void fail_unknown_key(std::string_view path, std::string_view key, const Keys& valid);
+// The message for key `key` of the block at `path`, which allows `valid`: names a DeepSpeed key
+// strata does not implement as such, a key that belongs to another block by its full path, else
+// the nearest valid key.
+std::string unknown_key_message(std::string_view path, std::string_view key, const Keys& valid);
+
+// ---- all of a config's errors in one run ----
+
+// The errors found so far. parse_config reads every block into one list and throws a single
+// InputError naming each; a check that depends on an earlier value stops its group of blocks.
+class ConfigErrors {
+ public:
+  void add(std::string message);  // a repeated message is kept once
+  bool empty() const { return messages_.empty(); }
+  const std::vector<std::string>& messages() const { return messages_; }
+  // Throws the InputError: the one message as is, or "the config has N errors:" and a line each.
+  [[noreturn]] void raise() const;
+  // Runs `parse`; an InputError it throws joins the list.
+  template <typename F>
+  void collect(F&& parse) {
+    try {
+      parse();
+    } catch (const InputError& e) {
+      add(e.what());
+    }
+  }
+
+ private:
+  std::vector<std::string> messages_;
+};
 
 // ---- the block reader ----
 
@@ -51,9 +74,13 @@ std::string list(const Keys& items, bool quote);
 // `keys`; the getters leave `out` untouched (the default) when the key is absent, check the type
 // and the range, and return whether the key was given. In DeepSpeed's pydantic blocks (zero,
 // fp16, bf16, monitors) the string "auto" means "use the default" (`auto_means_default`).
+// With `errors`, a bad key or value joins that list (a getter then returns false, leaving the
+// default) and reading goes on; without, it throws the InputError at once. Children share the
+// list of their parent.
 class Block {
  public:
-  Block(const json* j, std::string path, const Keys& keys, bool auto_means_default = false);
+  Block(const json* j, std::string path, const Keys& keys, bool auto_means_default = false,
+        ConfigErrors* errors = nullptr);
 
   const std::string& path() const { return path_; }
   bool present() const { return j_ != nullptr; }
@@ -83,27 +110,36 @@ class Block {
 
   // "<path> must be <what>, got <value>" for `key`.
   [[noreturn]] void fail(std::string_view key, std::string_view what) const;
+  // The same message, added to the error list (thrown without one); returns false.
+  bool bad(std::string_view key, std::string_view what) const;
+  // `message` added to the error list (thrown without one).
+  void report(const std::string& message) const;
+  ConfigErrors* errors() const { return errors_; }
 
  private:
   const json* value(std::string_view key) const;  // nullptr when not given
+  std::string fail_message(std::string_view key, std::string_view what) const;
 
   const json* j_;
   std::string path_;
   bool auto_means_default_;
+  ConfigErrors* errors_;
   std::vector<std::string> nullable_;
 };
 
 // ---- the parsers, one per group of blocks; each fills its part of `c` from the top level ----
 
-void parse_batch_and_top(const Block& top, Config& c);   // batch keys, top-level scalars
-void parse_precision(const Block& top, Config& c);       // fp16, bf16 / bfloat16, data_types
-void parse_optimizer(const Block& top, Config& c);       // optimizer
-void parse_scheduler(const Block& top, Config& c);       // scheduler (after the optimizer)
-void parse_zero(const Block& top, Config& c);            // zero_optimization
-void parse_runtime_blocks(const Block& top, Config& c);  // activation ckpt, checkpoint,
-                                                         // elasticity, monitors
-void parse_model(const Block& top, Config& c);           // model (finalized)
-void parse_layout_blocks(const Block& top, Config& c);   // parallelism, data, train
+void parse_batch_and_top(const Block& top, Config& c);     // batch keys, top-level scalars
+void parse_precision(const Block& top, Config& c);         // fp16, bf16 / bfloat16, data_types
+void parse_optimizer(const Block& top, Config& c);         // optimizer
+void parse_scheduler(const Block& top, Config& c);         // scheduler (after the optimizer)
+void parse_zero(const Block& top, Config& c);              // zero_optimization
+void parse_deepspeed_extras(const Block& top, Config& c);  // flops_profiler, comms_logger, aio,
+                                                           // data_efficiency, torch_autocast, ...
+void parse_runtime_blocks(const Block& top, Config& c);    // activation ckpt, checkpoint,
+                                                           // elasticity, monitors
+void parse_model(const Block& top, Config& c);             // model (finalized)
+void parse_layout_blocks(const Block& top, Config& c);     // parallelism, data, train
 // Checks that span blocks (ZeRO with the optimizer, precision with data_types,
 // activation_checkpointing.number_checkpoints with model.layers, ...).
 void check_cross_block(Config& c);

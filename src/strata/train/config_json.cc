@@ -32,16 +32,27 @@ std::string too_deep_message(std::string_view at) {
 
 // ---- the block reader ----
 
-Block::Block(const json* j, std::string path, const Keys& keys, bool auto_means_default)
-    : j_(j), path_(std::move(path)), auto_means_default_(auto_means_default) {
+Block::Block(const json* j, std::string path, const Keys& keys, bool auto_means_default,
+             ConfigErrors* errors)
+    : j_(j), path_(std::move(path)), auto_means_default_(auto_means_default), errors_(errors) {
   if (j_ == nullptr) return;
   if (!j_->is_object()) {
-    if (path_.empty()) STRATA_INPUT_FAIL("the config must be a JSON object, got ", show(*j_));
-    STRATA_INPUT_FAIL(path_, " must be a block (a JSON object), got ", show(*j_));
+    const std::string what = show(*j_);
+    j_ = nullptr;  // read as absent: every getter leaves its default
+    report(path_.empty() ? "the config must be a JSON object, got " + what
+                         : path_ + " must be a block (a JSON object), got " + what);
+    return;
   }
   for (const auto& [key, v] : j_->items()) {
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) fail_unknown_key(path_, key, keys);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      report(unknown_key_message(path_, key, keys));
+    }
   }
+}
+
+void Block::report(const std::string& message) const {
+  if (errors_ == nullptr) STRATA_INPUT_FAIL(message);
+  errors_->add(message);
 }
 
 Block& Block::nullable(std::initializer_list<std::string_view> keys) {
@@ -78,7 +89,7 @@ const json& Block::at(std::string_view key) const {
   return *v;
 }
 
-void Block::fail(std::string_view key, std::string_view what) const {
+std::string Block::fail_message(std::string_view key, std::string_view what) const {
   const json& v = j_->at(key);
   std::string hint;
   if (v.is_string() && v.get_ref<const std::string&>() == "auto") {
@@ -86,13 +97,22 @@ void Block::fail(std::string_view key, std::string_view what) const {
         " (DeepSpeed takes \"auto\" only inside zero_optimization, fp16, bf16 and the monitor "
         "blocks; elsewhere the Hugging Face Trainer fills it in before DeepSpeed sees it)";
   }
-  STRATA_INPUT_FAIL(key_path(key), " must be ", std::string(what), ", got ", show(v), hint);
+  return key_path(key) + " must be " + std::string(what) + ", got " + show(v) + hint;
+}
+
+void Block::fail(std::string_view key, std::string_view what) const {
+  STRATA_INPUT_FAIL(fail_message(key, what));
+}
+
+bool Block::bad(std::string_view key, std::string_view what) const {
+  report(fail_message(key, what));
+  return false;
 }
 
 bool Block::get_bool(std::string_view key, bool& out) const {
   const json* v = value(key);
   if (v == nullptr) return false;
-  if (!v->is_boolean()) fail(key, "true or false");
+  if (!v->is_boolean()) return bad(key, "true or false");
   out = v->get<bool>();
   return true;
 }
@@ -106,18 +126,18 @@ bool Block::get_int(std::string_view key, int64_t& out, int64_t lo, int64_t hi) 
   int64_t x = 0;
   if (v->is_number_unsigned()) {
     const uint64_t u = v->get<uint64_t>();
-    if (u > uint64_t(INT64_MAX)) fail(key, what);
+    if (u > uint64_t(INT64_MAX)) return bad(key, what);
     x = int64_t(u);
   } else if (v->is_number_integer()) {
     x = v->get<int64_t>();
   } else if (v->is_number_float()) {  // 5e8 for an integer key, as pydantic accepts
     const double d = v->get<double>();
-    if (!std::isfinite(d) || std::trunc(d) != d || std::fabs(d) >= 9.2e18) fail(key, what);
+    if (!std::isfinite(d) || std::trunc(d) != d || std::fabs(d) >= 9.2e18) return bad(key, what);
     x = int64_t(d);
   } else {
-    fail(key, what);
+    return bad(key, what);
   }
-  if (x < lo || x > hi) fail(key, what);
+  if (x < lo || x > hi) return bad(key, what);
   out = x;
   return true;
 }
@@ -126,7 +146,7 @@ bool Block::get_int(std::string_view key, int& out, int lo, int hi) const {
   int64_t x = 0;
   if (!get_int(key, x, lo == INT_MIN ? INT64_MIN : lo, hi == INT_MAX ? INT64_MAX : hi))
     return false;
-  if (x < INT_MIN || x > INT_MAX) fail(key, "an integer within the range of int32");
+  if (x < INT_MIN || x > INT_MAX) return bad(key, "an integer within the range of int32");
   out = int(x);
   return true;
 }
@@ -138,16 +158,16 @@ bool Block::get_uint64(std::string_view key, uint64_t& out) const {
     out = v->get<uint64_t>();
   } else if (v->is_number_integer()) {
     const int64_t x = v->get<int64_t>();
-    if (x < 0) fail(key, "an integer >= 0");
+    if (x < 0) return bad(key, "an integer >= 0");
     out = uint64_t(x);
   } else if (v->is_number_float()) {
     const double d = v->get<double>();
     if (!std::isfinite(d) || std::trunc(d) != d || d < 0 || d >= 18446744073709551616.0) {
-      fail(key, "an integer >= 0");
+      return bad(key, "an integer >= 0");
     }
     out = uint64_t(d);
   } else {
-    fail(key, "an integer >= 0");
+    return bad(key, "an integer >= 0");
   }
   return true;
 }
@@ -161,9 +181,9 @@ bool Block::get_number(std::string_view key, double& out, double lo, double hi,
   if (hi != HUGE_VAL) {
     what += std::string(" in ") + (lo_open ? "(" : "[") + fmt_num(lo) + ", " + fmt_num(hi) + "]";
   }
-  if (!v->is_number()) fail(key, what);
+  if (!v->is_number()) return bad(key, what);
   const double d = v->get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) fail(key, what);
+  if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) return bad(key, what);
   out = d;
   return true;
 }
@@ -171,7 +191,7 @@ bool Block::get_number(std::string_view key, double& out, double lo, double hi,
 bool Block::get_number(std::string_view key, float& out, double lo, double hi, bool lo_open) const {
   double d = 0;
   if (!get_number(key, d, lo, hi, lo_open)) return false;
-  if (std::fabs(d) > double(FLT_MAX)) fail(key, "a number within the range of fp32");
+  if (std::fabs(d) > double(FLT_MAX)) return bad(key, "a number within the range of fp32");
   out = float(d);
   return true;
 }
@@ -179,7 +199,7 @@ bool Block::get_number(std::string_view key, float& out, double lo, double hi, b
 bool Block::get_string(std::string_view key, std::string& out) const {
   const json* v = value(key);
   if (v == nullptr) return false;
-  if (!v->is_string()) fail(key, "a string");
+  if (!v->is_string()) return bad(key, "a string");
   out = v->get<std::string>();
   return true;
 }
@@ -189,7 +209,7 @@ bool Block::get_choice(std::string_view key, std::string& out, const Keys& allow
   const json* v = value(key);
   if (v == nullptr) return false;
   const std::string what = "one of " + list(allowed, true);
-  if (!v->is_string()) fail(key, what);
+  if (!v->is_string()) return bad(key, what);
   const std::string& s = v->get_ref<const std::string&>();
   for (const std::string& a : allowed) {
     if (s == a || (case_insensitive && lower(s) == lower(a))) {
@@ -199,16 +219,36 @@ bool Block::get_choice(std::string_view key, std::string& out, const Keys& allow
   }
   const std::string near = nearest(s, allowed);
   if (edit_distance(s, near) <= 2) {
-    STRATA_INPUT_FAIL(key_path(key), " must be ", what, ", got ", show(*v), "; did you mean \"",
-                      near, "\"?");
+    report(key_path(key) + " must be " + what + ", got " + show(*v) + "; did you mean \"" + near +
+           "\"?");
+    return false;
   }
-  fail(key, what);
+  return bad(key, what);
 }
 
 Block Block::child(std::string_view key, const Keys& keys, bool auto_means_default) const {
   const json* v = value(key);
-  if (v != nullptr && !v->is_object()) fail(key, "a block (a JSON object)");
-  return Block(v, key_path(key), keys, auto_means_default);
+  if (v != nullptr && !v->is_object()) {
+    bad(key, "a block (a JSON object)");
+    v = nullptr;
+  }
+  return Block(v, key_path(key), keys, auto_means_default, errors_);
+}
+
+// ---- all of a config's errors ----
+
+void ConfigErrors::add(std::string message) {
+  if (std::find(messages_.begin(), messages_.end(), message) == messages_.end()) {
+    messages_.push_back(std::move(message));
+  }
+}
+
+void ConfigErrors::raise() const {
+  STRATA_CHECK(!messages_.empty(), "no config errors to raise");
+  if (messages_.size() == 1) STRATA_INPUT_FAIL(messages_[0]);
+  std::string all = "the config has " + std::to_string(messages_.size()) + " errors:";
+  for (const std::string& m : messages_) all += "\n  - " + m;
+  STRATA_INPUT_FAIL(all);
 }
 
 // ---- JSON text ----

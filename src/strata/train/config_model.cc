@@ -201,7 +201,7 @@ void parse_model(const Block& top, Config& c) {
     const bool given = b.get_int(key, *out, 1);
     const bool derived =
         std::string_view(key) == "kv_heads" || std::string_view(key) == "ffn_hidden";
-    if (!given && !from_preset && !derived) {
+    if (!given && !from_preset && !derived && !b.has(key)) {  // a bad value is listed already
       STRATA_INPUT_FAIL("model.", key, " is required when model.preset is not given");
     }
   }

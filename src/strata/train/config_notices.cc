@@ -270,6 +270,12 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   if (!f.enabled && !scaling.empty()) {
     add(scaling, has(scaling), " no effect: fp16.enabled is false");
   }
+  const SchedulerConfig& sc = c.scheduler;
+  if (sc.type == "WarmupDecayLR" && sc.total_num_steps < sc.warmup_num_steps) {
+    add("scheduler.params.total_num_steps=", sc.total_num_steps,
+        " is below scheduler.params.warmup_num_steps=", sc.warmup_num_steps,
+        ": after the warm-up the learning rate is warmup_min_lr (as in DeepSpeed, which warns)");
+  }
   if (c.optimizer_torch_adam) {
     add("optimizer.params.torch_adam selects no other implementation: strata's Adam is the same "
         "math as torch.optim's; it only makes AdamW's default weight_decay torch's 0.01");
@@ -331,6 +337,68 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
                                                {"team", c.wandb.team != dw.team},
                                                {"project", c.wandb.project != dw.project}});
   if (!wandb.empty()) add(wandb, has(wandb), " no effect: metrics go to train.run_dir only");
+
+  // ---- DeepSpeed's printouts, its data loader, NVMe tuning ----
+  const DeepSpeedExtrasConfig& x = c.extras;
+  // "block.enabled/a/b" for a block's switch (when on) and its other given keys.
+  const auto block_keys = [](std::string_view block, bool on, const std::vector<std::string>& k) {
+    std::string r = on ? std::string(block) + ".enabled" : "";
+    for (const std::string& key : k) r += (r.empty() ? std::string(block) + "." : "/") + key;
+    return r;
+  };
+  const std::string profiler =
+      block_keys("flops_profiler", x.flops_profiler, x.flops_profiler_keys);
+  if (!profiler.empty()) {
+    add(profiler, has(profiler),
+        x.flops_profiler ? " no effect: no FLOPs profile is printed (DeepSpeed's profiler only "
+                           "prints one at profile_step); strata's metrics report each step's "
+                           "achieved FLOP/s"
+                         : " no effect: flops_profiler.enabled is false");
+  }
+  const std::string comms = block_keys("comms_logger", x.comms_logger, x.comms_logger_keys);
+  if (!comms.empty()) {
+    add(comms, has(comms),
+        x.comms_logger ? " no effect: no communication log is printed (DeepSpeed's comms_logger "
+                         "only logs each collective's size and time)"
+                       : " no effect: comms_logger.enabled is false");
+  }
+  const std::string autocast =
+      block_keys("torch_autocast", x.torch_autocast, x.torch_autocast_keys);
+  if (!autocast.empty()) {
+    if (x.torch_autocast) {
+      add(autocast, has(autocast), " no effect: the model already runs in ",
+          dtype_name(c.param_dtype()), ", its parameter dtype");
+    } else {
+      add(autocast, has(autocast), " no effect: torch_autocast.enabled is false");
+    }
+  }
+  const std::string aio = block_keys("aio", false, x.aio_keys);
+  if (!aio.empty()) {
+    add(aio, has(aio), " no effect: it tunes DeepSpeed's NVMe swapping, and nothing is swapped");
+  }
+  const std::string efficiency =
+      block_keys("data_efficiency", x.data_efficiency, x.data_efficiency_keys);
+  if (!efficiency.empty()) {  // an enabled feature is refused by the parser
+    add(efficiency, has(efficiency),
+        " no effect: none of data_efficiency's features (data_sampling, curriculum_learning, "
+        "data_routing, random_ltd) is enabled");
+  }
+  if (x.dataloader_drop_last) {
+    add("dataloader_drop_last has no effect: it configures DeepSpeed's own data loader; strata's "
+        "sampler always reads whole micro-batches");
+  }
+  if (!x.zero_force_ds_cpu_optimizer) {
+    add("zero_force_ds_cpu_optimizer=false has no effect: it lets DeepSpeed offload with a "
+        "client optimizer, and strata has no client optimizer (its own Adam/AdamW/SGD runs)");
+  }
+  if (x.elastic_checkpoint) {
+    add("zero_optimization.elastic_checkpoint has no effect: every strata checkpoint loads into "
+        "any layout already");
+  }
+  if (x.cpu_offload_use_pin_memory) {
+    add("zero_optimization.cpu_offload_use_pin_memory has no effect: it is deprecated in "
+        "DeepSpeed, which reads offload_param/offload_optimizer.pin_memory instead");
+  }
   return out;
 }
 

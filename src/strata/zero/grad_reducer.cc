@@ -33,8 +33,14 @@ GradReducer::GradReducer(comm::Communicator& group, const ModelSpec& spec,
       partition_(static_cast<char*>(partition)) {
   STRATA_CHECK((part_ == nullptr) == (stage_ == 0), "a partition exactly at stages 1-3");
   STRATA_CHECK((flat_ != nullptr) == (stage_ <= 1), "flat gradients exactly at stages 0-1");
-  if (stage_ == 0) {
-    STRATA_CHECK(o.bucket_elems > 0, "reduce_bucket_size must be positive");
+  if (stage_ == 0 && o.bucket_elems == 0) {
+    // reduce_bucket_size 0: DeepSpeed reduces every gradient on its own; here each unit.
+    for (int u = int(units_.size()) - 1; u >= 0; --u) {
+      const int64_t offset = units_[size_t(u)].offset, numel = units_[size_t(u)].numel;
+      if (numel > 0) ranges_.push_back({offset, offset + numel, -1});
+    }
+  } else if (stage_ == 0) {
+    STRATA_CHECK(o.bucket_elems > 0, "reduce_bucket_size must not be negative");
     for (int64_t end = spec.numel; end > 0;) {
       const int64_t begin = std::max<int64_t>(0, end - o.bucket_elems);
       ranges_.push_back({begin, end, -1});

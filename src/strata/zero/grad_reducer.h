@@ -4,7 +4,8 @@
 //
 //   stage 0:    the flat gradients are all-reduced at the accumulation boundary, in buckets of
 //               reduce_bucket_size elements cut from the end of the buffer (where backward
-//               finishes first) towards its start.
+//               finishes first) towards its start; reduce_bucket_size 0 (DeepSpeed: each
+//               gradient alone) makes each unit its own bucket.
 //   stage 1:    the flat gradients; at the boundary each unit is reduce-scattered, so that each
 //               rank holds the sum of the chunks it owns (ZeroPartition).
 //   stages 2-3: backward accumulates each unit into a buffer handed out by grads_for(); when the
