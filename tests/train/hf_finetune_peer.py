@@ -5,9 +5,6 @@
                                                tokenizer trained on /usr/share/common-licenses,
                                                saved as DIR/{config.json, model.safetensors,
                                                tokenizer.json}
-    hf_finetune_peer.py tokenize DIR OUT       the licence texts through DIR's tokenizer into
-                                               OUT/train.bin and OUT/val.bin (llm.c shards, the
-                                               last tenth of the documents held out)
     hf_finetune_peer.py val-loss DIR VAL T N   the mean loss transformers computes for the first N
                                                windows of T+1 tokens of VAL, read in order (window
                                                w: tokens w*T .. w*T+T, wrapping), as strata
@@ -60,30 +57,10 @@ def make(out, family):
     print(f"{family}: vocab {vocab}, {sum(p.numel() for p in model.parameters())} parameters")
 
 
-def write_shard(path, ids):
-    header = np.zeros(256, dtype=np.int32)
-    header[:3] = [20240520, 1, len(ids)]
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(np.asarray(ids, dtype=np.uint16).tobytes())
-
-
-def tokenize(model_dir, out):
-    tok = Tokenizer.from_file(model_dir + "/tokenizer.json")
-    eot = tok.token_to_id("<|endoftext|>")
-    docs = documents()
-    held = max(1, len(docs) // 10)
-    for name, part in (("train", docs[:-held]), ("val", docs[-held:])):
-        ids = []
-        for d in part:
-            ids.append(eot)
-            ids.extend(tok.encode(d).ids)
-        write_shard(f"{out}/{name}.bin", ids)
-        print(f"{name}: {len(part)} documents, {len(ids)} tokens")
-
-
 def val_loss(model_dir, val, T, N):
-    ids = np.fromfile(val, dtype=np.uint16, offset=1024).astype(np.int64)
+    magic = int(np.fromfile(val, dtype=np.int32, count=1)[0])  # llm.c: GPT-2 uint16, Llama-3 uint32
+    dtype = np.uint32 if magic == 20240801 else np.uint16
+    ids = np.fromfile(val, dtype=dtype, offset=1024).astype(np.int64)
     windows = (len(ids) - 1) // T
     rows = [ids[(w % windows) * T:(w % windows) * T + T + 1] for w in range(N)]
     batch = torch.tensor(np.stack(rows))
@@ -100,7 +77,5 @@ if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "make":
         make(sys.argv[2], sys.argv[3])
-    elif cmd == "tokenize":
-        tokenize(sys.argv[2], sys.argv[3])
     else:
         val_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))

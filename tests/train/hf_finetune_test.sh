@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The fine-tuning workflow end to end (docs/finetune.md), against transformers as the peer: for a
 # tiny GPT-2 and a tiny Llama that transformers makes (random weights, a BPE tokenizer trained on
-# the licence texts), `strata ckpt import`, the texts tokenized with the model's tokenizer into
-# train.bin + val.bin, a fine-tune on 2 ranks (GPT-2: tp 2 at seq_len 32, shorter than its 64
+# the licence texts), `strata ckpt import`, `strata data prepare --tokenizer` with the model's
+# tokenizer into train.bin + val.bin, a fine-tune on 2 ranks (GPT-2: tp 2 at seq_len 32, shorter than its 64
 # positions, with its model block; Llama: pp 2 without a model block, the checkpoint's), `ckpt
 # export`, and transformers' loss on the export for the same validation windows must equal
 # strata's last val_loss within 1e-4.
@@ -31,7 +31,8 @@ for family in gpt2 llama; do
   mkdir -p "$d/hf" "$d/data"
   "$py" "$here/hf_finetune_peer.py" make "$d/hf" "$family"
   "$strata" ckpt import "$d/hf" -o "$d/base"
-  "$py" "$here/hf_finetune_peer.py" tokenize "$d/hf" "$d/data"
+  "$strata" data prepare --tokenizer "$d/hf" --input /usr/share/common-licenses \
+    --output "$d/data/" --val-fraction 0.1
   vocab=$("$py" -c "import json; print(json.load(open('$d/hf/config.json'))['vocab_size'])")
   if [ "$family" = gpt2 ]; then
     seq_len=32
