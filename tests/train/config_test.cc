@@ -459,10 +459,10 @@ TEST(Config, Overrides) {
   EXPECT_EQ(d.model.family, "llama");
 
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"train", {{"steps", -5}}}})),
-                       "train.steps must be an integer >= 0, got -5"));
+                       "train.steps must be an integer >= 1, got -5"));
   // A value that is not JSON is a string; a string where a number belongs is caught.
   EXPECT_TRUE(contains(error_of(kMinimal, {"train.steps=ten"}),
-                       "train.steps must be an integer >= 0, got \"ten\""));
+                       "train.steps must be an integer >= 1, got \"ten\""));
   EXPECT_TRUE(contains(error_of(kMinimal, {"zero_optimization.stagee=1"}),
                        "unknown key 'zero_optimization.stagee'; did you mean "
                        "'zero_optimization.stage'?"));

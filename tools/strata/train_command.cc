@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,12 @@ namespace strata::cli {
 
 namespace {
 
+constexpr int64_t kNoSteps = INT64_MIN;
+
 struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
-  int64_t steps = -1;
+  int64_t steps = kNoSteps;  // --steps, when given
   std::string run_dir;
   std::string data;
   std::string trace_steps;  // "A:B" (1-based, inclusive) or "A"
@@ -163,7 +166,6 @@ void gather_trace(const Engine& engine, MPI_Comm world, bool rank0, const comm::
   offset_us = end_us + 1000.0;  // a millisecond between steps
 }
 
-constexpr int64_t kDefaultSteps = 200;
 constexpr const char* kDemoCorpus = "/usr/share/common-licenses";
 
 // With no data block the run trains on the licence texts every Debian system has, tokenized
@@ -190,6 +192,57 @@ void split_cores_between_local_ranks() {
   omp_set_num_threads(std::max(1, omp_get_num_procs() / ranks));
 }
 
+// "a, b, c" of at most 6 names, else the first 3, "...", the last 2 and the count.
+std::string list_files(const std::vector<std::string>& files) {
+  std::string out;
+  const size_t n = files.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 6 && i == 3) {
+      out += ", ...";
+      i = n - 3;
+      continue;
+    }
+    out += (i == 0 ? "" : ", ") + files[i];
+  }
+  if (n > 6) out += " (" + std::to_string(n) + " files)";
+  return out;
+}
+
+// Which files are trained on and which validate, and when validation runs.
+void print_data(const data::DataSplits& d, const Config& cfg, const Engine& engine) {
+  std::printf("data: train on %s\n", list_files(d.train_files).c_str());
+  if (!d.ignored_files.empty()) {
+    std::printf("data: ignored (named neither train nor val): %s\n",
+                list_files(d.ignored_files).c_str());
+  }
+  if (!d.val) {
+    std::printf("data: no validation data (no val split beside data.path; set data.val_path)\n");
+    return;
+  }
+  std::printf("data: validate on %s (%s)\n", list_files(d.val_files).c_str(), d.val_origin.c_str());
+  const TrainConfig& t = cfg.train;
+  if (t.eval_iters == 0) {
+    std::printf("note: train.eval_iters=0: no validation\n");
+    return;
+  }
+  const int64_t windows = engine.val_windows(), used = t.eval_iters * cfg.train_batch_size;
+  std::printf("validation: %lld batches of %lld sequences (its first windows in order) ",
+              static_cast<long long>(t.eval_iters), static_cast<long long>(cfg.train_batch_size));
+  if (t.eval_interval > 0) {
+    std::printf("every %lld steps and at the last\n", static_cast<long long>(t.eval_interval));
+  } else {
+    std::printf("at the last step\n");
+  }
+  if (used > windows) {
+    std::printf(
+        "note: the validation data holds %lld windows of seq_len+1 tokens, fewer than "
+        "train.eval_iters x train_batch_size = %lld: windows repeat; lower "
+        "train.eval_iters to %lld for each once\n",
+        static_cast<long long>(windows), static_cast<long long>(used),
+        static_cast<long long>(std::max<int64_t>(1, windows / cfg.train_batch_size)));
+  }
+}
+
 void run_train(const TrainArgs& a) {
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = !comm::initialized() || comm::world_rank() == 0;
@@ -198,11 +251,46 @@ void run_train(const TrainArgs& a) {
   // A bad STRATA_BF16_MATMUL is an input error on every rank before anything is built.
   kernels::bf16_matmul_path();
   std::vector<std::string> overrides = a.overrides;
-  if (a.steps >= 0) overrides.push_back("train.steps=" + std::to_string(a.steps));
+  if (a.steps != kNoSteps) {
+    STRATA_INPUT_CHECK(a.steps >= 1, "--steps ", a.steps,
+                       ": give the number of optimizer steps the run trains in all, at least 1");
+    overrides.push_back("train.steps=" + std::to_string(a.steps));
+  }
   if (!a.run_dir.empty()) overrides.push_back("train.run_dir=\"" + a.run_dir + "\"");
   if (!a.data.empty()) overrides.push_back("data.path=\"" + a.data + "\"");
   Config cfg = load_config(a.config, overrides);
-  if (cfg.model.layers == 0) cfg.model = model_preset("demo");  // no model block: the demo model
+  // --resume: continue a saved run (from any layout) up to train.steps in all.
+  std::string resume = a.resume;
+  if (resume == "auto") {
+    STRATA_INPUT_CHECK(!cfg.checkpoint.dir.empty(),
+                       "--resume auto reads checkpoint.dir's latest checkpoint; set checkpoint.dir "
+                       "(or give --resume a checkpoint directory)");
+    resume = ckpt::latest_checkpoint(cfg.checkpoint.dir);
+    if (resume.empty() && rank0) {
+      std::printf("resume: no checkpoint in %s yet, starting at step 1\n",
+                  cfg.checkpoint.dir.c_str());
+    }
+  }
+  if (!cfg.given_model && !resume.empty()) {
+    // No model block: the model the checkpoint holds (an import records the Hugging Face one).
+    // The config is read again with it as the model block, so that every check of the layout
+    // against the model (heads over tp, blocks over stages, ...) sees this model.
+    const ckpt::Reader rd(ckpt::resolve_checkpoint(resume));
+    const ModelConfig& m = rd.manifest().model;
+    nlohmann::json block = {
+        {"family", m.family},     {"layers", m.layers},     {"hidden", m.hidden},
+        {"heads", m.heads},       {"kv_heads", m.kv_heads}, {"ffn_hidden", m.ffn_hidden},
+        {"vocab", m.vocab},       {"seq_len", m.seq_len},   {"tied_embeddings", m.tied_embeddings},
+        {"norm_eps", m.norm_eps}, {"init_std", m.init_std}};
+    if (m.family == "llama") block["rope_theta"] = m.rope_theta;
+    overrides.push_back("model=" + block.dump());
+    cfg = load_config(a.config, overrides);
+    if (rank0) {
+      std::printf("note: no model block: the model of %s (%s, %d layers, hidden %d, seq_len %d)\n",
+                  rd.dir().c_str(), cfg.model.family.c_str(), cfg.model.layers, cfg.model.hidden,
+                  cfg.model.seq_len);
+    }
+  }
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
                             cfg.parallelism.order);
   apply_elastic_batch(cfg, world);
@@ -227,22 +315,14 @@ void run_train(const TrainArgs& a) {
     if (groups) groups->world().barrier();
     if (!rank0) data_path = demo_dataset(cfg.train.run_dir);
   }
-  auto dataset = data::open_dataset(data_path, cfg.data.format);
-  Engine engine(cfg, dataset.get(), groups ? &groups->dp() : nullptr,
-                groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
-  const int64_t steps = cfg.train.steps > 0 ? cfg.train.steps : kDefaultSteps;
-  // --resume: continue a saved run (from any layout) up to train.steps in all.
-  std::string resume = a.resume;
-  if (resume == "auto") {
-    STRATA_INPUT_CHECK(!cfg.checkpoint.dir.empty(),
-                       "--resume auto reads checkpoint.dir's latest checkpoint; set checkpoint.dir "
-                       "(or give --resume a checkpoint directory)");
-    resume = ckpt::latest_checkpoint(cfg.checkpoint.dir);
-    if (resume.empty() && rank0) {
-      std::printf("resume: no checkpoint in %s yet, starting at step 1\n",
-                  cfg.checkpoint.dir.c_str());
-    }
-  }
+  data::DataSplits splits = data::open_splits(data_path, cfg.data.val_path, cfg.data.format);
+  const data::TokenDataset& dataset = *splits.train;
+  Engine engine(cfg, &dataset, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
+                groups ? &groups->pp() : nullptr);
+  const int64_t steps = cfg.train.steps;
+  const int64_t eval_iters = splits.val ? cfg.train.eval_iters : 0;
+  if (eval_iters > 0) engine.set_validation(*splits.val);
+  if (rank0) print_data(splits, cfg, engine);
   if (!resume.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     const Engine::Resumed r = engine.load_checkpoint(resume);
@@ -255,6 +335,19 @@ void run_train(const TrainArgs& a) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       for (const std::string& n : r.notes) std::printf("note: %s\n", n.c_str());
     }
+    if (r.step >= steps) {
+      if (rank0) {
+        std::printf(
+            "checkpoint is at step %lld >= train.steps=%lld: nothing to train; raise "
+            "train.steps (or --steps)\n",
+            static_cast<long long>(r.step), static_cast<long long>(steps));
+      }
+      comm::heartbeat_done();
+      return;
+    }
+  }
+  if (rank0 && cfg.checkpoint.dir.empty()) {
+    std::printf("note: no checkpoint.dir: nothing will be saved\n");
   }
   comm::heartbeat_step(engine.step());
   const DType pt = cfg.param_dtype();
@@ -269,7 +362,7 @@ void run_train(const TrainArgs& a) {
         cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
         static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
         static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), grid.tp(), grid.pp(),
-        data_path.c_str(), static_cast<long long>(dataset->num_tokens()));
+        dataset.source().c_str(), static_cast<long long>(dataset.num_tokens()));
     std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
                 machine.describe().c_str());
   }
@@ -282,7 +375,7 @@ void run_train(const TrainArgs& a) {
   if (rank0 && !decay.empty()) std::printf("%s\n", decay.c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
   std::unique_ptr<MetricsLog> log;
-  if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir, engine.step() > 0);
+  if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir, engine.step());
   const auto [trace_first, trace_last] = parse_trace_steps(a.trace_steps);
   const Fault fault = parse_fault(a.fault);
   if (fault.rank == (comm::initialized() ? comm::world_rank() : 0)) {
@@ -302,8 +395,19 @@ void run_train(const TrainArgs& a) {
       gather_trace(engine, groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank0, coord, trace_events,
                    trace_offset_us);
     }
+    // Validation every eval_interval steps and at the last (Megatron's schedule), by the step
+    // number: a resumed run evaluates at the steps an uninterrupted one would.
+    const int64_t every = cfg.train.eval_interval;
+    std::optional<double> val_loss;
+    if (eval_iters > 0 && ((every > 0 && s.step % every == 0) || s.step == steps)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      val_loss = engine.evaluate(eval_iters);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (rank0) std::printf("%s\n", val_line(s.step, *val_loss, secs).c_str());
+    }
     if (rank0) {
-      log->write(s, peak);
+      log->write(s, peak, val_loss);
       const bool print = cfg.steps_per_print > 0 &&
                          (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
       if (print) {
@@ -345,7 +449,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config,-c", args->config, "config file (DeepSpeed JSON + strata blocks)")
       ->required();
   cmd->add_option("--set", args->overrides, "override a key: --set a.b.c=value (repeatable)");
-  cmd->add_option("--steps", args->steps, "optimizer steps (train.steps)");
+  cmd->add_option("--steps", args->steps, "optimizer steps of the run in all, >= 1 (train.steps)");
   cmd->add_option("--run-dir", args->run_dir, "directory for metrics and data (train.run_dir)");
   cmd->add_option("--data", args->data, "dataset path (data.path)");
   cmd->add_option("--resume", args->resume,

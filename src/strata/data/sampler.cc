@@ -50,7 +50,12 @@ int64_t Sampler::window_of(int64_t sample_index) const {
 }
 
 void Sampler::get(int64_t sample_index, int32_t* inputs, int32_t* targets) const {
-  const int64_t start = window_of(sample_index) * T_;
+  get_window(window_of(sample_index), inputs, targets);
+}
+
+void Sampler::get_window(int64_t window, int32_t* inputs, int32_t* targets) const {
+  STRATA_CHECK(window >= 0 && window < N_, "window ", window, " outside [0, ", N_, ")");
+  const int64_t start = window * T_;
   dataset_.read(start, T_, inputs);
   std::copy(inputs + 1, inputs + T_, targets);
   dataset_.read(start + T_, 1, targets + T_ - 1);

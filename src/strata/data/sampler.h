@@ -27,6 +27,8 @@ class Sampler {
 
   // inputs (T) = tokens [w·T, w·T+T), targets (T) = tokens [w·T+1, w·T+T+1).
   void get(int64_t sample_index, int32_t* inputs, int32_t* targets) const;
+  // The same for window w itself (0..N-1), in no permutation: evaluation reads windows in order.
+  void get_window(int64_t window, int32_t* inputs, int32_t* targets) const;
   // inputs, targets (count, T): samples first_sample .. first_sample+count-1, row-major.
   void get_batch(int64_t first_sample, int64_t count, int32_t* inputs, int32_t* targets) const;
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace strata::data {
 
@@ -35,5 +36,33 @@ class TokenDataset {
 // format: "auto" | "llmc" | "megatron".
 std::unique_ptr<TokenDataset> open_dataset(const std::string& path,
                                            const std::string& format = "auto");
+
+// Which split a file's name says it holds: a name (without directory and extension) with the
+// word "val", "valid" or "validation" in it (words: runs of letters and digits) is validation,
+// one with the word "train" training, any other neither. llm.c names shards
+// fineweb_train_000001.bin / fineweb_val_000000.bin; `data prepare` writes train.bin + val.bin or
+// PREFIX_train.bin + PREFIX_val.bin (Megatron: .bin/.idx pairs).
+enum class Split { None, Train, Val };
+Split split_of(const std::string& file);
+
+// The training and the held-out validation data of a run (data.path, data.val_path).
+//   - path a directory whose files are named as splits: training reads its train files (those
+//     named neither as train nor as val when none is named train), validation its val files;
+//     files of neither split beside train files are ignored (listed). A directory without split
+//     names is all training data, as open_dataset reads it.
+//   - any other path (file, glob pattern, prefix) is the training data; when val_path is empty and
+//     its last path component has the word "train", the same path with that word as "val"
+//     (data/corpus_train.bin -> data/corpus_val.bin, fineweb_train_*.bin -> fineweb_val_*.bin,
+//     DIR/train -> DIR/val) is the validation data if it exists.
+//   - val_path, when given, is the validation data (a directory of splits: its val files).
+// val is nullptr when there is no validation data. The file lists are for the log.
+struct DataSplits {
+  std::unique_ptr<TokenDataset> train, val;
+  std::vector<std::string> train_files, val_files, ignored_files;
+  std::string
+      val_origin;  // "data.val_path", "the val files of data.path", "found beside data.path"
+};
+DataSplits open_splits(const std::string& path, const std::string& val_path,
+                       const std::string& format = "auto");
 
 }  // namespace strata::data

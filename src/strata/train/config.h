@@ -35,12 +35,17 @@ struct ParallelismConfig {
 struct DataConfig {
   std::string path;             // "" = the built-in demo corpus
   std::string format = "auto";  // "auto" | "llmc" | "megatron"
+  std::string val_path;         // validation data; "" = the val split of path, if any (open_splits)
 };
 
 struct TrainConfig {
-  int64_t steps = 0;  // 0 = the default of the run (demo: 200)
+  int64_t steps = 200;  // optimizer steps of the run in all (>= 1)
   uint64_t seed = 1234;
   std::string run_dir = "runs/default";
+  // Validation (Megatron's --eval-interval, --eval-iters): every eval_interval steps (0: only at
+  // the last step) and at the last, eval_iters batches of train_batch_size (0: no validation).
+  int64_t eval_interval = 1000;
+  int64_t eval_iters = 100;
 };
 
 struct Bf16Config {
@@ -209,6 +214,7 @@ struct Config {
   // Which of the three batch keys the user gave (0 = not given). parse_config leaves the three
   // resolved fields above at 0; resolve_batch fills them.
   int64_t given_train_batch_size = 0, given_micro_batch = 0, given_grad_accum = 0;
+  bool given_model = false;  // a model block was given (else the demo model, or a checkpoint's)
 
   DType param_dtype() const {
     return bf16.enabled ? DType::BF16 : fp16.enabled ? DType::F16 : DType::F32;

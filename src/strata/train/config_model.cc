@@ -181,6 +181,7 @@ void parse_model(const Block& top, Config& c) {
     c.model = model_preset("demo");
     return;
   }
+  c.given_model = true;
   ModelConfig m;
   std::string preset;
   const bool from_preset = b.get_string("preset", preset);
@@ -291,9 +292,12 @@ void parse_layout_blocks(const Block& top, Config& c) {
   Block db = top.child("data", keys_of("data"));
   db.get_string("path", c.data.path);
   db.get_choice("format", c.data.format, {"auto", "llmc", "megatron"});
+  db.get_string("val_path", c.data.val_path);
 
   Block tb = top.child("train", keys_of("train"));
-  tb.get_int("steps", c.train.steps, 0);
+  tb.get_int("steps", c.train.steps, 1);
+  tb.get_int("eval_interval", c.train.eval_interval, 0);
+  tb.get_int("eval_iters", c.train.eval_iters, 0);
   tb.get_uint64("seed", c.train.seed);
   if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {
     tb.fail("run_dir", "a non-empty directory path");

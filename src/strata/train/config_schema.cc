@@ -142,8 +142,8 @@ const Keys kModel = {"preset",   "family",     "layers",  "hidden",  "heads",
 const Keys kParallelism = {"tensor",    "pipeline",          "virtual_stages",
                            "schedule",  "sequence_parallel", "order",
                            "timeout_s", "partition",         "partition_blocks"};
-const Keys kData = {"path", "format"};
-const Keys kTrain = {"steps", "seed", "run_dir"};
+const Keys kData = {"path", "format", "val_path"};
+const Keys kTrain = {"steps", "seed", "run_dir", "eval_interval", "eval_iters"};
 
 // DeepSpeed keys strata does not implement, by block, with what to do instead.
 struct Unsupported {

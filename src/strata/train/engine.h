@@ -140,11 +140,26 @@ class Engine {
   Resumed load_checkpoint(const std::string& path);
   int64_t step() const { return step_; }
 
+  // Validation (Megatron's evaluate; engine_eval.cc). set_validation takes the held-out set
+  // (which must outlive the engine): InputError when it has fewer than seq_len + 1 tokens or an
+  // id >= model.vocab. evaluate() returns the mean loss over every target token of `iters`
+  // batches of train_batch_size, read in order, not in the training permutation: batch i holds
+  // windows [i·GBS, (i+1)·GBS) of the set (seq_len + 1 tokens at w·seq_len, data/sampler.h),
+  // modulo its windows (val_windows()). Each data-parallel rank forwards its slice as
+  // micro-batches through this layout: tensor slices, pipeline stages in turn (a schedule of
+  // forwards), ZeRO-3's gathers. A collective over every rank; the parameters, the training
+  // sampler, consumed_samples and the step are untouched, and nothing is allocated.
+  void set_validation(const data::TokenDataset& val);
+  bool has_validation() const { return val_sampler_ != nullptr; }
+  int64_t val_windows() const;
+  double evaluate(int64_t iters);
+
  private:
   Config cfg_;
   pipeline::StagePlan plan_;  // the units of every global model chunk (set with spec_)
   ModelSpec spec_;
   std::unique_ptr<data::Sampler> sampler_;
+  std::unique_ptr<data::Sampler> val_sampler_;  // windows read in order (evaluate)
   DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
   Buffer params_, grads_;
   std::vector<std::unique_ptr<Transformer>> chunks_;  // this stage's model chunks, local order
@@ -181,6 +196,7 @@ class Engine {
   void run_schedule(const int32_t* inputs, const int32_t* targets, float dloss, double& loss_sum,
                     double& forward_s, double& backward_s);
   void sync_tied_embeddings();
+  double forward_only(const int32_t* inputs, const int32_t* targets);  // engine_eval.cc
   // ZeRO: the groups the states are sharded over and (MiCS) replicated across (shard_ is null
   // at stage 0).
   std::unique_ptr<comm::Communicator> shard_comm_, replica_comm_;

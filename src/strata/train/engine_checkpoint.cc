@@ -207,14 +207,35 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
     out.dir = ckpt::resolve_checkpoint(path);
     ckpt::Reader rd(out.dir);
     const ckpt::Manifest& m = rd.manifest();
+    // Fine-tuning at a shorter seq_len than the checkpoint's: the same model but for the
+    // position table, whose first rows are read (GPT-2's wpe; Llama's RoPE has none).
+    ModelConfig at_saved_len = cfg_.model;
+    at_saved_len.seq_len = m.model.seq_len;
+    const bool shorter = cfg_.model.seq_len < m.model.seq_len &&
+                         ckpt::model_difference(m.model, at_saved_len).empty();
     const std::string diff = ckpt::model_difference(m.model, cfg_.model);
-    if (!diff.empty()) {
+    if (!diff.empty() && !shorter) {
       STRATA_INPUT_FAIL("the checkpoint ", out.dir, " holds a different model (", diff,
-                        "); load it with the model it was saved with");
+                        "); load it with the model it was saved with (a shorter seq_len is the "
+                        "one difference allowed), or drop the model block to take the "
+                        "checkpoint's");
     }
+    if (shorter) {
+      out.notes.push_back("model.seq_len " + std::to_string(cfg_.model.seq_len) +
+                          " is shorter than the checkpoint's " + std::to_string(m.model.seq_len) +
+                          (cfg_.model.family == "gpt2"
+                               ? ": the position table's first rows are loaded"
+                               : ": RoPE has no position table, nothing is cut"));
+    }
+    auto prefix_rows = [&](const ParamSpec& p, const std::vector<int64_t>& saved) {
+      return shorter && p.role == ParamRole::PositionEmbedding && saved.size() == 2 &&
+             p.global_shape.size() == 2 && saved[0] >= p.global_shape[0] &&
+             saved[1] == p.global_shape[1];
+    };
     for (const ParamSpec& p : spec_.params) {
       const auto t = m.tensors.find(p.name);
-      if (p.held && (t == m.tensors.end() || t->second != p.global_shape)) {
+      if (p.held &&
+          (t == m.tensors.end() || (t->second != p.global_shape && !prefix_rows(p, t->second)))) {
         STRATA_INPUT_FAIL("the checkpoint ", out.dir, " has no tensor ", p.name, " of shape ",
                           p.global_shape.size() > 1 ? std::to_string(p.global_shape[0]) + "x" +
                                                           std::to_string(p.global_shape[1])

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -196,21 +197,62 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
   return line;
 }
 
-MetricsLog::MetricsLog(const std::string& run_dir, bool append) {
+std::string val_line(int64_t step, double val_loss, double seconds) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "step %5lld | val loss %.4f | val ppl %.2f | %.2f s",
+                static_cast<long long>(step), val_loss, std::exp(val_loss), seconds);
+  return buf;
+}
+
+namespace {
+
+// Keeps the rows of steps 1..last of a metrics file (atomically: a new file renamed over it).
+void keep_rows_through(const std::string& path, int64_t last) {
+  std::ifstream in(path);
+  if (!in.good()) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    const bool row = j.is_object() && j.contains("step") && j["step"].is_number_integer();
+    if (row && j["step"].get<int64_t>() <= last) kept += line + '\n';
+  }
+  in.close();
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    out.flush();
+    STRATA_INPUT_CHECK(out.good(), "cannot write ", tmp,
+                       "; set train.run_dir (or --run-dir) to a writable path");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  STRATA_INPUT_CHECK(!ec, "cannot replace ", path, ": ", ec.message(),
+                     "; set train.run_dir (or --run-dir) to a writable path");
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir, ec);
   STRATA_INPUT_CHECK(!ec, "cannot create run directory '", run_dir, "': ", ec.message(),
                      "; set train.run_dir (or --run-dir) to a writable path");
   path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
-  out_.open(path_, append ? std::ios::app : std::ios::trunc);
+  if (resumed_step > 0) keep_rows_through(path_, resumed_step);
+  out_.open(path_, resumed_step > 0 ? std::ios::app : std::ios::trunc);
   STRATA_INPUT_CHECK(out_.good(), "cannot write ", path_,
                      "; set train.run_dir (or --run-dir) to a writable path");
 }
 
-void MetricsLog::write(const StepMetrics& s, double peak_gflops) {
+void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<double> val_loss) {
   nlohmann::json j;
   j["step"] = s.step;
   j["loss"] = s.loss;
+  if (val_loss) {
+    j["val_loss"] = *val_loss;
+    j["val_ppl"] = std::exp(*val_loss);
+  }
   j["lr"] = s.lr;
   j["grad_norm"] = s.grad_norm;
   j["loss_scale"] = s.loss_scale;

@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "strata/train/engine.h"
@@ -35,12 +36,19 @@ std::string describe_peaks(const StepMetrics& s);
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
                           bool breakdown);
 
+// "step 40 | val loss 3.2101 | val ppl 24.78 | 0.52 s" (exp of the loss is the perplexity).
+std::string val_line(int64_t step, double val_loss, double seconds);
+
 class MetricsLog {
  public:
-  // Creates run_dir if needed and truncates <run_dir>/metrics.jsonl.
-  // append: a resumed run adds its steps after the saved run's lines.
-  explicit MetricsLog(const std::string& run_dir, bool append = false);
-  void write(const StepMetrics& s, double peak_gflops);
+  // Creates run_dir if needed and opens <run_dir>/metrics.jsonl, one JSON object per step.
+  // resumed_step 0: the file starts empty. A resumed run (resumed_step S > 0) keeps the rows of
+  // steps 1..S and drops the later ones (the interrupted run's steps that this run trains again;
+  // rewritten atomically), so the file holds one row per step.
+  explicit MetricsLog(const std::string& run_dir, int64_t resumed_step = 0);
+  // val_loss: the step's validation loss (Engine::evaluate), written as val_loss and val_ppl.
+  void write(const StepMetrics& s, double peak_gflops,
+             std::optional<double> val_loss = std::nullopt);
   const std::string& path() const { return path_; }
 
  private:

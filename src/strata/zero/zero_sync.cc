@@ -170,6 +170,10 @@ void ZeroSync::after_step() {
   for (comm::Handle& h : gathers_) h.wait();
 }
 
+void ZeroSync::drop_gathered() {
+  if (cache_) cache_->drop_all();
+}
+
 void ZeroSync::gather_all_params(void* out) {
   char* o = static_cast<char*>(out);
   if (stage_ < 3) {

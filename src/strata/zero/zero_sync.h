@@ -69,6 +69,9 @@ class ZeroSync final : public UnitHook {
   double sum_squares(const std::vector<ReplicatedRange>& replicated = {});
   // After the optimizer stepped (or skipped): the parameters are re-gathered (stages 1-3).
   void after_step();
+  // After a forward-only pass (evaluation): stage 3's gathered units, including those prefetched
+  // for a backward that will not come, are dropped; the next pass gathers from the start.
+  void drop_gathered();
   // Zeroes the gradient partition (stages 2-3); flat gradients are the engine's.
   void zero_grads();
   // The whole flat parameters (spec.numel of the parameter dtype) into out; a collective at
