@@ -8,6 +8,8 @@
 # (Debian: python3-venv) when missing; the packages it lacks are pip-installed quietly (a PKG may
 # carry a version, e.g. tokenizers==0.21.0). Exits 77, the tests' skip code, with a message on
 # stderr when the venv cannot be made or a package cannot be installed (e.g. no network).
+# STRATA_PEER_SYSTEM_SITE=1 makes it from Debian's /usr/bin/python3 with --system-site-packages,
+# so that Debian's python3-torch serves as the PyTorch.
 set -uo pipefail
 venv=${STRATA_PEER_VENV:-/tmp/strata-peer-venv}
 
@@ -20,7 +22,9 @@ fi
 if [ ! -x "$venv/bin/python" ]; then
   existed=no
   [ -e "$venv" ] && existed=yes
-  if ! python3 -m venv "$venv" >&2; then
+  make=(python3 -m venv)
+  [ "${STRATA_PEER_SYSTEM_SITE:-0}" = 1 ] && make=(/usr/bin/python3 -m venv --system-site-packages)
+  if ! "${make[@]}" "$venv" >&2; then
     echo "peer_venv.sh: cannot create the venv $venv (is python3-venv installed?)" >&2
     [ $existed = yes ] || rm -rf "$venv"  # only what this run made
     exit 77

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -901,6 +903,25 @@ TEST(Config, UnknownKeySuggestions) {
       "did you mean 'activation_checkpointing.partition_activations'?"));
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data", {{"pth", "x"}}}})),
                        "unknown key 'data.pth'; did you mean 'data.path'?"));
+}
+
+// The README's "A complete config" is one to copy: it must load, and resolve for its layout.
+TEST(Config, ReadmeConfigLoads) {
+  std::ifstream in(std::string(STRATA_SOURCE_DIR) + "/README.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string readme = text.str();
+  const size_t heading = readme.find("## A complete config");
+  ASSERT_NE(heading, std::string::npos);
+  const size_t open = readme.find("```json\n", heading);
+  ASSERT_NE(open, std::string::npos);
+  const size_t begin = open + 8, end = readme.find("```", begin);
+  ASSERT_NE(end, std::string::npos);
+  Config c = parse_config(parse_json_strict(readme.substr(begin, end - begin), "README.md"));
+  EXPECT_EQ(c.model.preset, "gpt2-124M");
+  EXPECT_EQ(c.train.eval_interval, 100);
+  resolve_batch(c, 2);  // 4 ranks at tensor 2
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
 }
 
 }  // namespace

@@ -64,8 +64,7 @@ def val_loss(model_dir, val, T, N):
     windows = (len(ids) - 1) // T
     rows = [ids[(w % windows) * T:(w % windows) * T + T + 1] for w in range(N)]
     batch = torch.tensor(np.stack(rows))
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
-                                                              dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).float().eval()
     with torch.no_grad():
         logits = model(batch[:, :-1]).logits.double()
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),

@@ -8,19 +8,28 @@
 # strata's last val_loss within 1e-4.
 #
 #   tests/train/hf_finetune_test.sh build/strata [PEER_VENV]
-# Exits 77 (skipped) when the peer venv (scripts/peer_venv.sh makes /tmp/strata-peer-venv) has
-# no transformers.
+# The peer is Debian's PyTorch (python3-torch, CPU; installed here when missing and run as root)
+# with transformers 4.46 (a release that still supports PyTorch 1.13) from PyPI in a venv that sees the
+# system's packages, /tmp/strata-hf-venv: a few MB to download, where pip's PyTorch brings GBs.
+# Exits 77 (skipped) when that peer cannot be had (no network).
 set -euo pipefail
 strata=$(realpath "$1")
-venv=${2:-${PEER_VENV:-/tmp/strata-peer-venv}}
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-py=$venv/bin/python
-if ! "$py" -c 'import torch, transformers, tokenizers' 2>/dev/null; then
-  if [ -x "$repo/scripts/peer_venv.sh" ]; then "$repo/scripts/peer_venv.sh" >/dev/null; fi
-  "$py" -c 'import torch, transformers, tokenizers' 2>/dev/null ||
-    { echo "skipped: no torch + transformers + tokenizers in $venv"; exit 77; }
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  if [ "$(id -u)" -eq 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-torch >/dev/null 2>&1; } || true
+  fi
+  /usr/bin/python3 -c 'import torch' 2>/dev/null ||
+    { echo "skipped: Debian's python3-torch is not installed and cannot be"; exit 77; }
 fi
+export STRATA_PEER_VENV=${2:-${PEER_VENV:-/tmp/strata-hf-venv}} STRATA_PEER_SYSTEM_SITE=1
+py=$("$repo/scripts/peer_venv.sh" "transformers==4.46.3" safetensors) ||
+  { echo "skipped: no transformers peer venv"; exit 77; }
+"$py" -c 'import torch, transformers, tokenizers' 2>/dev/null ||
+  { echo "skipped: no torch + transformers + tokenizers in $STRATA_PEER_VENV"; exit 77; }
 work=$(mktemp -d /tmp/strata_hf_finetune_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
