@@ -316,8 +316,8 @@ TEST(Config, ZeroAliasesAndOffload) {
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/nvme");
   EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.5);
   const std::vector<std::string> notes = config_notices(c, 1);
-  EXPECT_TRUE(
-      any_contains(notes, "zero_optimization.offload_param.device=cpu is not yet in effect"));
+  EXPECT_TRUE(any_contains(
+      notes, "zero_optimization.offload_param.device=cpu has no effect: strata does not offload"));
   EXPECT_TRUE(any_contains(notes, "zero_optimization.offload_optimizer.device=nvme"));
 
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"zero_optimization",

@@ -129,22 +129,25 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   }
   if (z.offload_param.device != "none") {
     add("zero_optimization.offload_param.device=", z.offload_param.device,
-        " is not yet in effect: parameters stay in memory");
+        " has no effect: strata does not offload; parameters stay in the device's memory (the "
+        "math is the same)");
   }
   if (z.offload_optimizer.device != "none") {
     add("zero_optimization.offload_optimizer.device=", z.offload_optimizer.device,
-        " is not yet in effect: optimizer states stay in memory");
+        " has no effect: strata does not offload; optimizer states stay in the device's memory "
+        "(the math is the same)");
   }
   for (const auto& [name, o, d] :
        {std::tuple{"zero_optimization.offload_param", &z.offload_param, &dz.offload_param},
         std::tuple{"zero_optimization.offload_optimizer", &z.offload_optimizer,
                    &dz.offload_optimizer}}) {
     const std::string keys = offload_keys_set(name, *o, *d);
-    if (!keys.empty()) add(keys, has(keys), " no effect: offload is not yet in effect");
+    if (!keys.empty()) add(keys, has(keys), " no effect: strata does not offload");
   }
   if (z.stage3_gather_16bit_weights_on_model_save) {
-    add("zero_optimization.stage3_gather_16bit_weights_on_model_save is not yet in effect: no "
-        "checkpoints are written");
+    add("zero_optimization.stage3_gather_16bit_weights_on_model_save has no effect: a strata "
+        "checkpoint holds every tensor whole (fp32 master weights, any layout), and `strata ckpt "
+        "export --format hf [--dtype bf16]` writes the consolidated weights");
   }
 
   // ---- communication ----
@@ -242,18 +245,18 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   // ---- precision and optimizer ----
   const Bf16Config& b = c.bf16;
   if (b.immediate_grad_update) {
-    add("bf16.immediate_grad_update is not yet in effect: gradients are applied at the "
+    add("bf16.immediate_grad_update has no effect: gradients are applied at the "
         "accumulation boundary");
   }
   if (c.fp16_auto_cast) {
-    add("fp16.auto_cast is not yet in effect: the model runs in its parameter dtype");
+    add("fp16.auto_cast has no effect: the model runs in its parameter dtype");
   }
   const std::pair<const char*, bool> master[] = {
       {"bf16.bf16_master_weights_and_grads", b.bf16_master_weights_and_grads},
       {"bf16.bf16_optimizer_states", b.bf16_optimizer_states},
       {"fp16.fp16_master_weights_and_grads", c.fp16_master_weights_and_grads}};
   for (const auto& [name, on] : master) {
-    if (on) add(name, " is not yet in effect: the optimizer keeps an fp32 master copy");
+    if (on) add(name, " has no effect: the optimizer keeps an fp32 master copy");
   }
   if (!b.enabled && !b.check_grad_overflow) {
     add("bf16.check_grad_overflow has no effect: bf16.enabled is false");
@@ -326,13 +329,15 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   const MonitorConfig dm;
   for (const auto& [name, m] :
        {std::pair{"tensorboard", &c.tensorboard}, std::pair{"csv_monitor", &c.csv_monitor}}) {
-    if (m->enabled) add(name, ".enabled is not yet in effect: metrics go to train.run_dir only");
+    if (m->enabled) add(name, ".enabled has no effect: metrics go to train.run_dir only");
     const std::string keys = keys_set(name, {{"output_path", m->output_path != dm.output_path},
                                              {"job_name", m->job_name != dm.job_name}});
     if (!keys.empty()) add(keys, has(keys), " no effect: metrics go to train.run_dir only");
   }
   const WandbConfig dw;
-  if (c.wandb.enabled) add("wandb.enabled is not yet in effect: metrics go to train.run_dir only");
+  if (c.wandb.enabled)
+    add("wandb.enabled has no effect: it needs a network service; metrics go to "
+        "train.run_dir only");
   const std::string wandb = keys_set("wandb", {{"group", c.wandb.group != dw.group},
                                                {"team", c.wandb.team != dw.team},
                                                {"project", c.wandb.project != dw.project}});
