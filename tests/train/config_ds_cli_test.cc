@@ -75,14 +75,23 @@ class DsCliTest : public ::testing::Test {
 };
 
 // ZeRO-2 with offload and fp16 "auto"; ZeRO-3 bf16 with sub_group_size, max_live and reuse
-// distance 0; ZeRO-1 with offload and disabled DeepSpeed blocks (data_efficiency, ...). The
-// other files are checked by the parser test (config_ds_corpus_test.cc).
+// distance 0; ZeRO-1 with offload and disabled DeepSpeed blocks (data_efficiency, ...), also on
+// two ranks.
 TEST_F(DsCliTest, RealConfigsTrainTwoStepsAtOneAndTwoRanks) {
   for (const char* name : {"hf_zero2", "axolotl_zero3_bf16", "megatron_ds_examples"}) {
     for (int ranks : {1, 2}) {
       const json j = testing::ds_config_for_run({name, {}, {}}, ranks, false);
       train(write_config(std::string(name) + "_" + std::to_string(ranks), j), ranks, name);
     }
+  }
+}
+
+// SOURCES.md's bar: every file DeepSpeed trains trains here (the refused ones with the keys they
+// are refused for taken out), 2 steps of a tiny model on one process.
+TEST_F(DsCliTest, EveryCorpusFileTrainsTwoSteps) {
+  for (const testing::DsConfig& d : testing::ds_configs()) {
+    const json j = testing::ds_config_for_run(d, 1, !d.remove.empty());
+    train(write_config(d.name + "_every", j), 1, d.name);
   }
 }
 
