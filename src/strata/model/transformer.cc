@@ -298,7 +298,9 @@ void TransformerImpl::begin_partials(int unit) {
 }
 
 // Sums the unit's partial ranges over their groups and adds every scratch parameter into the
-// unit's gradients.
+// unit's gradients. A plain all-reduce, no mapping's half: it sums parameter gradients of a
+// replicated parameter (as Megatron's finalize_model_grads does for sequence-parallel norms), and
+// no activation crosses a region.
 void TransformerImpl::settle_partials(int unit, void* unit_grads) {
   if (partials_[size_t(unit)].empty()) return;
   for (const Partial& p : partials_[size_t(unit)]) {
@@ -314,10 +316,9 @@ void TransformerImpl::settle_partials(int unit, void* unit_grads) {
   }
 }
 
-Tensor TransformerImpl::gathered(void* shard, void* into) {
-  if (!sp_) return full(shard);
-  tp_->all_gather(full(into), hid(shard));
-  return full(into);
+Tensor TransformerImpl::column_input(void* ln) {
+  if (!sp_) return copy_to::forward(*tp_, full(ln));
+  return gather_from_sp::forward(*tp_, full(gath_), hid(ln));
 }
 
 void TransformerImpl::take_input_slot(Slot& s) {
@@ -365,7 +366,9 @@ void TransformerImpl::sync_boundary() const {
 }
 
 // Block l's forward again, from its checkpoint (all-gathered when partitioned), through the
-// MLP's activation: what its backward reads, bit for bit what the first forward computed.
+// MLP's activation: what its backward reads, bit for bit what the first forward computed. The
+// gather is a plain one, no mapping's half (Megatron's gather_split_1d_tensor): it restores a
+// replicated tensor that keep_shard split flat, and has no backward.
 const void* TransformerImpl::recompute(Slot& s, int l, UnitHook* hook) {
   const auto t0 = std::chrono::steady_clock::now();
   sync_boundary();

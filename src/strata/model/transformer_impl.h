@@ -14,6 +14,12 @@
 
 namespace strata::model_detail {
 
+// The tensor-parallel mappings, each call naming the half it is (tensor_parallel/mappings.h).
+namespace copy_to = tp::copy_to_region;
+namespace reduce_from = tp::reduce_from_region;
+namespace gather_from_sp = tp::gather_from_sp_region;
+namespace reduce_scatter_to_sp = tp::reduce_scatter_to_sp_region;
+
 // Carves views out of one allocation, each 64-byte aligned. Laid out twice: once to size the
 // allocation, once to point into it.
 class Arena {
@@ -215,8 +221,12 @@ class TransformerImpl final : public Transformer {
   const void* block_input(const Slot& s, int l) const {
     return l > l0_ ? s.blocks[size_t(l - 1 - l0_)].res3 : s.encoded;
   }
-  // The (N, C) rows of a (Ns, C) tensor: gathered into `into` under sequence parallelism.
-  Tensor gathered(void* shard, void* into);
+  // A norm's output ln (Ns, C) as a column-parallel linear reads it, (N, C): copy_to_region's
+  // forward (identity), or gather_from_sp_region's (all-gathered into gath_) under sequence
+  // parallelism. The weight-gradient halves call it again rather than keep the gathered rows
+  // (as Megatron's column-parallel linear re-gathers its input in backward): its backward half
+  // is column_parallel_backward's (head_backward's for the head).
+  Tensor column_input(void* ln);
   const std::vector<int>& output_units() const { return tied_ ? vocab_ : output_; }
 
   const ModelSpec& spec_;

@@ -1,6 +1,7 @@
 // Each sublayer's forward and its backward in two halves (input gradients; weight gradients, run
 // with them or deferred): embedding, attention, MLP, final norm and head, with the tensor- and
-// sequence-parallel collectives between them (../shared/reference/megatron.md §1).
+// sequence-parallel mappings between them (tensor_parallel/mappings.h): each call names the half
+// of the mapping it is.
 #include "strata/model/transformer_impl.h"
 
 namespace strata::model_detail {
@@ -8,15 +9,15 @@ namespace strata::model_detail {
 // --- forward ------------------------------------------------------------------------------------
 
 // Row-parallel linear: out (Ns, C) = x (N, in_l) · wᵀ summed over the group, + b. Each rank's
-// partial sum over its heads or hidden units is all-reduced (under sequence parallelism
-// reduce-scattered: each rank keeps its block of rows); the bias is added after the sum.
+// partial sum over its heads or hidden units leaves the tensor-parallel region (under sequence
+// parallelism into this rank's block of rows); the bias is added after the sum.
 void TransformerImpl::row_parallel_forward(void* out, Tensor x, Tensor w, Tensor b) {
   if (tp_->size() == 1) return ops::linear_forward(hid(out), x, w, b);
   ops::linear_forward(full(sp_ ? part_ : out), x, w, Tensor());
   if (sp_) {
-    tp_->reduce_scatter(hid(out), full(part_));
+    reduce_scatter_to_sp::forward(*tp_, hid(out), full(part_));
   } else {
-    tp_->all_reduce(hid(out));
+    reduce_from::forward(*tp_, hid(out));
   }
   if (b.data != nullptr) ops::add_bias(hid(out), b);
 }
@@ -36,7 +37,8 @@ void TransformerImpl::norm_forward(void* out, float* mean, float* rstd, const vo
 void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
   const Tensor tokens = ids(s.tokens);
   // Vocabulary-parallel: each rank writes the rows of the tokens it owns, the rest stay zero,
-  // and the sum over the group is the embedding (under SP, each rank keeps its block of rows).
+  // and the sum over the group is the embedding (under SP, each rank keeps its block of rows),
+  // as Megatron's VocabParallelEmbedding.
   const bool multi = tp_->size() > 1;
   void* out = sp_ ? part_ : s.encoded;
   if (multi) ops::fill_zero(full(out));
@@ -49,9 +51,9 @@ void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
   }
   if (multi) {
     if (sp_) {
-      tp_->reduce_scatter(hid(s.encoded), full(out));
+      reduce_scatter_to_sp::forward(*tp_, hid(s.encoded), full(out));
     } else {
-      tp_->all_reduce(full(out));
+      reduce_from::forward(*tp_, full(out));
     }
   }
   if (position_ >= 0) {
@@ -70,7 +72,7 @@ void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(l, R::Norm1W, P, pt_),
                param(l, R::Norm1B, P, pt_));
   // Column-parallel QKV (this rank's heads), attention, row-parallel projection.
-  const Tensor ln1 = gathered(a.ln1, gath_);
+  const Tensor ln1 = column_input(a.ln1);
   ops::linear_forward(mat(a.qkv, pt_, N_, QKVl_), ln1, param(l, R::QkvW, P, pt_),
                       param(l, R::QkvB, P, pt_));
   if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), ash_, cfg_.rope_theta);
@@ -90,7 +92,7 @@ void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook, bool project) 
   using R = ParamRole;
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(l, R::Norm2W, P, pt_),
                param(l, R::Norm2B, P, pt_));
-  const Tensor ln2 = gathered(a.ln2, gath_);
+  const Tensor ln2 = column_input(a.ln2);
   ops::linear_forward(mat(a.fch, pt_, N_, FCHl_), ln2, param(l, R::FcW, P, pt_),
                       param(l, R::FcB, P, pt_));
   if (gpt2_) {
@@ -112,7 +114,7 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
   release(hook, final_);
   // logits[:, rows] (N, rows) = lnf (N, C) · W[rows]ᵀ, one vocabulary unit at a time: this
   // rank's vocabulary columns only (column-parallel over the vocabulary).
-  const Tensor lnf = gathered(s.lnf, gath_);
+  const Tensor lnf = column_input(s.lnf);
   for (int u : output_units()) {
     const UnitSpec& unit = spec_.units[size_t(u)];
     const int64_t rows = unit.row_end - unit.row_begin;
@@ -132,7 +134,10 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
       ops::cross_entropy_forward(losses, logits, targets);
     }
   } else {
-    // Vocabulary-parallel cross-entropy: the full logits never exist on one rank.
+    // Vocabulary-parallel cross-entropy: the full logits never exist on one rank. Its two
+    // collectives are plain ones, no mapping's half: they combine the rows' statistics (every
+    // rank's maximum, then Σ exp and the target logit), which have no backward of their own (the
+    // backward is local: softmax − one-hot on this rank's columns, from the saved statistics).
     const int64_t v0 = tpl_.vocab_begin, valid = tpl_.vocab_valid;
     const Tensor gmax = f32(s.ce, N_), sums = mat(s.ce + N_, DType::F32, 2, N_);
     ops::vocab_ce_max(gmax, logits, valid);
@@ -172,7 +177,7 @@ void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
   // dlnf (N, C) fp32 = Σ_units dlogits[:, rows] · W[rows] (this rank's vocabulary columns: a
   // partial sum over the group), rounded once.
   const std::vector<int>& out = output_units();
-  const Tensor lnf = chunk_.defer_weight ? Tensor() : gathered(s.lnf, gath_);
+  const Tensor lnf = chunk_.defer_weight ? Tensor() : column_input(s.lnf);
   for (size_t k = out.size(); k-- > 0;) {
     const int u = out[k];
     const UnitSpec& unit = spec_.units[size_t(u)];
@@ -194,13 +199,12 @@ void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
       done(hook, u, !tied_);
     }
   }
+  // The head's input entered the tensor-parallel region through column_input: its backward half.
   const Tensor d32 = mat(dlnf32_, DType::F32, N_, C_);
-  if (tp_->size() > 1) {
-    if (sp_) {
-      tp_->reduce_scatter(mat(dlnf32_, DType::F32, Ns_, C_), d32);
-    } else {
-      tp_->all_reduce(d32);
-    }
+  if (sp_) {
+    gather_from_sp::backward(*tp_, mat(dlnf32_, DType::F32, Ns_, C_), d32);
+  } else {
+    copy_to::backward(*tp_, d32);
   }
   // The final norm's output gradient (Ns, C), rounded to the parameter dtype.
   void* dy = chunk_.defer_weight ? s.dlnf : dc_;
@@ -222,7 +226,7 @@ void TransformerImpl::head_backward(Slot& s, UnitHook* hook) {
 
 void TransformerImpl::head_weight(Slot& s, UnitHook* hook) {
   const std::vector<int>& out = output_units();
-  const Tensor lnf = gathered(s.lnf, gath_);
+  const Tensor lnf = column_input(s.lnf);
   for (size_t k = out.size(); k-- > 0;) {
     const int u = out[k];
     const UnitSpec& unit = spec_.units[size_t(u)];
@@ -251,11 +255,13 @@ void TransformerImpl::final_norm_weight(Slot& s, const void* x, void* dy, UnitHo
 // gradients (G: the unit's gradients); otherwise only the input gradients, leaving the output
 // gradients the weight half needs in the slot's stash.
 
-// Row-parallel linear (w: (C, in_l)): its output gradient is dres on every row (gathered into
-// `stash` under sequence parallelism, copied there for a deferred weight half). dx (N, in_l).
+// Row-parallel linear (w: (C, in_l)): its output gradient is dres on every row, through the
+// backward half of the mapping its forward left the region by (gathered into `stash` under
+// sequence parallelism; copied there for a deferred weight half). dx (N, in_l).
 Tensor TransformerImpl::row_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G,
                                               void* stash, Tensor x, Tensor dx, bool fuse) {
-  Tensor dy = sp_ ? gathered(dres_, stash) : hid(dres_);
+  Tensor dy = sp_ ? reduce_scatter_to_sp::backward(*tp_, full(stash), hid(dres_))
+                  : reduce_from::backward(*tp_, hid(dres_));
   if (!fuse && !sp_) ops::copy(full(stash), dy), dy = full(stash);
   if (!fuse) {
     ops::linear_backward_input(dx, dy, param(l, w, P, pt_), false);
@@ -283,21 +289,22 @@ void TransformerImpl::sp_bias_grad(Tensor db, Tensor dy) {
   ops::linear_backward_weight(Tensor(), db, dy.slice0(r * Ns_, (r + 1) * Ns_), Tensor());
 }
 
-// Column-parallel linear (w: (out_l, C)) reading the norm output `ln` (Ns, C; gathered under SP):
-// dln (Ns, C) = its input gradient, summed over the group (reduce-scattered under SP).
+// Column-parallel linear (w: (out_l, C)) reading the norm output `ln` (Ns, C) through
+// column_input: dln (Ns, C) = its input gradient, through that mapping's backward half (summed
+// over the group; reduce-scattered under SP).
 void TransformerImpl::column_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G,
                                                Tensor dy, void* ln, void* dln, bool fuse) {
   const Tensor dfull = full(sp_ ? part_ : dln);
   if (fuse) {
-    ops::linear_backward(dfull, grad(l, w, G), grad(l, b, G), dy, gathered(ln, gath_),
+    ops::linear_backward(dfull, grad(l, w, G), grad(l, b, G), dy, column_input(ln),
                          param(l, w, P, pt_));
   } else {
     ops::linear_backward_input(dfull, dy, param(l, w, P, pt_), false);
   }
   if (sp_) {
-    tp_->reduce_scatter(hid(dln), dfull);
-  } else if (tp_->size() > 1) {
-    tp_->all_reduce(dfull);
+    gather_from_sp::backward(*tp_, hid(dln), dfull);
+  } else {
+    copy_to::backward(*tp_, dfull);
   }
 }
 
@@ -370,7 +377,7 @@ void TransformerImpl::mlp_weight(Slot& s, int l, UnitHook* hook) {
   void* G = grads_of(hook, um);
   row_parallel_weight(l, R::Fc2W, R::Fc2B, G, full(st.dfc2), mat(a.fch_act, pt_, N_, Fl_));
   ops::linear_backward_weight(grad(l, R::FcW, G), grad(l, R::FcB, G), mat(st.dfch, pt_, N_, FCHl_),
-                              gathered(a.ln2, gath_));
+                              column_input(a.ln2));
   norm_weight(grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), st.dln2, a.res2, a.ln2_mean,
               a.ln2_rstd);
   settle_partials(um, G);
@@ -417,7 +424,7 @@ void TransformerImpl::attn_weight(Slot& s, int l, const void* x, UnitHook* hook)
   void* G = grads_of(hook, ua);
   row_parallel_weight(l, R::ProjW, R::ProjB, G, full(st.dproj), mat(a.atty, pt_, N_, Hl_));
   ops::linear_backward_weight(grad(l, R::QkvW, G), grad(l, R::QkvB, G),
-                              mat(st.dqkv, pt_, N_, QKVl_), gathered(a.ln1, gath_));
+                              mat(st.dqkv, pt_, N_, QKVl_), column_input(a.ln1));
   norm_weight(grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), st.dln1, x, a.ln1_mean, a.ln1_rstd);
   settle_partials(ua, G);
   done(hook, ua, true);
@@ -443,7 +450,9 @@ void TransformerImpl::embed_weight(Slot& s, Tensor denc, UnitHook* hook) {
     settle_partials(position_, g);
     done(hook, position_, true);
   }
-  const Tensor d = sp_ ? gathered(denc.data, part_) : denc;
+  // The embedding's sum over the group (embed_forward), backward: every rank's rows.
+  const Tensor d = sp_ ? reduce_scatter_to_sp::backward(*tp_, full(part_), denc)
+                       : reduce_from::backward(*tp_, denc);
   const Tensor tokens = ids(s.tokens);
   for (size_t k = vocab_.size(); k-- > 0;) {
     const int u = vocab_[k];
