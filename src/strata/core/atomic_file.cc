@@ -92,7 +92,6 @@ AtomicFile::AtomicFile(std::string path, IoError errors)
     : path_(std::move(path)), temp_path_(temp_name(path_)), errors_(errors) {
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) io_fail(errors_, "cannot create", temp_path_);
-  buffer_.reserve(kWriteBuffer);
 }
 
 AtomicFile::~AtomicFile() {
