@@ -12,6 +12,7 @@
 #include "strata/ckpt/hf.h"
 #include "strata/ckpt/manifest.h"
 #include "strata/ckpt/store.h"
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
 #include "strata/model/param_spec.h"
@@ -173,12 +174,10 @@ void logits(const CkptArgs& a) {
   model->forward(tokens.data(), targets.data(), 1.0f, false);
   const Tensor l = model->logits(0);
   const int64_t V = spec.tp.vocab_rows;
-  std::ofstream out(a.out, std::ios::binary);
+  AtomicFile out(a.out, IoError::input);
   const float* p = static_cast<const float*>(l.data);
-  for (int64_t r = 0; r < n; ++r) {
-    out.write(reinterpret_cast<const char*>(p + r * V), std::streamsize(sizeof(float)) * mc.vocab);
-  }
-  STRATA_INPUT_CHECK(out.good(), "cannot write ", a.out);
+  for (int64_t r = 0; r < n; ++r) out.write(p + r * V, sizeof(float) * size_t(mc.vocab));
+  out.commit();
   std::printf("logits of %s: %d x %d tokens x %d vocabulary (float32) -> %s\n", rd.dir().c_str(),
               a.batch, T, mc.vocab, a.out.c_str());
 }

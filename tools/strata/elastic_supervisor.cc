@@ -34,6 +34,7 @@
 #include "strata/ckpt/store.h"
 #include "strata/comm/heartbeat.h"
 #include "strata/comm/topology.h"
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/train/elastic_layout.h"
 #include "tools/strata/launch.h"
@@ -512,12 +513,13 @@ int Supervisor::run() {
     if (!o_.hostfile.empty()) {
       hostfile =
           (std::filesystem::path(run_dir_) / ("elastic_hosts." + std::to_string(number))).string();
-      std::ofstream f(hostfile);
+      std::string lines;
       for (size_t h = 0; h < hosts_.size(); ++h) {
         if (a.layout.ranks_per_host[h] > 0) {
-          f << hosts_[h].name << " slots=" << a.layout.ranks_per_host[h] << "\n";
+          lines += hosts_[h].name + " slots=" + std::to_string(a.layout.ranks_per_host[h]) + "\n";
         }
       }
+      atomic_write(hostfile, lines, IoError::runtime);
     }
     setenv("STRATA_ATTEMPT", std::to_string(number).c_str(), 1);
     std::printf("elastic: attempt %d: %s; from %s\n", number, a.layout.describe().c_str(),

@@ -2,11 +2,11 @@
 // activations in flight), and its timeline as a Chrome trace.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/pipeline/schedule_check.h"
@@ -68,11 +68,7 @@ void run_schedule(const ScheduleArgs& a) {
              std::to_string(spec.stages) + "_m" + std::to_string(spec.micro) +
              (spec.virtual_stages > 1 ? "_v" + std::to_string(spec.virtual_stages) : "") + ".json";
     }
-    std::ofstream out(path, std::ios::binary);
-    STRATA_INPUT_CHECK(out.good(), "--trace: cannot write ", path);
-    out << pipeline::chrome_trace(r, spec);
-    out.close();
-    STRATA_INPUT_CHECK(out.good(), "--trace: cannot write ", path);
+    atomic_write(path, pipeline::chrome_trace(r, spec), IoError::input);
     std::printf("trace: %s\n", path.c_str());
   }
 }

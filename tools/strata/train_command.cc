@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +15,7 @@
 #include "strata/comm/heartbeat.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/data/prepare.h"
 #include "strata/data/token_dataset.h"
@@ -429,7 +429,7 @@ void run_train(const TrainArgs& a) {
   }
   if (rank0 && trace_last >= trace_first) {
     const std::string path = (std::filesystem::path(cfg.train.run_dir) / "trace.json").string();
-    std::ofstream(path) << nlohmann::json{{"traceEvents", trace_events}}.dump();
+    atomic_write(path, nlohmann::json{{"traceEvents", trace_events}}.dump(), IoError::input);
     std::printf("trace of steps %lld-%lld (every rank's actions): %s\n",
                 static_cast<long long>(trace_first),
                 static_cast<long long>(std::min(trace_last, steps)), path.c_str());

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/safetensors.h"
 
@@ -163,18 +164,6 @@ double decimal(float f) {
   char buf[32];
   const auto r = std::to_chars(buf, buf + sizeof buf, f);
   return std::stod(std::string(buf, r.ptr));
-}
-
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    STRATA_INPUT_CHECK(out.good(), "cannot write ", tmp);
-    out << text;
-    out.flush();
-    if (!out.good()) STRATA_RUNTIME_FAIL("writing ", tmp, " failed (disk full?)");
-  }
-  fs::rename(tmp, path);
 }
 
 const char* torch_dtype(DType t) {
@@ -472,8 +461,8 @@ void export_hf(const ModelSpec& spec, const GlobalTensorFn& get, DType dtype,
   fs::create_directories(dir, ec);
   STRATA_INPUT_CHECK(!ec, "cannot create the export directory ", dir, ": ", ec.message());
   writer.write((fs::path(dir) / "model.safetensors").string());
-  write_atomically((fs::path(dir) / "config.json").string(),
-                   hf_config(spec.config, dtype).dump(2) + "\n");
+  atomic_write((fs::path(dir) / "config.json").string(),
+               hf_config(spec.config, dtype).dump(2) + "\n", IoError::input);
 }
 
 std::map<std::string, std::vector<float>> import_hf(const std::string& path,

@@ -7,13 +7,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/crc32c.h"
 #include "strata/core/safetensors.h"
@@ -48,24 +48,9 @@ namespace {
                           : "");
 }
 
-// A test-only seam: STRATA_CKPT_FAIL_IO=write|fsync|rename|read makes every such call fail with
-// EIO, as a failing disk would (root ignores permissions, so a test cannot provoke all of
-// these otherwise).
+// The test seam of core/atomic_file.h, which also fails reads here: STRATA_CKPT_FAIL_IO=read.
 bool injected(const char* call) {
-  const char* v = std::getenv("STRATA_CKPT_FAIL_IO");
-  if (v == nullptr || std::strcmp(v, call) != 0) return false;
-  errno = EIO;
-  return true;
-}
-
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    const ssize_t w = injected("write") ? -1 : ::write(fd, c, std::min<size_t>(n, size_t(1) << 30));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) io_fail("cannot write", path);
-    c += w, n -= size_t(w);
-  }
+  return io_fault_injected(call);
 }
 
 void pread_all(int fd, void* p, size_t n, int64_t offset, const std::string& path) {
@@ -113,17 +98,17 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_fail("cannot create", path);
   try {
-    write_all(fd, &len, 8, path);
-    write_all(fd, header.data(), header.size(), path);
+    write_fully(fd, &len, 8, path, IoError::runtime);
+    write_fully(fd, header.data(), header.size(), path, IoError::runtime);
     int64_t at = 8 + int64_t(len);
     for (PendingChunk& p : chunks) {
       const size_t bytes = size_t(p.meta.numel) * 4;
       p.meta.offset = at;
       p.meta.crc32c = crc32c(p.data, bytes);
-      write_all(fd, p.data, bytes, path);
+      write_fully(fd, p.data, bytes, path, IoError::runtime);
       at += int64_t(bytes);
     }
-    if (injected("fsync") || ::fsync(fd) != 0) io_fail("cannot flush", path);
+    fsync_fd(fd, path, IoError::runtime);
   } catch (...) {
     ::close(fd);
     throw;
@@ -132,38 +117,13 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
   return 8 + int64_t(len) + off;
 }
 
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0) io_fail("cannot open", path);
-  const int rc = injected("fsync") ? -1 : ::fsync(fd);
-  const int e = errno;
-  ::close(fd);
-  errno = e;
-  if (rc != 0) io_fail("cannot flush", path);
-}
-
 void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_fail("cannot create", tmp);
-  try {
-    write_all(fd, text.data(), text.size(), tmp);
-    if (injected("fsync") || ::fsync(fd) != 0) io_fail("cannot flush", tmp);
-  } catch (...) {
-    ::close(fd);
-    throw;
-  }
-  if (::close(fd) != 0) io_fail("cannot close", tmp);
-  if (injected("rename") || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    io_fail("cannot rename " + tmp + " to", path);
-  }
-  fsync_path(fs::path(path).parent_path().empty() ? "." : fs::path(path).parent_path().string(),
-             true);
+  atomic_write(path, text, IoError::runtime);
 }
 
 void commit(const std::string& root, const std::string& tmp, const std::string& name) {
   const fs::path final_dir = fs::path(root) / name;
-  fsync_path(tmp, true);
+  fsync_dir(tmp, IoError::runtime);
   std::error_code ec;
   if (fs::exists(final_dir, ec)) {
     // The same step saved again: swap the two directories in one step (a crash leaves one of
@@ -171,13 +131,10 @@ void commit(const std::string& root, const std::string& tmp, const std::string& 
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
       io_fail("cannot replace " + final_dir.string() + " with", tmp);
     }
-    fsync_path(root, true);
+    fsync_dir(root, IoError::runtime);
     fs::remove_all(tmp);
   } else {
-    if (injected("rename") || std::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-      io_fail("cannot rename " + tmp + " to", final_dir.string());
-    }
-    fsync_path(root, true);
+    rename_durably(tmp, final_dir.string(), IoError::runtime);
   }
   write_file_atomic((fs::path(root) / "latest").string(), name + "\n");
 }

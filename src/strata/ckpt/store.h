@@ -33,9 +33,8 @@ struct PendingChunk {
 // system's reason; what a file holds (truncated, damaged) is an InputError.
 int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks);
 
-// Durability helpers: fsync a file or a directory; write a small file atomically (tmp, fsync,
-// rename, fsync the directory).
-void fsync_path(const std::string& path, bool directory);
+// A small file of a checkpoint written atomically (core/atomic_file.h: tmp, fsync, rename, fsync
+// the directory); a failure is a runtime Error.
 void write_file_atomic(const std::string& path, const std::string& text);
 
 // Makes the step directory `tmp` (its data files and manifest.json written and fsynced) the

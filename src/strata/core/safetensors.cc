@@ -7,12 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string_view>
 #include <utility>
 
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 
 namespace strata {
@@ -398,18 +397,12 @@ void SafetensorsWriter::write(const std::string& path) const {
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    STRATA_INPUT_CHECK(out.good(), "cannot write ", tmp);
-    uint64_t n = text.size();
-    out.write(reinterpret_cast<const char*>(&n), 8);
-    out.write(text.data(), std::streamsize(text.size()));
-    for (const Entry& e : entries_) out.write(e.data.data(), std::streamsize(e.data.size()));
-    out.flush();
-    STRATA_INPUT_CHECK(out.good(), "writing ", tmp, " failed (disk full?)");
-  }
-  std::filesystem::rename(tmp, path);
+  AtomicFile out(path, IoError::input);
+  const uint64_t n = text.size();
+  out.write(&n, 8);
+  out.write(text);
+  for (const Entry& e : entries_) out.write(e.data.data(), e.data.size());
+  out.commit();
 }
 
 }  // namespace strata

@@ -1,11 +1,13 @@
 // Files the data layer reads and writes: a read-only memory map, and a writer that only ever
-// leaves a complete file under its final name (temp file, fsync, rename).
+// leaves a complete file under its final name (core/atomic_file.h: temp file, fsync, rename).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <vector>
+#include <utility>
+
+#include "strata/core/atomic_file.h"
 
 namespace strata::data {
 
@@ -30,33 +32,11 @@ class MappedFile {
   int64_t size_ = 0;
 };
 
-// Writes `path` atomically: bytes go to "<path>.tmp.<pid>", and commit() flushes, fsyncs and
-// renames it over `path`. Destroyed without commit() (an exception, an interrupted prepare), it
-// removes the temp file, so a half-written file never carries the final name. Throws InputError
-// naming the directory when it cannot be created or written.
-class AtomicFileWriter {
+// The data layer's writer (core/atomic_file.h): its files are outputs the user named (data
+// prepare --output), so one that cannot be written is an InputError naming the directory to fix.
+class AtomicFileWriter : public AtomicFile {
  public:
-  explicit AtomicFileWriter(std::string path);
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-  ~AtomicFileWriter();
-
-  void write(const void* bytes, size_t n);
-  // Overwrites bytes already written at `offset` (e.g. a header whose counts are known last).
-  void write_at(int64_t offset, const void* bytes, size_t n);
-  int64_t bytes_written() const { return written_; }
-  void commit();
-
-  const std::string& path() const { return path_; }
-  const std::string& temp_path() const { return temp_path_; }
-
- private:
-  void flush();
-
-  std::string path_, temp_path_;
-  int fd_ = -1;
-  int64_t written_ = 0;
-  std::vector<uint8_t> buffer_;
+  explicit AtomicFileWriter(std::string path) : AtomicFile(std::move(path), IoError::input) {}
 };
 
 }  // namespace strata::data

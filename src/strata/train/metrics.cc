@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/kernels/ops.h"
@@ -97,14 +98,12 @@ void remember_best(double rates[2], int threads) {
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const fs::path tmp = file.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << all.dump(2) << '\n';
-    if (!out.good()) return;
+  // Atomically: concurrent jobs never read half a file.
+  try {
+    atomic_write(file.string(), all.dump(2) + "\n", IoError::runtime);
+  } catch (const Error&) {
+    // An unwritable cache: the measured rates stand.
   }
-  fs::rename(tmp, file, ec);  // atomic: concurrent jobs never read half a file
-  if (ec) fs::remove(tmp, ec);
 }
 
 }  // namespace
@@ -217,18 +216,11 @@ void keep_rows_through(const std::string& path, int64_t last) {
     if (row && j["step"].get<int64_t>() <= last) kept += line + '\n';
   }
   in.close();
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept;
-    out.flush();
-    STRATA_INPUT_CHECK(out.good(), "cannot write ", tmp,
-                       "; set train.run_dir (or --run-dir) to a writable path");
+  try {
+    atomic_write(path, kept, IoError::input);
+  } catch (const InputError& e) {
+    STRATA_INPUT_FAIL(e.what(), "; set train.run_dir (or --run-dir) to a writable path");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  STRATA_INPUT_CHECK(!ec, "cannot replace ", path, ": ", ec.message(),
-                     "; set train.run_dir (or --run-dir) to a writable path");
 }
 
 }  // namespace
