@@ -1,5 +1,8 @@
-// The training engine: the only place that knows the order of a step (DESIGN.md §3). One process
-// today; later layers plug data, tensor and pipeline parallelism and ZeRO in behind the same step.
+// The training engine: the only place that knows the order of a step (DESIGN.md §3). It builds
+// the parts that do the work and calls them in that order: the pipeline executor runs the
+// schedule (pipeline/executor.h), ZeRO finishes the reductions (zero/zero_sync.h), the clipper
+// takes the global norm, clips and steps the optimizer (optim/grad_clip.h); it keeps the
+// checkpoints, the evaluation and the step's metrics.
 #pragma once
 
 #include <array>
