@@ -18,6 +18,7 @@
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
+#include "strata/plan/predict.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/zero/grad_reducer.h"
@@ -494,7 +495,8 @@ TEST_F(DataParallel, ModelStateMemoryMatchesHandComputedBytes) {
               << what << " " << mem_category_name(c);
         }
         // The prediction printed at start-up says the same, split into formula and buffers.
-        const MemoryPrediction pred = predict_memory(cfg, engine.spec(), int(N));
+        const plan::MemoryPrediction pred =
+            plan::predict_memory(plan_layout(cfg), engine.spec(), int(N));
         const size_t formula = stage == 0   ? (p + g + k) * kPsi
                                : stage == 1 ? (p + g) * kPsi + k * kPsi / N
                                : stage == 2 ? p * kPsi + (g + k) * kPsi / N

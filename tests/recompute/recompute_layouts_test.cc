@@ -19,6 +19,7 @@
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
+#include "strata/plan/predict.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
@@ -98,7 +99,7 @@ class RecomputeLayouts : public ::testing::Test {
         r.recompute_block_s.assign(m.recompute_block_s.begin(), m.recompute_block_s.end());
       // The tensor-parallel traffic is the formula's, recompute included.
       if (pp == 1) {
-        EXPECT_EQ(m.tp_bytes, predict_tp_bytes(cfg, engine.spec())) << j.dump();
+        EXPECT_EQ(m.tp_bytes, plan::predict_tp_bytes(plan_layout(cfg), engine.spec())) << j.dump();
       }
     }
     return r;

@@ -16,6 +16,7 @@
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/pipeline/schedule_check.h"
+#include "strata/plan/predict.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
@@ -218,8 +219,8 @@ void run_bench(const BenchArgs& a) {
           "activations=%s\n",
           a.tensor, int(a.sequence_parallel), med.tp_comm_s, 1e3 * med.tp_comm_s / layers,
           static_cast<unsigned long long>(med.tp_bytes),
-          static_cast<unsigned long long>(predict_tp_bytes(cfg, engine.spec())), per_block / 1024.0,
-          100.0 * per_block * layers / double(med.tp_bytes),
+          static_cast<unsigned long long>(plan::predict_tp_bytes(plan_layout(cfg), engine.spec())),
+          per_block / 1024.0, 100.0 * per_block * layers / double(med.tp_bytes),
           format_bytes(med.peak_bytes[size_t(MemCategory::Activations)]).c_str());
     } else {
       std::printf("bench activations=%s\n",

@@ -21,6 +21,7 @@
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/pipeline/schedule.h"
+#include "strata/plan/predict.h"
 #include "strata/train/config.h"
 #include "strata/train/elasticity.h"
 #include "strata/train/engine.h"
@@ -369,8 +370,9 @@ void run_train(const TrainArgs& a) {
   // Model-state memory per rank, predicted from the layout (ZeRO formula + buffers); the step
   // lines and metrics.jsonl give the measured peaks.
   const int shard = engine.zero() != nullptr ? int(engine.spec().align) : 0;
-  const MemoryPrediction predicted = predict_memory(engine.config(), engine.spec(), shard);
-  if (rank0) std::printf("memory (predicted): %s\n", describe_memory(predicted).c_str());
+  const plan::MemoryPrediction predicted =
+      plan::predict_memory(plan_layout(engine.config()), engine.spec(), shard);
+  if (rank0) std::printf("memory (predicted): %s\n", plan::describe_memory(predicted).c_str());
   const std::string decay = weight_decay_summary(cfg.optimizer, build_model_spec(cfg.model));
   if (rank0 && !decay.empty()) std::printf("%s\n", decay.c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.

@@ -35,6 +35,9 @@ class UnitHook {
  public:
   enum class Pass { Forward, Backward };
   virtual ~UnitHook() = default;
+  // Before each micro-batch's backward work: `boundary` for the last micro-batch of the
+  // accumulation, whose gradients are final (ZeRO may reduce them).
+  virtual void begin_micro(bool /*boundary*/) {}
   virtual void begin_pass(Pass) {}
   // The unit's parameters (its first element, padding layout as ModelSpec), or nullptr.
   virtual const void* acquire_params(int /*unit*/) { return nullptr; }

@@ -16,6 +16,7 @@
 #include "strata/model/model_config.h"
 #include "strata/model/transformer.h"
 #include "strata/optim/optim_config.h"
+#include "strata/plan/layout.h"
 
 namespace strata {
 
@@ -259,6 +260,10 @@ std::vector<std::string> config_notices(const Config& c, int world_size);
 // without sequence parallelism), host, synchronize. "selective": `selective` and synchronize
 // only (no checkpoints to shard or move). No block or "none": the defaults, nothing recomputed.
 RecomputeOptions recompute_options(const Config& c);
+
+// The layout c describes, as plan/predict.h's models read it (config_plan.cc); local_ranks from
+// OMPI_COMM_WORLD_LOCAL_SIZE (1 without it).
+plan::Layout plan_layout(const Config& c);
 
 // Every key the config accepts, as the dotted path of a value ("zero_optimization.stage",
 // "checkpoint.parallel_write.pipeline_stage"): blocks are expanded into their keys, the legacy

@@ -1,5 +1,8 @@
-// The training engine: the only place that knows the order of a step (DESIGN.md §3). One process
-// today; later layers plug data, tensor and pipeline parallelism and ZeRO in behind the same step.
+// The training engine: the only place that knows the order of a step (DESIGN.md §3). It builds
+// the parts that do the work and calls them in that order: the pipeline executor runs the
+// schedule (pipeline/executor.h), ZeRO finishes the reductions (zero/zero_sync.h), the clipper
+// takes the global norm, clips and steps the optimizer (optim/grad_clip.h); it keeps the
+// checkpoints, the evaluation and the step's metrics.
 #pragma once
 
 #include <array>
@@ -12,8 +15,11 @@
 #include "strata/core/memory.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
+#include "strata/optim/grad_clip.h"
 #include "strata/optim/loss_scaler.h"
 #include "strata/optim/optimizer.h"
+#include "strata/pipeline/executor.h"
+#include "strata/pipeline/fault_injection.h"
 #include "strata/pipeline/partition.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/train/config.h"
@@ -26,7 +32,6 @@ class Sampler;
 }  // namespace data
 namespace comm {
 class Communicator;
-class PeerExchange;
 }  // namespace comm
 class ZeroSync;
 
@@ -86,29 +91,26 @@ class Engine {
   // ZeRO (stages 1-3 with a data-parallel communicator), or nullptr: stage 0.
   ZeroSync* zero() { return shard_ != nullptr ? sync_.get() : nullptr; }
   // The first of this stage's model chunks (the whole model without a pipeline).
-  Transformer& model() { return *chunks_.front(); }
+  Transformer& model() { return *pipe_->chunks().front(); }
   // This rank's actions in a step (pipeline/schedule.h): without a pipeline F0 B0 F1 B1 … over
   // the accumulation steps.
-  const std::vector<pipeline::Action>& schedule() const { return schedule_; }
+  const std::vector<pipeline::Action>& schedule() const { return pipe_->schedule(); }
   int stage() const { return stage_; }
   // Tracing: while on, each step records when each of this rank's actions started and ended, in
   // seconds of the host's steady clock (one clock for every rank of a host); the last step's.
-  struct ActionSpan {
-    pipeline::Action action;
-    double start_s = 0, end_s = 0;
-  };
-  void set_tracing(bool on) { tracing_ = on; }
-  // Fault injection (tests, `train --fault`): the step numbered `step` (1-based) throws a
-  // runtime error just before this rank's action number `action` of it, as a failing stage
-  // would mid-schedule. step 0: none.
-  void inject_fault(int64_t step, size_t action) { fault_step_ = step, fault_action_ = action; }
+  using ActionSpan = pipeline::ActionSpan;
+  void set_tracing(bool on) { pipe_->set_tracing(on); }
+  const std::vector<ActionSpan>& last_trace() const { return pipe_->trace(); }
+  // Fault injection (tests, `train --fault`; pipeline/fault_injection.h): the step numbered
+  // `step` (1-based) throws a runtime error just before this rank's action number `action` of
+  // it, as a failing stage would mid-schedule. step 0: none.
+  void inject_fault(int64_t step, size_t action) { faults_.throw_at(step, action); }
   // Fault injection that kills this process abruptly (SIGKILL, as a lost machine would stop) in
   // a phase of the step numbered `step`: its first forward, its first backward, the gradient
   // reduction, the optimizer step, or the checkpoint save after it (this rank's data file
-  // written, the checkpoint not yet committed).
-  enum class KillPhase { None, Forward, Backward, Reduce, Optimizer, Save, Hang };
-  void inject_kill(int64_t step, KillPhase phase) { kill_step_ = step, kill_phase_ = phase; }
-  const std::vector<ActionSpan>& last_trace() const { return trace_; }
+  // written, the checkpoint not yet committed); Hang stops at the reduction without dying.
+  using KillPhase = pipeline::KillPhase;
+  void inject_kill(int64_t step, KillPhase phase) { faults_.kill_at(step, phase); }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
   // flat buffers: not under ZeRO stages 2-3 (an error).
@@ -162,7 +164,6 @@ class Engine {
   std::unique_ptr<data::Sampler> val_sampler_;  // windows read in order (evaluate)
   DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
   Buffer params_, grads_;
-  std::vector<std::unique_ptr<Transformer>> chunks_;  // this stage's model chunks, local order
   std::vector<double> recompute_block_s_;  // the last step's recompute seconds per block (profile)
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
@@ -173,30 +174,13 @@ class Engine {
   std::unique_ptr<comm::Communicator> kv_comm_;  // ranks sharing key/value heads (kv_heads < tp)
   std::unique_ptr<tp::Group> tp_;
   std::vector<ReplicatedRange> replicated_;  // counted once in the gradient norm
-  // Pipeline parallelism: the stage, its chunks' global indices, its actions, the transfers.
-  comm::Communicator* pp_comm_ = nullptr;
+  comm::Communicator* pp_comm_ = nullptr;    // the pipeline group (null for one stage)
   int stage_ = 0, stages_ = 1;
-  std::vector<int> chunk_global_;  // local chunk -> global chunk
-  std::vector<pipeline::Action> schedule_;
-  std::unique_ptr<comm::PeerExchange> peers_;
-  Buffer pipe_;  // per chunk: a received activation, a received gradient
-  std::vector<void*> recv_act_, recv_grad_;
-  std::vector<Tensor> last_dx_;  // per chunk: the input gradient its last backward returned
-  bool tracing_ = false;
-  int64_t fault_step_ = 0;
-  size_t fault_action_ = 0;
-  int64_t kill_step_ = 0;
-  KillPhase kill_phase_ = KillPhase::None;
-  void maybe_kill(KillPhase phase, int64_t step);  // step: the step being run (1-based)
-  std::vector<ActionSpan> trace_;  // reserved for the schedule: recording allocates nothing
-  // Tied embeddings across stages: the first and last stage's vocabulary units (same dp, tp).
-  std::unique_ptr<comm::Communicator> embed_comm_;
-  int64_t vocab_numel_ = 0;  // elements of the vocabulary units at the start of the flat buffer
-  void build_pipeline();
-  void run_schedule(const int32_t* inputs, const int32_t* targets, float dloss, double& loss_sum,
-                    double& forward_s, double& backward_s);
-  void sync_tied_embeddings();
-  double forward_only(const int32_t* inputs, const int32_t* targets);  // engine_eval.cc
+  GradClipper clipper_;  // the global norm over dp × tp × pp, clipping, the optimizer step
+  pipeline::FaultInjector faults_;
+  std::unique_ptr<pipeline::Executor> pipe_;  // this stage's chunks, actions and transfers
+  void sum_tied_embeddings();
+  double sum_over_pp_dp(double local);
   // ZeRO: the groups the states are sharded over and (MiCS) replicated across (shard_ is null
   // at stage 0).
   std::unique_ptr<comm::Communicator> shard_comm_, replica_comm_;
@@ -214,33 +198,5 @@ class Engine {
   bool all_ok(bool ok);
   std::string layout_name() const;
 };
-
-// Per-rank bytes of each memory category the engine's model states take (params, master,
-// grads, optimizer state) for cfg's ZeRO stage partitioned over shard ranks (shard 0: ZeRO is not
-// in effect, e.g. one process without a data-parallel group: stage 0); what the tracker
-// reads after the engine is built. `formula` is the ZeRO paper's figure for the same dtypes
-// with Ψ = the padded parameter count; `buffers` what ZeRO adds beyond it (per-unit gradient
-// buffers, gathered-unit buffers, persistent units).
-struct MemoryPrediction {
-  std::array<size_t, kNumMemCategories> bytes{};
-  size_t model_states = 0, formula = 0, buffers = 0;
-};
-MemoryPrediction predict_memory(const Config& cfg, const ModelSpec& spec, int shard);
-std::string describe_memory(const MemoryPrediction& m);
-// Bytes one rank of a tensor-parallel group puts on the wire in one training step (as
-// Communicator::wire_bytes counts them), from the model's collectives: per micro-batch, without
-// sequence parallelism 2 all-reduces of the (B·T, C) activations per block forward and 2 in
-// backward, the embedding's all-reduce and the head's (fp32) one; with it, an all-gather and a
-// reduce-scatter per sublayer forward, two all-gathers (the output gradient, the input re-gathered
-// for the weight gradient) and a reduce-scatter per sublayer backward, and the all-reduces of the
-// replicated parameters' partial gradients; the vocabulary-parallel cross-entropy's two
-// reductions; the gradient norm's; each fully recomputed block's forward collectives again (and
-// its partitioned checkpoint's all-gather). 0 at tp = 1. Without pipeline parallelism (a stage's
-// blocks and the pipeline transfers' re-gathering are not counted).
-uint64_t predict_tp_bytes(const Config& cfg, const ModelSpec& spec);
-
-// An input error when the predicted model states of this host's ranks (OMPI_COMM_WORLD_LOCAL_SIZE)
-// exceed its physical memory.
-void check_fits_in_memory(const Config& cfg, const ModelSpec& spec, int shard);
 
 }  // namespace strata

@@ -170,7 +170,7 @@ void Engine::save_checkpoint(const std::string& root) {
   };
   on_every_rank(*this, &Engine::all_ok, "saving the checkpoint", [&] {
     write_part();
-    maybe_kill(KillPhase::Save, step_);  // before every rank has written: nothing is committed
+    faults_.at(KillPhase::Save, step_);  // before every rank has written: nothing is committed
   });
 
   on_every_rank(*this, &Engine::all_ok, "saving the checkpoint", [&] {

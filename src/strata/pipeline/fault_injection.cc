@@ -1,0 +1,38 @@
+#include "strata/pipeline/fault_injection.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "strata/comm/heartbeat.h"
+#include "strata/core/check.h"
+
+namespace strata::pipeline {
+
+void FaultInjector::before_action(int64_t step, size_t index, const Action& a, int stage) const {
+  if (a.op == Op::Forward) at(KillPhase::Forward, step);
+  if (a.op == Op::Backward || a.op == Op::BackwardInput) at(KillPhase::Backward, step);
+  if (throw_step_ > 0 && step == throw_step_ && index == throw_action_) {
+    STRATA_RUNTIME_FAIL("injected fault at step ", throw_step_, ", action ", throw_action_, " (",
+                        action_name(a), ") of pipeline stage ", stage);
+  }
+}
+
+void FaultInjector::at(KillPhase phase, int64_t step) const {
+  const bool hang = kill_phase_ == KillPhase::Hang && phase == KillPhase::Reduce;
+  if ((phase != kill_phase_ && !hang) || step != kill_step_) return;
+  static constexpr const char* kNames[] = {"none",      "forward", "backward", "reduce",
+                                           "optimizer", "save",    "hang"};
+  comm::heartbeat_fault(kNames[int(kill_phase_)]);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (hang) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  ::kill(::getpid(), SIGKILL);
+}
+
+}  // namespace strata::pipeline

@@ -1,0 +1,44 @@
+// Fault injection (tests, `train --fault`): a failure on purpose at a chosen point of a chosen
+// step, as a failing stage or a lost machine would cause one. It lives in pipeline/ because the
+// executor asks it before every action of the schedule (the engine asks it at the reduction, the
+// optimizer step and the checkpoint save), and because a kill first tells the supervisor through
+// comm's heartbeat (comm/heartbeat.h): core/ could not.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/pipeline/schedule.h"
+
+namespace strata::pipeline {
+
+// Where an injected kill stops the process: the step's first forward, its first backward, the
+// gradient reduction, the optimizer step, or the checkpoint save after it (this rank's data file
+// written, the checkpoint not yet committed). Hang stops where the reduction would start without
+// dying: the process lives on (its heartbeat too), so only the other ranks' watchdog can tell.
+enum class KillPhase { None, Forward, Backward, Reduce, Optimizer, Save, Hang };
+
+class FaultInjector {
+ public:
+  // The step numbered `step` (1-based) throws a runtime Error just before this rank's action
+  // number `action` of it. step 0: none.
+  void throw_at(int64_t step, size_t action) { throw_step_ = step, throw_action_ = action; }
+  // The step numbered `step` kills this process (SIGKILL) in `phase`. step 0 or None: none.
+  void kill_at(int64_t step, KillPhase phase) { kill_step_ = step, kill_phase_ = phase; }
+
+  // Before action number `index` (a) of the step numbered `step`, on pipeline stage `stage`: a
+  // Forward kills in the Forward phase, a Backward or BackwardInput in the Backward phase; then
+  // the injected error is thrown.
+  void before_action(int64_t step, size_t index, const Action& a, int stage) const;
+  // At `phase` (Reduce, Optimizer or Save) of the step numbered `step`: kills, or hangs forever
+  // (Hang, at Reduce).
+  void at(KillPhase phase, int64_t step) const;
+
+ private:
+  int64_t throw_step_ = 0;
+  size_t throw_action_ = 0;
+  int64_t kill_step_ = 0;
+  KillPhase kill_phase_ = KillPhase::None;
+};
+
+}  // namespace strata::pipeline

@@ -1,0 +1,68 @@
+# The layer graph on includes (DESIGN.md §2): a file under src/strata/<layer>/ may include
+# "strata/<x>/..." only where <x> is <layer> itself or a layer <layer> links, directly or through
+# others, in the top CMakeLists.txt's strata_layer(name deps...) calls. The linker alone would
+# let a header-only include of a higher layer through. tools/ may include anything.
+#   cmake -DSOURCE_DIR=<repository> -P layers_check.cmake
+cmake_minimum_required(VERSION 3.20)
+if(NOT SOURCE_DIR)
+  message(FATAL_ERROR "layers_check.cmake: pass -DSOURCE_DIR=<repository>")
+endif()
+
+file(READ "${SOURCE_DIR}/CMakeLists.txt" top)
+string(REGEX MATCHALL "\nstrata_layer\\([^)]*\\)" calls "${top}")
+set(layers "")
+foreach(call IN LISTS calls)
+  string(REGEX REPLACE "^\nstrata_layer\\(|\\)$" "" args "${call}")
+  string(REGEX REPLACE "[ \t\r\n]+" ";" args "${args}")
+  list(POP_FRONT args name)
+  set(deps "")
+  foreach(a IN LISTS args)
+    if(a MATCHES "^strata_(.+)$")
+      list(APPEND deps "${CMAKE_MATCH_1}")
+    endif()
+  endforeach()
+  list(APPEND layers "${name}")
+  set(below_${name} "${deps}")
+endforeach()
+if(NOT layers)
+  message(FATAL_ERROR "no strata_layer() calls in ${SOURCE_DIR}/CMakeLists.txt")
+endif()
+
+# Transitively: as many passes as there are layers reach every chain of links.
+foreach(pass IN LISTS layers)
+  foreach(name IN LISTS layers)
+    set(all "${below_${name}}")
+    foreach(d IN LISTS below_${name})
+      list(APPEND all ${below_${d}})
+    endforeach()
+    list(REMOVE_DUPLICATES all)
+    set(below_${name} "${all}")
+  endforeach()
+endforeach()
+
+set(violations "")
+file(GLOB_RECURSE files RELATIVE "${SOURCE_DIR}/src/strata" "${SOURCE_DIR}/src/strata/*.h"
+     "${SOURCE_DIR}/src/strata/*.cc")
+list(SORT files)
+foreach(f IN LISTS files)
+  string(REGEX REPLACE "/.*" "" layer "${f}")
+  if(NOT layer IN_LIST layers)
+    string(APPEND violations "\n  src/strata/${f}: folder ${layer} has no strata_layer() call")
+    continue()
+  endif()
+  file(STRINGS "${SOURCE_DIR}/src/strata/${f}" includes REGEX "^[ \t]*#[ \t]*include[ \t]*\"strata/")
+  foreach(line IN LISTS includes)
+    string(REGEX REPLACE "^[^\"]*\"strata/([^/\"]+)/.*$" "\\1" x "${line}")
+    if(NOT x STREQUAL layer AND NOT x IN_LIST below_${layer})
+      string(REGEX REPLACE "^[^\"]*(\"[^\"]*\").*$" "\\1" what "${line}")
+      string(APPEND violations
+             "\n  src/strata/${f}: includes ${what}, but ${layer} does not link ${x}")
+    endif()
+  endforeach()
+endforeach()
+
+if(violations)
+  message(FATAL_ERROR "includes against the layer graph:${violations}")
+endif()
+list(LENGTH files n)
+message(STATUS "layers_check: ${n} files of ${SOURCE_DIR}/src/strata keep to the layer graph")
