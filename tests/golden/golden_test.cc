@@ -10,6 +10,7 @@
 #include "strata/core/safetensors.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/device_host.h"
 #include "tests/golden/golden_case.h"
 
 namespace strata {
@@ -25,10 +26,7 @@ struct Tolerances {
 class Golden : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 std::vector<float> to_f32(const void* p, DType t, int64_t offset, int64_t n) {
-  std::vector<float> out(static_cast<size_t>(n));
-  convert(out.data(), DType::F32, static_cast<const char*>(p) + size_t(offset) * dtype_size(t), t,
-          size_t(n));
-  return out;
+  return test::device_f32(p, t, n, offset);
 }
 
 TEST_P(Golden, MatchesPyTorch) {

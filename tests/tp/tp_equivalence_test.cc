@@ -24,6 +24,7 @@
 #include "strata/plan/predict.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/device_host.h"
 #include "tests/mpi_world.h"
 
 namespace strata {
@@ -273,11 +274,14 @@ TEST_F(TensorParallel, EachParallelLayerMatchesTheSerialLayer) {
           model->forward(0, in.data(), Tensor(), tg.data(), 1.0f / float(N), true);
           model->backward_input(0, Tensor());
           model->backward_weight(0);
-          EXPECT_EQ(0, std::memcmp(deferred.data(), engine.grads(), deferred.size() * 4))
+          EXPECT_EQ(deferred, test::device_f32(engine.grads(), DType::F32, spec.numel))
               << preset << " tp=" << tp << " sp=" << sp << ": deferred weight gradients differ";
         }
-        const float* g = static_cast<const float*>(engine.grads());
-        const float* rg = static_cast<const float*>(serial.grads());
+        const std::vector<float> gv = test::device_f32(engine.grads(), DType::F32, spec.numel);
+        const std::vector<float> rgv =
+            test::device_f32(serial.grads(), DType::F32, serial.spec().numel);
+        const float* g = gv.data();
+        const float* rg = rgv.data();
         for (size_t i = 0; i < spec.params.size(); ++i) {
           const ParamSpec& p = spec.params[i];
           const ParamSpec& sp_ = serial.spec().params[i];

@@ -29,6 +29,7 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/device_host.h"
 
 namespace strata {
 namespace {
@@ -42,8 +43,7 @@ struct Trace {
 };
 
 std::vector<uint8_t> params_of(const Engine& e) {
-  const auto* p = static_cast<const uint8_t*>(e.params());
-  return {p, p + size_t(e.spec().numel) * dtype_size(e.config().param_dtype())};
+  return test::device_bytes(e.params(), e.config().param_dtype(), e.spec().numel);
 }
 
 Trace train(Engine& e, int steps) {
@@ -494,7 +494,7 @@ TEST_F(Checkpoint, AWeightsOnlyManifestLoads) {
   ASSERT_EQ(r.notes.size(), 1u);
   EXPECT_NE(r.notes[0].find("weights only"), std::string::npos);
   ASSERT_EQ(e->config().param_dtype(), DType::F32);
-  EXPECT_TRUE(std::memcmp(e->params(), want.data(), want.size() * sizeof(float)) == 0);
+  EXPECT_EQ(test::device_f32(e->params(), DType::F32, int64_t(want.size())), want);
   EXPECT_TRUE(std::isfinite(e->train_batch().loss));
 }
 

@@ -11,6 +11,7 @@
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
+#include "tests/device_host.h"
 
 namespace strata {
 namespace {
@@ -107,12 +108,12 @@ TEST_F(EngineTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   resolve_batch(cfg, 1);
   cfg.grad_accum_dtype = DType::F16;
   Engine engine(cfg, dataset_.get());
-  std::vector<float> before(size_t(engine.spec().numel));
-  convert(before.data(), DType::F32, engine.params(), DType::F16, before.size());
+  const std::vector<float> before =
+      test::device_f32(engine.params(), DType::F16, engine.spec().numel);
   StepMetrics s = engine.train_batch();
   EXPECT_TRUE(s.skipped);
-  std::vector<float> after(before.size());
-  convert(after.data(), DType::F32, engine.params(), DType::F16, after.size());
+  const std::vector<float> after =
+      test::device_f32(engine.params(), DType::F16, engine.spec().numel);
   EXPECT_EQ(before, after) << "a skipped step must not touch the parameters";
   int skipped = 1;
   while (engine.train_batch().skipped) ++skipped;

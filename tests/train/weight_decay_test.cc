@@ -18,6 +18,7 @@
 #include "strata/data/token_dataset.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/device_host.h"
 
 namespace strata {
 namespace {
@@ -132,9 +133,9 @@ class WeightDecayStep : public ::testing::Test {
     Engine e(cfg, dataset_.get());
     e.train_batch();
     std::vector<std::vector<float>> out;
-    const float* all = static_cast<const float*>(e.params());
+    const std::vector<float> all = test::device_f32(e.params(), DType::F32, e.spec().numel);
     for (const ParamSpec& p : e.spec().params) {
-      out.emplace_back(all + p.offset, all + p.offset + p.numel());
+      out.emplace_back(all.begin() + p.offset, all.begin() + p.offset + p.numel());
       names_.push_back(p.name), groups_.push_back(weight_decay_group(p.role));
     }
     return out;

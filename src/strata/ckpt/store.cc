@@ -17,6 +17,7 @@
 #include "strata/core/check.h"
 #include "strata/core/crc32c.h"
 #include "strata/core/safetensors.h"
+#include "strata/kernels/ops.h"
 
 namespace strata::ckpt {
 
@@ -82,7 +83,7 @@ std::string read_text(const std::string& path, size_t limit) {
 
 }  // namespace
 
-int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks) {
+int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks, Device device) {
   nlohmann::json h = nlohmann::json::object();
   int64_t off = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -101,12 +102,22 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
     write_fully(fd, &len, 8, path, IoError::runtime);
     write_fully(fd, header.data(), header.size(), path, IoError::runtime);
     int64_t at = 8 + int64_t(len);
+    // Device memory reaches the file through a host block small enough to stay in the core's
+    // cache while its CRC is taken and it is written.
+    constexpr int64_t kBlock = int64_t(1) << 18;  // floats: 1 MiB
+    std::vector<float> stage(static_cast<size_t>(kBlock));
     for (PendingChunk& p : chunks) {
-      const size_t bytes = size_t(p.meta.numel) * 4;
       p.meta.offset = at;
-      p.meta.crc32c = crc32c(p.data, bytes);
-      write_fully(fd, p.data, bytes, path, IoError::runtime);
-      at += int64_t(bytes);
+      uint32_t crc = 0;
+      for (int64_t i = 0; i < p.meta.numel; i += kBlock) {
+        const int64_t n = std::min(kBlock, p.meta.numel - i);
+        ops::copy_to_host(stage.data(),
+                          Tensor(const_cast<float*>(p.data) + i, DType::F32, {n}, device));
+        crc = crc32c(stage.data(), size_t(n) * 4, crc);
+        write_fully(fd, stage.data(), size_t(n) * 4, path, IoError::runtime);
+      }
+      p.meta.crc32c = crc;
+      at += p.meta.numel * 4;
     }
     fsync_fd(fd, path, IoError::runtime);
   } catch (...) {
@@ -166,7 +177,7 @@ std::string resolve_checkpoint(const std::string& path) {
                     "(a checkpoint root)");
 }
 
-Reader::Reader(const std::string& step_dir) : dir_(step_dir) {
+Reader::Reader(const std::string& step_dir, Device device) : dir_(step_dir), device_(device) {
   const std::string mpath = (fs::path(dir_) / "manifest.json").string();
   std::error_code ec;
   if (!fs::exists(mpath, ec)) {
@@ -264,7 +275,9 @@ void Reader::read_checked(size_t c, float* to) {
   const std::string path = (fs::path(dir_) / m_.files[size_t(k.file)].name).string();
   constexpr size_t kBlock = size_t(1) << 20;
   const size_t bytes = size_t(k.numel) * 4;
-  char* p = reinterpret_cast<char*>(to);
+  // Through a host block: the file is read into host memory, checked there, copied to the device.
+  stage_.resize(kBlock / 4);
+  char* host = reinterpret_cast<char*>(stage_.data());
   uint32_t crc = 0;
   for (size_t at = 0; at < bytes; at += kBlock) {
     const size_t n = std::min(kBlock, bytes - at);
@@ -272,8 +285,9 @@ void Reader::read_checked(size_t c, float* to) {
       ::posix_fadvise(fd, off_t(k.offset + int64_t(at + n)),
                       off_t(std::min(kBlock, bytes - at - n)), POSIX_FADV_WILLNEED);
     }
-    pread_all(fd, p + at, n, k.offset + int64_t(at), path);
-    crc = crc32c(p + at, n, crc);
+    pread_all(fd, host, n, k.offset + int64_t(at), path);
+    crc = crc32c(host, n, crc);
+    ops::copy_from_host(Tensor(to + at / 4, DType::F32, {int64_t(n / 4)}, device_), host);
   }
   if (crc != k.crc32c) {
     STRATA_INPUT_FAIL(path, ": the ", k.kind, " chunk of ", k.tensor, " at byte ", k.offset,
@@ -332,7 +346,7 @@ void Reader::run() {
     if (!job.direct) {
       load_chunk(job.chunk);
       for (const Piece& p : job.pieces) {
-        std::memcpy(p.dst, buf_.data() + p.chunk, size_t(p.n) * sizeof(float));
+        ops::copy_from_host(Tensor(p.dst, DType::F32, {p.n}, device_), buf_.data() + p.chunk);
       }
       continue;
     }

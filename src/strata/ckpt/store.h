@@ -16,13 +16,14 @@
 #include <vector>
 
 #include "strata/ckpt/manifest.h"
+#include "strata/core/device.h"
 
 namespace strata::ckpt {
 
 std::string step_dir_name(int64_t step);  // "step_00000100"
 std::string rank_file_name(int rank);     // "rank_00003.safetensors"
 
-// A chunk to write: its metadata (kind, tensor, runs, numel) and its elements in memory.
+// A chunk to write: its metadata (kind, tensor, runs, numel) and its elements in device memory.
 struct PendingChunk {
   Chunk meta;
   const float* data = nullptr;
@@ -31,7 +32,9 @@ struct PendingChunk {
 // "kind/tensor/index"), fsyncs it, and sets each chunk's offset and CRC-32C. Returns its bytes.
 // An I/O error (the disk full, EIO, no permission) is a runtime Error naming the file and the
 // system's reason; what a file holds (truncated, damaged) is an InputError.
-int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks);
+// The chunks' elements are on `device` and reach the file through host memory (kernels/ops.h).
+int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks,
+                        Device device = Device::CPU);
 
 // A small file of a checkpoint written atomically (core/atomic_file.h: tmp, fsync, rename, fsync
 // the directory); a failure is a runtime Error.
@@ -53,7 +56,9 @@ std::string latest_checkpoint(const std::string& root);
 // against their CRC before use.
 class Reader {
  public:
-  explicit Reader(const std::string& step_dir);
+  // Destinations (dst, out below) are memory of `device`, written through the kernel interface
+  // (host memory qualifies on the CPU device).
+  explicit Reader(const std::string& step_dir, Device device = Device::CPU);
   ~Reader();
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
@@ -94,7 +99,9 @@ class Reader {
   // (kind, tensor) -> chunk indices, with each chunk's global bounds.
   std::map<std::pair<std::string, std::string>, std::vector<size_t>> index_;
   std::vector<std::pair<int64_t, int64_t>> bounds_;
+  Device device_;
   std::vector<float> buf_;
+  std::vector<float> stage_;  // host block of a direct read
   size_t loaded_ = SIZE_MAX;
   // Planned reads: a chunk into one block of dst (direct), or pieces of it through buf_.
   struct Piece {

@@ -9,7 +9,9 @@
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/wire_reduce.h"
 #include "strata/core/check.h"
+#include "strata/core/device_memory.h"
 #include "strata/core/memory.h"
+#include "strata/kernels/ops.h"
 
 namespace strata::comm {
 
@@ -46,6 +48,12 @@ char* scratch(CommState& s, size_t bytes) {
   return s.scratch.as<char>();
 }
 
+// dst (n of dtype dt) = src (n of dtype st), converted by the kernel interface: on a device the
+// conversion is a kernel on the communication stream.
+void to_wire(void* dst, DType dt, const void* src, DType st, size_t n) {
+  ops::copy(Tensor(dst, dt, {int64_t(n)}), Tensor(const_cast<void*>(src), st, {int64_t(n)}));
+}
+
 bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   const char* pa = static_cast<const char*>(a);
   const char* pb = static_cast<const char*>(b);
@@ -64,9 +72,9 @@ void all_reduce_in_place(CommState& s, void* buf, size_t n, DType t) {
 void run_all_reduce(CommState& s, const Op& op) {
   if (op.wire == op.dtype) return all_reduce_in_place(s, op.out, op.n, op.dtype);
   char* w = scratch(s, op.n * dtype_size(op.wire));
-  convert(w, op.wire, op.out, op.dtype, op.n);
+  to_wire(w, op.wire, op.out, op.dtype, op.n);
   all_reduce_in_place(s, w, op.n, op.wire);
-  convert(op.out, op.dtype, w, op.wire, op.n);
+  to_wire(op.out, op.dtype, w, op.wire, op.n);
 }
 
 void run_reduce_scatter(CommState& s, const Op& op) {
@@ -79,13 +87,13 @@ void run_reduce_scatter(CommState& s, const Op& op) {
   char* w = scratch(s, in_bytes + (via_scratch ? op.n * dtype_size(op.wire) : 0));
   const void* send = op.in;
   if (convert_in) {
-    convert(w, op.wire, op.in, op.dtype, total);
+    to_wire(w, op.wire, op.in, op.dtype, total);
     send = w;
   }
   void* result = via_scratch ? w + in_bytes : op.out;
   STRATA_MPI_CHECK(MPI_Reduce_scatter_block(send, result, int(op.n), detail::mpi_datatype(op.wire),
                                             detail::mpi_sum(op.wire), s.comm));
-  if (via_scratch) convert(op.out, op.dtype, result, op.wire, op.n);
+  if (via_scratch) to_wire(op.out, op.dtype, result, op.wire, op.n);
 }
 
 void run_all_gather(CommState& s, const Op& op) {
@@ -133,6 +141,8 @@ void run_recv(CommState& s, const Op& op) {
 }
 
 void execute(CommState& s, const Op& op) {
+  // The transport reads and writes device memory itself, as NCCL does a GPU's.
+  const device_memory::Access access;
   switch (op.kind) {
     case OpKind::AllReduce:
       return run_all_reduce(s, op);

@@ -9,13 +9,15 @@
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/wire_reduce.h"
 #include "strata/core/check.h"
+#include "strata/core/device_memory.h"
+#include "strata/kernels/ops.h"
 
 namespace strata::comm {
 
 PeerExchange::PeerExchange(const Communicator& group, std::chrono::seconds timeout, int slots,
                            size_t slot_bytes)
     : timeout_(timeout),
-      ring_(MemCategory::CommBuffers, size_t(std::max(slots, 1)) * slot_bytes),
+      ring_(Buffer::host(MemCategory::CommBuffers, size_t(std::max(slots, 1)) * slot_bytes)),
       slot_bytes_(slot_bytes),
       requests_(size_t(std::max(slots, 1)), MPI_REQUEST_NULL),
       peer_of_(requests_.size(), -1),
@@ -49,7 +51,8 @@ void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag
   next_ = (next_ + 1) % requests_.size();
   if (requests_[k] != MPI_REQUEST_NULL) wait(requests_[k], what, peer_of_[k], tag_of_[k]);
   char* slot = static_cast<char*>(ring_.data()) + k * slot_bytes_;
-  std::memcpy(slot, buf, bytes);
+  // Staged through the host ring: the send may complete after the sender's buffer is reused.
+  ops::copy_to_host(slot, Tensor(const_cast<void*>(buf), dtype, {int64_t(n)}));
   peer_of_[k] = dst, tag_of_[k] = tag;
   STRATA_MPI_CHECK(
       MPI_Isend(slot, int(n), detail::mpi_datatype(dtype), dst, tag, comm_, &requests_[k]));
@@ -61,6 +64,8 @@ void PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag, cons
                ") exceeds MPI's count");
   check_tag(tag, what);
   MPI_Request r = MPI_REQUEST_NULL;
+  // The transport writes the device buffer itself, as NCCL would.
+  const device_memory::Access access;
   STRATA_MPI_CHECK(MPI_Irecv(buf, int(n), detail::mpi_datatype(dtype), src, tag, comm_, &r));
   wait(r, what, src, tag);
 }

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "strata/core/check.h"
+#include "strata/core/device_memory.h"
 
 namespace strata {
 
@@ -54,28 +55,47 @@ Buffer::Buffer(MemCategory category, size_t bytes, Device device)
     : bytes_(bytes), category_(category) {
   STRATA_CHECK(device == Device::CPU,
                "no CUDA backend is built into strata: device buffers cannot be allocated");
-  if (bytes == 0) return;
-  const size_t rounded = (bytes + 63) / 64 * 64;
-  data_ = rounded >= bytes ? std::aligned_alloc(64, rounded) : nullptr;  // no wrap-around
+  allocate(false);
+}
+
+Buffer Buffer::host(MemCategory category, size_t bytes) {
+  Buffer b;
+  b.bytes_ = bytes, b.category_ = category;
+  b.allocate(true);
+  return b;
+}
+
+void Buffer::allocate(bool host) {
+  host_ = host;
+  if (bytes_ == 0) return;
+  if (host) {
+    const size_t rounded = (bytes_ + 63) / 64 * 64;
+    data_ = rounded >= bytes_ ? std::aligned_alloc(64, rounded) : nullptr;  // no wrap-around
+    if (data_ != nullptr) std::memset(data_, 0, rounded);
+  } else {
+    data_ = device_memory::allocate(bytes_);
+  }
   if (data_ == nullptr) {
     // The user's model or batch does not fit: what to change, not where strata noticed.
     const size_t held = MemoryTracker::instance().current_total();
+    const size_t bytes = bytes_;
+    bytes_ = 0;
     STRATA_RUNTIME_FAIL("out of memory: cannot allocate ", format_bytes(bytes), " of ",
-                        mem_category_name(category),
+                        mem_category_name(category_),
                         held > 0 ? " with " + format_bytes(held) + " allocated already" : "",
                         "; reduce train_micro_batch_size_per_gpu, model.seq_len or the model, or "
                         "run on several ranks with zero_optimization.stage 1-3 to shard the model "
                         "states");
   }
-  std::memset(data_, 0, rounded);
-  MemoryTracker::instance().on_alloc(category, bytes);
+  MemoryTracker::instance().on_alloc(category_, bytes_);
 }
 
 Buffer::~Buffer() {
   release();
 }
 
-Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), category_(o.category_) {
+Buffer::Buffer(Buffer&& o) noexcept
+    : data_(o.data_), bytes_(o.bytes_), category_(o.category_), host_(o.host_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
 }
@@ -86,6 +106,7 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = o.data_;
     bytes_ = o.bytes_;
     category_ = o.category_;
+    host_ = o.host_;
     o.data_ = nullptr;
     o.bytes_ = 0;
   }
@@ -94,7 +115,11 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 void Buffer::release() {
   if (data_ != nullptr) {
-    std::free(data_);
+    if (host_) {
+      std::free(data_);
+    } else {
+      device_memory::release(data_, bytes_);
+    }
     MemoryTracker::instance().on_free(category_, bytes_);
     data_ = nullptr;
     bytes_ = 0;

@@ -44,12 +44,17 @@ class MemoryTracker {
   std::atomic<size_t> peak_total_{0};
 };
 
-// An owning, 64-byte-aligned, zero-initialised allocation counted under one category.
+// An owning, 64-byte-aligned, zero-initialised allocation counted under one category: device
+// memory (core/device_memory.h: host code reaches it only through kernels/ops.h), or host memory
+// from host().
 class Buffer {
  public:
   Buffer() = default;
-  // On the host; a device other than the CPU needs its backend (none is built yet: an error).
+  // Device memory; a device other than the CPU needs its backend (none is built yet: an error).
   Buffer(MemCategory category, size_t bytes, Device device = Device::CPU);
+  // Host memory that host code reads and writes (staging for checkpoints and transfers, token
+  // ids, host-resident activation checkpoints); pinned where a backend has such memory.
+  static Buffer host(MemCategory category, size_t bytes);
   ~Buffer();
   Buffer(Buffer&& o) noexcept;
   Buffer& operator=(Buffer&& o) noexcept;
@@ -66,12 +71,15 @@ class Buffer {
   // Gives the allocation up without freeing it: for memory another thread may still write while
   // the process is dying (a collective in flight when an error unwinds the stack).
   void leak() { data_ = nullptr, bytes_ = 0; }
+  bool on_host() const { return host_; }
 
  private:
+  void allocate(bool host);
   void release();
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::Workspace;
+  bool host_ = false;
 };
 
 std::string format_bytes(size_t bytes);  // "12.3 MiB"

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "strata/core/device_memory.h"
 #include "strata/kernels/cpu/activation.h"
 #include "strata/kernels/cpu/attention.h"
 #include "strata/kernels/cpu/common.h"
@@ -22,8 +23,20 @@ namespace strata::ops {
 
 namespace {
 
-// The non-empty views of a call live on one device, and that device has a backend.
-void on_cpu(const char* op, std::initializer_list<Tensor> views) {
+// The non-empty views of a call live on one device, and that device has a backend. The call runs
+// inside the returned scope: on the guarded test device, the only time host code may touch device
+// memory (core/device_memory.h).
+thread_local int dry_runs = 0;
+
+// A call of the interface: on a dry run (DryRun) it touches nothing; otherwise it holds the device
+// open for its duration.
+struct Call {
+  explicit Call(bool dry_run) : dry(dry_run), access(!dry_run) {}
+  const bool dry;
+  device_memory::Access access;
+};
+
+[[nodiscard]] Call on_cpu(const char* op, std::initializer_list<Tensor> views) {
   const Tensor* first = nullptr;
   for (const Tensor& t : views) {
     if (t.data == nullptr) continue;
@@ -33,6 +46,7 @@ void on_cpu(const char* op, std::initializer_list<Tensor> views) {
   if (first != nullptr && first->device == Device::CUDA) {
     STRATA_FAIL(op, ": no CUDA backend is built into strata");
   }
+  return Call(dry_runs > 0);
 }
 
 // f(S{}) for the storage type S that dtype t names.
@@ -118,11 +132,22 @@ int as_int(const char* op, int64_t v) {
 
 }  // namespace
 
+DryRun::DryRun() {
+  ++dry_runs;
+}
+DryRun::~DryRun() {
+  --dry_runs;
+}
+bool dry_run() {
+  return dry_runs > 0;
+}
+
 // --- memory ---------------------------------------------------------------------------------
 
 void fill_zero(Tensor t) {
   constexpr const char* op = "fill_zero";
-  on_cpu(op, {t});
+  const Call access = on_cpu(op, {t});
+  if (access.dry) return;
   if (t.data != nullptr) std::memset(t.data, 0, t.nbytes());
 }
 
@@ -132,20 +157,30 @@ void synchronize(Device device) {
 
 void copy(Tensor dst, Tensor src) {
   constexpr const char* op = "copy";
-  on_cpu(op, {dst, src});
+  const Call access = on_cpu(op, {dst, src});
+  if (access.dry) return;
   expect_numel(op, "dst", dst, src.numel());
   convert(dst.data, dst.dtype, src.data, src.dtype, size_t(src.numel()));
 }
 
 void copy_from_host(Tensor dst, const void* src) {
   constexpr const char* op = "copy_from_host";
-  on_cpu(op, {dst});
+  const Call access = on_cpu(op, {dst});
+  if (access.dry) return;
   std::memcpy(dst.data, src, dst.nbytes());  // the host is the CPU backend's device
+}
+
+void copy_to_host(void* dst, Tensor src) {
+  constexpr const char* op = "copy_to_host";
+  const Call access = on_cpu(op, {src});
+  if (access.dry) return;
+  std::memcpy(dst, src.data, src.nbytes());
 }
 
 void add_inplace(Tensor y, Tensor x) {
   constexpr const char* op = "add_inplace";
-  on_cpu(op, {y, x});
+  const Call access = on_cpu(op, {y, x});
+  if (access.dry) return;
   same_dtype(op, {y, x});
   expect_numel(op, "x", x, y.numel());
   with_s(op, y.dtype, [&](auto s) {
@@ -156,7 +191,8 @@ void add_inplace(Tensor y, Tensor x) {
 
 void add_bias(Tensor y, Tensor b) {
   constexpr const char* op = "add_bias";
-  on_cpu(op, {y, b});
+  const Call access = on_cpu(op, {y, b});
+  if (access.dry) return;
   same_dtype(op, {y, b});
   const int64_t N = b.numel(), M = rows_of(op, "y", y, N);
   with_s(op, y.dtype, [&](auto s) {
@@ -167,7 +203,8 @@ void add_bias(Tensor y, Tensor b) {
 
 void scale_inplace(Tensor t, float s) {
   constexpr const char* op = "scale_inplace";
-  on_cpu(op, {t});
+  const Call access = on_cpu(op, {t});
+  if (access.dry) return;
   with_s(op, t.dtype, [&](auto z) {
     using S = decltype(z);
     kernels::scale_inplace(p<S>(t), size_t(t.numel()), s);
@@ -176,13 +213,15 @@ void scale_inplace(Tensor t, float s) {
 
 double sum_squares(Tensor t) {
   constexpr const char* op = "sum_squares";
-  on_cpu(op, {t});
+  const Call access = on_cpu(op, {t});
+  if (access.dry) return 0;
   return kernels::sum_squares(t.data, t.dtype, size_t(t.numel()));
 }
 
 double sum(Tensor t) {
   constexpr const char* op = "sum";
-  on_cpu(op, {t});
+  const Call access = on_cpu(op, {t});
+  if (access.dry) return 0;
   expect_f32(op, "t", t);
   return kernels::sum(p<const float>(t), size_t(t.numel()));
 }
@@ -207,7 +246,8 @@ kernels::MatOperand operand(const char* name, const Tensor& x, int64_t rows, int
 
 void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g) {
   constexpr const char* op = "gemm";
-  on_cpu(op, {c, a, b});
+  const Call access = on_cpu(op, {c, a, b});
+  if (access.dry) return;
   STRATA_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: empty product M=", g.M, " N=", g.N,
                " K=", g.K);
   STRATA_CHECK(g.ldc >= g.N && (g.M - 1) * g.ldc + g.N <= c.numel(), "gemm: c ", c.shape_str(),
@@ -237,7 +277,8 @@ LinearSize linear_size(const char* op, const Tensor& w, const Tensor& x) {
 
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
   constexpr const char* op = "linear_forward";
-  on_cpu(op, {y, x, w, b});
+  const Call access = on_cpu(op, {y, x, w, b});
+  if (access.dry) return;
   same_dtype(op, {y, x, w, b});
   const auto [M, K, N] = linear_size(op, w, x);
   expect_numel(op, "y", y, M * N);
@@ -250,7 +291,8 @@ void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
 
 void linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
   constexpr const char* op = "linear_backward_input";
-  on_cpu(op, {dx, dy, w});
+  const Call access = on_cpu(op, {dx, dy, w});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, w});
   const auto [M, K, N] = linear_size(op, w, dx);
   expect_numel(op, "dy", dy, M * N);
@@ -262,7 +304,8 @@ void linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
 
 void linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
   constexpr const char* op = "linear_backward_weight";
-  on_cpu(op, {dw, db, dy, x});
+  const Call access = on_cpu(op, {dw, db, dy, x});
+  if (access.dry) return;
   same_dtype(op, {dy, x});
   same_dtype(op, {dw, db});
   STRATA_CHECK(dw.data != nullptr || db.data != nullptr, op, ": neither dw nor db is given");
@@ -281,7 +324,8 @@ void linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
 
 void linear_backward(Tensor dx, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor w) {
   constexpr const char* op = "linear_backward";
-  on_cpu(op, {dx, dw, db, dy, x, w});
+  const Call access = on_cpu(op, {dx, dw, db, dy, x, w});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   same_dtype(op, {dw, db});
   const auto [M, K, N] = linear_size(op, w, x);
@@ -326,7 +370,8 @@ void expect_scratch(const char* op, const Tensor& scratch, const Rows& n) {
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
                        float eps) {
   constexpr const char* op = "layernorm_forward";
-  on_cpu(op, {out, mean, rstd, x, w, b});
+  const Call access = on_cpu(op, {out, mean, rstd, x, w, b});
+  if (access.dry) return;
   same_dtype(op, {out, x, w, b});
   const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
   expect_numel(op, "out", out, x.numel());
@@ -340,7 +385,8 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w,
 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
   constexpr const char* op = "rmsnorm_forward";
-  on_cpu(op, {out, rstd, x, w});
+  const Call access = on_cpu(op, {out, rstd, x, w});
+  if (access.dry) return;
   same_dtype(op, {out, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "out", out, x.numel());
@@ -359,7 +405,8 @@ size_t norm_backward_scratch_floats(int64_t N, int64_t C) {
 void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                         Tensor w, Tensor mean, Tensor rstd) {
   constexpr const char* op = "layernorm_backward";
-  on_cpu(op, {dx, dw, db, scratch, dy, x, w, mean, rstd});
+  const Call access = on_cpu(op, {dx, dw, db, scratch, dy, x, w, mean, rstd});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   same_dtype(op, {dw, db});
   const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
@@ -380,7 +427,8 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor 
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
                       Tensor rstd) {
   constexpr const char* op = "rmsnorm_backward";
-  on_cpu(op, {dx, dw, scratch, dy, x, w, rstd});
+  const Call access = on_cpu(op, {dx, dw, scratch, dy, x, w, rstd});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "dx", dx, x.numel());
@@ -397,7 +445,8 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x,
 
 void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor mean, Tensor rstd) {
   constexpr const char* op = "layernorm_backward_input";
-  on_cpu(op, {dx, dy, x, w, mean, rstd});
+  const Call access = on_cpu(op, {dx, dy, x, w, mean, rstd});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
   expect_numel(op, "dx", dx, x.numel());
@@ -412,7 +461,8 @@ void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor m
 void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                                Tensor mean, Tensor rstd) {
   constexpr const char* op = "layernorm_backward_weight";
-  on_cpu(op, {dw, db, scratch, dy, x, mean, rstd});
+  const Call access = on_cpu(op, {dw, db, scratch, dy, x, mean, rstd});
+  if (access.dry) return;
   same_dtype(op, {dy, x});
   same_dtype(op, {dw, db});
   const Rows n = norm_size(op, x, dw.numel(), {mean, rstd});
@@ -430,7 +480,8 @@ void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, 
 
 void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
   constexpr const char* op = "rmsnorm_backward_input";
-  on_cpu(op, {dx, dy, x, w, rstd});
+  const Call access = on_cpu(op, {dx, dy, x, w, rstd});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "dx", dx, x.numel());
@@ -444,7 +495,8 @@ void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rst
 
 void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor rstd) {
   constexpr const char* op = "rmsnorm_backward_weight";
-  on_cpu(op, {dw, scratch, dy, x, rstd});
+  const Call access = on_cpu(op, {dw, scratch, dy, x, rstd});
+  if (access.dry) return;
   same_dtype(op, {dy, x});
   const Rows n = norm_size(op, x, dw.numel(), {rstd});
   expect_numel(op, "dy", dy, x.numel());
@@ -475,7 +527,8 @@ int64_t check_attention(const char* op, const AttentionShape& s, const Tensor& q
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s) {
   constexpr const char* op = "attention_forward";
-  on_cpu(op, {out, att, qkv});
+  const Call access = on_cpu(op, {out, att, qkv});
+  if (access.dry) return;
   same_dtype(op, {out, att, qkv});
   check_attention(op, s, qkv);
   const int NH = s.groups * s.rep;
@@ -494,7 +547,8 @@ size_t attention_backward_scratch_floats(const AttentionShape& s) {
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s) {
   constexpr const char* op = "attention_backward";
-  on_cpu(op, {dqkv, scratch, dout, qkv, att});
+  const Call access = on_cpu(op, {dqkv, scratch, dout, qkv, att});
+  if (access.dry) return;
   same_dtype(op, {dqkv, dout, qkv, att});
   check_attention(op, s, qkv);
   const int NH = s.groups * s.rep;
@@ -515,7 +569,8 @@ namespace {
 
 // The rep query heads and the key head of every group rotate; the value heads do not.
 void rope(const char* op, Tensor qkv, const AttentionShape& s, float theta, bool forward) {
-  on_cpu(op, {qkv});
+  const Call access = on_cpu(op, {qkv});
+  if (access.dry) return;
   const int64_t row = check_attention(op, s, qkv);
   const int64_t group = int64_t(s.rep + 2) * s.hd;
   with_s(op, qkv.dtype, [&](auto z) {
@@ -542,7 +597,8 @@ void rope_backward(Tensor dqkv, const AttentionShape& s, float theta) {
 
 void gelu_forward(Tensor out, Tensor x) {
   constexpr const char* op = "gelu_forward";
-  on_cpu(op, {out, x});
+  const Call access = on_cpu(op, {out, x});
+  if (access.dry) return;
   same_dtype(op, {out, x});
   expect_numel(op, "out", out, x.numel());
   with_s(op, x.dtype, [&](auto s) {
@@ -553,7 +609,8 @@ void gelu_forward(Tensor out, Tensor x) {
 
 void gelu_backward(Tensor dx, Tensor x, Tensor dy) {
   constexpr const char* op = "gelu_backward";
-  on_cpu(op, {dx, x, dy});
+  const Call access = on_cpu(op, {dx, x, dy});
+  if (access.dry) return;
   same_dtype(op, {dx, x, dy});
   expect_numel(op, "dx", dx, x.numel());
   expect_numel(op, "dy", dy, x.numel());
@@ -576,7 +633,8 @@ Rows swiglu_size(const char* op, const Tensor& y, const Tensor& x) {
 
 void swiglu_forward(Tensor out, Tensor x) {
   constexpr const char* op = "swiglu_forward";
-  on_cpu(op, {out, x});
+  const Call access = on_cpu(op, {out, x});
+  if (access.dry) return;
   same_dtype(op, {out, x});
   const Rows n = swiglu_size(op, out, x);
   with_s(op, x.dtype, [&](auto s) {
@@ -587,7 +645,8 @@ void swiglu_forward(Tensor out, Tensor x) {
 
 void swiglu_backward(Tensor dx, Tensor dy, Tensor x) {
   constexpr const char* op = "swiglu_backward";
-  on_cpu(op, {dx, dy, x});
+  const Call access = on_cpu(op, {dx, dy, x});
+  if (access.dry) return;
   same_dtype(op, {dx, dy, x});
   const Rows n = swiglu_size(op, dy, x);
   expect_numel(op, "dx", dx, x.numel());
@@ -613,7 +672,8 @@ int embedding_width(const char* op, const Tensor& rows, int64_t row_begin, int64
 
 void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin, int64_t row_end) {
   constexpr const char* op = "embedding_forward";
-  on_cpu(op, {out, tokens, rows});
+  const Call access = on_cpu(op, {out, tokens, rows});
+  if (access.dry) return;
   same_dtype(op, {out, rows});
   const int C = embedding_width(op, rows, row_begin, row_end);
   const int N = as_int(op, tokens.numel());
@@ -628,7 +688,8 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin
 void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
                         int64_t row_end) {
   constexpr const char* op = "embedding_backward";
-  on_cpu(op, {drows, dout, tokens});
+  const Call access = on_cpu(op, {drows, dout, tokens});
+  if (access.dry) return;
   const int C = embedding_width(op, drows, row_begin, row_end);
   const int N = as_int(op, tokens.numel());
   expect_numel(op, "dout", dout, int64_t(N) * C);
@@ -642,7 +703,8 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
 
 void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
   constexpr const char* op = "position_forward";
-  on_cpu(op, {out, wpe});
+  const Call access = on_cpu(op, {out, wpe});
+  if (access.dry) return;
   same_dtype(op, {out, wpe});
   const int64_t C = last_dim(op, "out", out);
   STRATA_CHECK(T > 0 && pos0 >= 0 && wpe.numel() >= T * C, op, ": wpe ", wpe.shape_str(),
@@ -656,7 +718,8 @@ void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
 
 void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0) {
   constexpr const char* op = "position_backward";
-  on_cpu(op, {dwpe, dout});
+  const Call access = on_cpu(op, {dwpe, dout});
+  if (access.dry) return;
   const int64_t C = last_dim(op, "dout", dout);
   STRATA_CHECK(T > 0 && pos0 >= 0 && dwpe.numel() >= T * C, op, ": dwpe ", dwpe.shape_str(),
                " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
@@ -694,7 +757,8 @@ void check_valid(const char* op, int64_t v0, int64_t valid, int V) {
 
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
   constexpr const char* op = "cross_entropy_forward";
-  on_cpu(op, {losses, logits, targets});
+  const Call access = on_cpu(op, {losses, logits, targets});
+  if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {losses});
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
@@ -705,7 +769,8 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
 
 void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss) {
   constexpr const char* op = "cross_entropy_forward_backward";
-  on_cpu(op, {losses, logits, targets});
+  const Call access = on_cpu(op, {losses, logits, targets});
+  if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {losses});
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
@@ -716,7 +781,8 @@ void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets
 
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets) {
   constexpr const char* op = "cross_entropy_stats";
-  on_cpu(op, {losses, stats, logits, targets});
+  const Call access = on_cpu(op, {losses, stats, logits, targets});
+  if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {losses});
   expect_f32(op, "stats", stats);
   expect_numel(op, "stats", stats, 3 * int64_t(n.N));
@@ -730,7 +796,8 @@ void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targ
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
                 int64_t cols, int64_t v0, int64_t valid, float dloss) {
   constexpr const char* op = "ce_dlogits";
-  on_cpu(op, {out, logits, targets, stats});
+  const Call access = on_cpu(op, {out, logits, targets, stats});
+  if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {});
   check_valid(op, v0, valid, n.C);
   expect_f32(op, "stats", stats);
@@ -755,7 +822,8 @@ void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor s
 
 void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid) {
   constexpr const char* op = "vocab_ce_max";
-  on_cpu(op, {rowmax, logits});
+  const Call access = on_cpu(op, {rowmax, logits});
+  if (access.dry) return;
   const Rows n = ce_size(op, logits, rowmax, {rowmax});
   check_valid(op, 0, valid, n.C);
   with_s(op, logits.dtype, [&](auto s) {
@@ -767,7 +835,8 @@ void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid) {
 void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int64_t v0,
                    int64_t valid) {
   constexpr const char* op = "vocab_ce_sums";
-  on_cpu(op, {sums, logits, targets, gmax});
+  const Call access = on_cpu(op, {sums, logits, targets, gmax});
+  if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {gmax});
   check_valid(op, v0, valid, n.C);
   expect_f32(op, "sums", sums);
@@ -781,7 +850,8 @@ void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int6
 
 void vocab_ce_finish(Tensor losses, Tensor targets, Tensor gmax, Tensor sums) {
   constexpr const char* op = "vocab_ce_finish";
-  on_cpu(op, {losses, targets, gmax, sums});
+  const Call access = on_cpu(op, {losses, targets, gmax, sums});
+  if (access.dry) return;
   const int64_t N = targets.numel();
   expect_f32(op, "losses", losses);
   expect_numel(op, "losses", losses, N);
@@ -795,7 +865,8 @@ void vocab_ce_finish(Tensor losses, Tensor targets, Tensor gmax, Tensor sums) {
 
 void max_rows(Tensor out, Tensor in) {
   constexpr const char* op = "max_rows";
-  on_cpu(op, {out, in});
+  const Call access = on_cpu(op, {out, in});
+  if (access.dry) return;
   expect_f32(op, "out", out);
   expect_f32(op, "in", in);
   const int64_t K = rows_of(op, "in", in, out.numel());
@@ -817,7 +888,8 @@ size_t update_size(const char* op, const Tensor& master, std::initializer_list<T
 
 void adam_step(Tensor master, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamArgs& a) {
   constexpr const char* op = "adam_step";
-  on_cpu(op, {master, param, grad, m, v});
+  const Call access = on_cpu(op, {master, param, grad, m, v});
+  if (access.dry) return;
   const size_t n = update_size(op, master, {param, grad, m, v});
   expect_f32(op, "m", m);
   expect_f32(op, "v", v);
@@ -834,7 +906,8 @@ void adam_step(Tensor master, Tensor param, Tensor grad, Tensor m, Tensor v, con
 
 void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArgs& a) {
   constexpr const char* op = "sgd_step";
-  on_cpu(op, {master, param, grad, buf});
+  const Call access = on_cpu(op, {master, param, grad, buf});
+  if (access.dry) return;
   const size_t n = update_size(op, master, {param, grad, buf});
   expect_f32(op, "buf", buf);
   STRATA_CHECK(a.momentum == 0.0f || buf.data != nullptr, op, ": momentum needs a buffer");
@@ -851,7 +924,8 @@ void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArg
 
 int64_t check_tokens(Tensor inputs, Tensor targets, int64_t V) {
   constexpr const char* op = "check_tokens";
-  on_cpu(op, {inputs, targets});
+  const Call access = on_cpu(op, {inputs, targets});
+  if (access.dry) return 0;
   if (inputs.data != nullptr) {
     const int32_t* in = tokens_of(op, inputs);
     const int64_t bad = kernels::find_token_outside(in, inputs.numel(), 0, V);

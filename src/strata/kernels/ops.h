@@ -24,6 +24,21 @@
 
 namespace strata::ops {
 
+// --- dry runs -------------------------------------------------------------------------------
+// While a DryRun exists on this thread, every call below returns at once without touching memory
+// (a value it returns is 0), and so do the tensor-parallel collectives (tensor_parallel/
+// mappings.h). Code above the interface then runs for its control flow alone: ZeRO-3 learns the
+// order in which the model's passes read its units by running them so (model/transformer.h
+// param_trace), instead of keeping a second copy of that order by hand.
+class DryRun {
+ public:
+  DryRun();
+  ~DryRun();
+  DryRun(const DryRun&) = delete;
+  DryRun& operator=(const DryRun&) = delete;
+};
+bool dry_run();
+
 // --- memory ---------------------------------------------------------------------------------
 // Waits until every operation issued on `device` has finished (the CPU backend runs each one to
 // completion before it returns: nothing to wait for).
@@ -34,6 +49,9 @@ void copy(Tensor dst, Tensor src);
 // dst = dst.nbytes() bytes at host address src (same dtype): host data (token ids) onto dst's
 // device.
 void copy_from_host(Tensor dst, const void* src);
+// dst = src.nbytes() bytes of src's device memory, at host address dst (same dtype): results,
+// checkpoints and exports read back, pipeline messages staged for the wire.
+void copy_to_host(void* dst, Tensor src);
 // y += x (same numel and dtype): the residual connection; accumulation in fp32, rounded once.
 void add_inplace(Tensor y, Tensor x);
 // y (M, N) += b (N) on every row, in fp32, rounded once (as linear_forward adds its bias).

@@ -6,6 +6,7 @@
 
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
 
@@ -335,6 +336,20 @@ void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t beg
       rng_fill_normal(o, key, uint64_t(at), uint64_t(n), 0.0f, p.std);
     }
     i += n;
+  }
+}
+
+void init_param_slice(Tensor out, const ParamSpec& p, uint64_t seed, int64_t begin) {
+  STRATA_CHECK(out.dtype == DType::F32, "parameters are initialised in fp32, got ",
+               dtype_name(out.dtype));
+  constexpr int64_t kPiece = int64_t(1) << 20;  // 4 MiB of host staging
+  const int64_t count = out.numel();
+  std::vector<float> host(size_t(std::min(count, kPiece)));
+  for (int64_t i = 0; i < count; i += kPiece) {
+    const int64_t n = std::min(kPiece, count - i);
+    init_param_slice(host.data(), p, seed, begin + i, n);
+    ops::copy_from_host(Tensor(static_cast<float*>(out.data) + i, DType::F32, {n}, out.device),
+                        host.data());
   }
 }
 

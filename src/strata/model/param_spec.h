@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/tensor.h"
 #include "strata/model/model_config.h"
 
 namespace strata {
@@ -155,6 +156,9 @@ ModelSpec hold_units(const ModelSpec& spec, const std::vector<bool>& held);
 // Writes elements [begin, begin+count) of this rank's slice of parameter `p`'s initial value
 // (flattened row-major in the local shape; padding rows are zero).
 void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t begin, int64_t count);
+// The same into device memory: out holds the count fp32 elements on their device; generated on
+// the host in bounded pieces and copied there (kernels/ops.h).
+void init_param_slice(Tensor out, const ParamSpec& p, uint64_t seed, int64_t begin);
 
 // The row of the canonical (Hugging Face) layout that global row `row` of p is (identity but for
 // the fused QKV and gate|up weights and the QKV bias).

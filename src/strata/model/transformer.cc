@@ -57,7 +57,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   acts_.allocate(MemCategory::Activations, dev_);
   work_.allocate(MemCategory::Workspace, dev_);
   if (rc.host) {
-    ckpts_.allocate(MemCategory::HostCheckpoints, Device::CPU);
+    ckpts_.allocate(MemCategory::HostCheckpoints, Device::CPU, true);
   } else {
     ckpts_.allocate(MemCategory::CheckpointedActivations, dev_);
   }
@@ -122,7 +122,8 @@ void TransformerImpl::places() {
       }
       if (p.split_axis == 0 && p.ranges.size() == 2 && p.ranges[1].replicas > 1) {
         const int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
-        STRATA_CHECK(tp_->kv() != nullptr, "replicated key/value heads need the kv group");
+        STRATA_CHECK(tp_->kv() != nullptr || ops::dry_run(),
+                     "replicated key/value heads need the kv group");
         partials_[size_t(u)].push_back(
             {off + p.ranges[0].count * cols, p.ranges[1].count * cols, tp_->kv()});
         partial_params_[size_t(u)][size_t(i)] = 1;
@@ -509,36 +510,31 @@ using model_detail::TransformerImpl;
 
 std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
                              const RecomputeOptions& recompute) {
-  const std::vector<int> vocab = spec.units_of(UnitKind::Vocab);
-  const std::vector<int> pos = spec.units_of(UnitKind::Position);
-  const std::vector<int> attn = spec.units_of(UnitKind::Attention);
-  const std::vector<int> mlp = spec.units_of(UnitKind::Mlp);
-  const int fin = spec.units_of(UnitKind::FinalNorm).front();
-  const std::vector<int> out =
-      spec.config.tied_embeddings ? vocab : spec.units_of(UnitKind::Output);
-  std::vector<int> t;
-  if (pass == UnitHook::Pass::Forward) {
-    t = vocab;
-    t.insert(t.end(), pos.begin(), pos.end());
-    for (size_t l = 0; l < attn.size(); ++l) {
-      t.push_back(attn[l]);
-      t.push_back(mlp[l]);
+  // The model's own passes, run dry (no kernel or collective touches memory) over one token row,
+  // with a hook that records what they acquire: the order is the code's, not a copy of it.
+  struct Recorder final : UnitHook {
+    Pass want, now = Pass::Forward;
+    std::vector<int> seen;
+    alignas(64) char nowhere[64] = {};  // non-null placements; a dry run reads none of them
+    explicit Recorder(Pass p) : want(p) {}
+    void begin_pass(Pass p) override { now = p; }
+    const void* acquire_params(int unit) override {
+      if (now == want) seen.push_back(unit);
+      return nowhere;
     }
-    t.push_back(fin);
-    t.insert(t.end(), out.begin(), out.end());
-  } else {
-    t.assign(out.rbegin(), out.rend());
-    t.push_back(fin);
-    for (size_t l = attn.size(); l-- > 0;) {
-      if (recompute.is_full(int(l))) {
-        t.push_back(attn[l]);
-        t.push_back(mlp[l]);
-      }
-      t.push_back(mlp[l]);
-      t.push_back(attn[l]);
-    }
-  }
-  return t;
+    void* grads_for(int) override { return nowhere; }
+  } rec(pass);
+  const ops::DryRun dry;
+  tp::Group shape(spec.tp.size, spec.tp.rank);
+  ChunkOptions chunk;
+  chunk.recompute = recompute;
+  chunk.recompute.partition = false, chunk.recompute.host = false;
+  const std::unique_ptr<Transformer> m =
+      make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 1, chunk, &shape);
+  const int32_t token = 0;
+  m->forward(0, &token, Tensor(), &token, 1.0f, true, &rec);
+  if (pass == UnitHook::Pass::Backward) m->backward(&rec);
+  return rec.seen;
 }
 
 std::unique_ptr<Transformer> make_transformer(const ModelSpec& spec, DType param_dtype,

@@ -20,8 +20,8 @@ namespace strata {
 // the model uses its own flat buffers; ZeRO stages 2-3 hand out a gradient buffer per unit, stage
 // 3 gathers each unit's parameters just before they are read.
 //
-// The calls come in a static order that depends only on the model (param_trace()), so every
-// data-parallel rank makes the same ones: forward acquires the vocabulary units, the position
+// The calls come in a static order that depends only on the model (param_trace() learns it), so
+// every data-parallel rank makes the same ones: forward acquires the vocabulary units, the position
 // unit, each block's attention and MLP units, the final norm and the output units (with tied
 // embeddings: the vocabulary units again); backward acquires the output units in reverse, the
 // final norm, then each block's MLP and attention units from the last block down — the
@@ -82,8 +82,10 @@ struct RecomputeOptions {
 };
 
 // The units acquire_params() sees, in order, in a forward or a backward pass of `spec` (the whole
-// model as one chunk). A fully recomputed block's backward acquires its attention and MLP units
-// for the recompute first, then its MLP and attention units for the backward.
+// model as one chunk): learned by running the model's passes dry (kernels/ops.h DryRun) with a
+// recording hook, so that the order is written once, in the code that runs. A fully recomputed
+// block's backward acquires its attention and MLP units for the recompute first, then its MLP
+// and attention units for the backward.
 std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
                              const RecomputeOptions& recompute = {});
 

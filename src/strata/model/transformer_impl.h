@@ -29,7 +29,10 @@ class Arena {
     used_ += (size_t(n) * elem + 63) / 64 * 64;
     return buffer_.data() != nullptr ? at : nullptr;
   }
-  void allocate(MemCategory c, Device d) { buffer_ = Buffer(c, used_, d); }
+  // Device memory of d, or host memory (host-resident activation checkpoints).
+  void allocate(MemCategory c, Device d, bool host = false) {
+    buffer_ = host ? Buffer::host(c, used_) : Buffer(c, used_, d);
+  }
   void rewind() { used_ = 0; }
 
  private:

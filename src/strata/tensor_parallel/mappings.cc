@@ -4,6 +4,7 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/core/check.h"
+#include "strata/kernels/ops.h"
 
 namespace strata::tp {
 
@@ -33,7 +34,7 @@ void Group::all_reduce(Tensor t) {
 }
 
 void Group::all_reduce(Tensor t, comm::Communicator* over) {
-  if (over == nullptr || over->size() == 1) return;
+  if (over == nullptr || over->size() == 1 || ops::dry_run()) return;
   Timer timer(seconds_);
   over->all_reduce(t.data, size_t(t.numel()), t.dtype, t.dtype);
 }
@@ -42,6 +43,7 @@ void Group::all_gather(Tensor full, Tensor shard) {
   STRATA_CHECK(full.numel() == shard.numel() * size_ && full.dtype == shard.dtype,
                "tensor-parallel all-gather of ", shard.shape_str(), " into ", full.shape_str());
   STRATA_CHECK(size_ > 1, "all-gather over a tensor-parallel group of one rank");
+  if (ops::dry_run()) return;
   Timer timer(seconds_);
   comm_->all_gather(shard.data, full.data, size_t(shard.numel()), full.dtype);
 }
@@ -50,6 +52,7 @@ void Group::reduce_scatter(Tensor shard, Tensor full) {
   STRATA_CHECK(full.numel() == shard.numel() * size_ && full.dtype == shard.dtype,
                "tensor-parallel reduce-scatter of ", full.shape_str(), " into ", shard.shape_str());
   STRATA_CHECK(size_ > 1, "reduce-scatter over a tensor-parallel group of one rank");
+  if (ops::dry_run()) return;
   Timer timer(seconds_);
   comm_->reduce_scatter(full.data, shard.data, size_t(shard.numel()), full.dtype, full.dtype);
 }

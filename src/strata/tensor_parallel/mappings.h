@@ -38,6 +38,9 @@ class Group {
   // key/value heads (kv_heads < tp), or nullptr.
   Group(comm::Communicator* comm = nullptr, comm::Communicator* kv = nullptr,
         bool sequence_parallel = false);
+  // A group's shape alone, without communicators: for dry runs (kernels/ops.h DryRun), in which
+  // no collective runs.
+  Group(int size, int rank) : size_(size), rank_(rank) {}
 
   int size() const { return size_; }
   int rank() const { return rank_; }

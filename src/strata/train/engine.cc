@@ -168,7 +168,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
         ++pi;
       }
       const ParamSpec& p = spec_.params[pi];
-      init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, r.offset - p.offset, r.numel);
+      init_param_slice(Tensor(optimizer_->master_of(r), DType::F32, {r.numel}), p, cfg_.train.seed,
+                       r.offset - p.offset);
     }
     optimizer_->publish();
     sync_->after_step();
@@ -184,7 +185,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
                                              std::move(ranges));
     for (const ParamRange& r : optimizer_->ranges()) {
       const ParamSpec& p = *of_range[size_t(&r - optimizer_->ranges().data())];
-      init_param_slice(optimizer_->master_of(r), p, cfg_.train.seed, 0, p.numel());
+      init_param_slice(Tensor(optimizer_->master_of(r), DType::F32, {p.numel()}), p,
+                       cfg_.train.seed, 0);
     }
     optimizer_->publish();
   }
@@ -198,8 +200,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   const size_t local_samples =
       size_t(cfg_.train_micro_batch_size_per_gpu * cfg_.gradient_accumulation_steps);
   const size_t batch_bytes = local_samples * size_t(m.seq_len) * sizeof(int32_t);
-  inputs_ = Buffer(MemCategory::Activations, batch_bytes);
-  targets_ = Buffer(MemCategory::Activations, batch_bytes);
+  inputs_ = Buffer::host(MemCategory::Activations, batch_bytes);  // the sampler writes them
+  targets_ = Buffer::host(MemCategory::Activations, batch_bytes);
   flops_per_token_ = train_flops_per_token(spec_);
   if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
     ZeroOptions o = plan::zero_options(layout);

@@ -13,6 +13,7 @@
 #include "strata/ckpt/store.h"
 #include "strata/comm/communicator.h"
 #include "strata/core/check.h"
+#include "strata/kernels/ops.h"
 #include "strata/train/engine.h"
 #include "strata/zero/zero_sync.h"
 
@@ -260,7 +261,7 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
       const std::vector<Segment> segs = ckpt::global_segments(p, begin, n);
       int64_t covered = 0;
       for (const Segment& s : segs) covered += s.len;
-      if (covered < n) std::fill(dst, dst + n, 0.0f);  // padding stays zero
+      if (covered < n) ops::fill_zero(Tensor(dst, DType::F32, {n}));  // padding stays zero
       rd.plan(kind, p.name, segs, dst);
     };
     RangeParams params{spec_};
@@ -274,7 +275,7 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
         if (with_moments) {
           fill(moments[k], p, begin, r.numel, dst);
         } else {
-          std::fill(dst, dst + r.numel, 0.0f);
+          ops::fill_zero(Tensor(dst, DType::F32, {r.numel}));
         }
       }
     }

@@ -54,7 +54,7 @@ class ZeroSync final : public UnitHook {
   // At the start of a step (resets the wait counters).
   void begin_step();
   // Before each micro-batch: `boundary` for the last one of the accumulation.
-  void begin_micro(bool boundary) { reducer_.begin_micro(boundary); }
+  void begin_micro(bool boundary) override { reducer_.begin_micro(boundary); }
   void begin_pass(Pass pass) override;
   const void* acquire_params(int unit) override;
   void release_params(int unit) override;

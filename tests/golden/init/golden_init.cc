@@ -7,6 +7,7 @@
 #include "strata/core/safetensors.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
+#include "tests/device_host.h"
 #include "tests/golden/golden_case.h"
 
 int main(int argc, char** argv) {
@@ -20,7 +21,9 @@ int main(int argc, char** argv) {
   Engine engine(cfg, nullptr);
   const ModelConfig& m = cfg.model;
   SafetensorsWriter w;
-  const float* p = static_cast<const float*>(engine.params());
+  const std::vector<float> host =
+      test::device_f32(engine.params(), DType::F32, engine.spec().numel);
+  const float* p = host.data();
   std::vector<std::vector<float>> canonical;  // Hugging Face row order, as PyTorch reads it
   for (const ParamSpec& s : engine.spec().params) {
     canonical.emplace_back(size_t(s.numel()));
