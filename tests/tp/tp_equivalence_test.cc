@@ -232,8 +232,8 @@ TEST_F(TensorParallel, EachParallelLayerMatchesTheSerialLayer) {
         tg[5] = -1;  // an ignored target
         // Serial logits (eval forward) and gradients.
         serial.model().forward(in.data(), tg.data(), 1.0f, false);
-        std::vector<float> ref_logits(size_t(N) * kVocab);
-        std::memcpy(ref_logits.data(), serial.model().logits(0).data, ref_logits.size() * 4);
+        const std::vector<float> ref_logits =
+            test::device_f32(serial.model().logits(0).data, DType::F32, int64_t(N) * kVocab);
         const double ref_loss = serial.forward_backward(in.data(), tg.data());
 
         // tp ranks in groups of consecutive world ranks; every group runs the same batch.
@@ -246,7 +246,9 @@ TEST_F(TensorParallel, EachParallelLayerMatchesTheSerialLayer) {
         Engine engine(cfg, nullptr, nullptr, &groups.tp());
         const ModelSpec& spec = engine.spec();
         engine.model().forward(in.data(), tg.data(), 1.0f, false);
-        const float* logits = static_cast<const float*>(engine.model().logits(0).data);
+        const Tensor lt = engine.model().logits(0);
+        const std::vector<float> logits_host = test::device_f32(lt.data, DType::F32, lt.numel());
+        const float* logits = logits_host.data();
         double lmax = 0, ldiff = 0;
         for (int n = 0; n < N; ++n) {
           for (int64_t v = 0; v < spec.tp.vocab_valid; ++v) {

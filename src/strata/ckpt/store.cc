@@ -102,19 +102,25 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
     write_fully(fd, &len, 8, path, IoError::runtime);
     write_fully(fd, header.data(), header.size(), path, IoError::runtime);
     int64_t at = 8 + int64_t(len);
-    // Device memory reaches the file through a host block small enough to stay in the core's
-    // cache while its CRC is taken and it is written.
+    // Where device memory is the host's (the plain CPU device), straight from it; elsewhere through
+    // a host block small enough to stay in the core's cache while its CRC is taken and written.
     constexpr int64_t kBlock = int64_t(1) << 18;  // floats: 1 MiB
-    std::vector<float> stage(static_cast<size_t>(kBlock));
+    std::vector<float> stage;
     for (PendingChunk& p : chunks) {
       p.meta.offset = at;
+      const Tensor src(const_cast<float*>(p.data), DType::F32, {p.meta.numel}, device);
+      const float* direct = static_cast<const float*>(ops::host_address(src));
+      if (direct == nullptr) stage.resize(size_t(kBlock));
       uint32_t crc = 0;
       for (int64_t i = 0; i < p.meta.numel; i += kBlock) {
         const int64_t n = std::min(kBlock, p.meta.numel - i);
-        ops::copy_to_host(stage.data(),
-                          Tensor(const_cast<float*>(p.data) + i, DType::F32, {n}, device));
-        crc = crc32c(stage.data(), size_t(n) * 4, crc);
-        write_fully(fd, stage.data(), size_t(n) * 4, path, IoError::runtime);
+        const float* host = direct != nullptr ? direct + i : stage.data();
+        if (direct == nullptr) {
+          ops::copy_to_host(stage.data(),
+                            Tensor(const_cast<float*>(p.data) + i, DType::F32, {n}, device));
+        }
+        crc = crc32c(host, size_t(n) * 4, crc);
+        write_fully(fd, host, size_t(n) * 4, path, IoError::runtime);
       }
       p.meta.crc32c = crc;
       at += p.meta.numel * 4;
@@ -275,9 +281,11 @@ void Reader::read_checked(size_t c, float* to) {
   const std::string path = (fs::path(dir_) / m_.files[size_t(k.file)].name).string();
   constexpr size_t kBlock = size_t(1) << 20;
   const size_t bytes = size_t(k.numel) * 4;
-  // Through a host block: the file is read into host memory, checked there, copied to the device.
-  stage_.resize(kBlock / 4);
-  char* host = reinterpret_cast<char*>(stage_.data());
+  // Where device memory is the host's (the plain CPU device), in place; elsewhere through a host
+  // block: the file is read into host memory, checked there, copied to the device.
+  const Tensor dst(to, DType::F32, {k.numel}, device_);
+  char* direct = static_cast<char*>(ops::host_address(dst));
+  if (direct == nullptr) stage_.resize(kBlock / 4);
   uint32_t crc = 0;
   for (size_t at = 0; at < bytes; at += kBlock) {
     const size_t n = std::min(kBlock, bytes - at);
@@ -285,9 +293,12 @@ void Reader::read_checked(size_t c, float* to) {
       ::posix_fadvise(fd, off_t(k.offset + int64_t(at + n)),
                       off_t(std::min(kBlock, bytes - at - n)), POSIX_FADV_WILLNEED);
     }
+    char* host = direct != nullptr ? direct + at : reinterpret_cast<char*>(stage_.data());
     pread_all(fd, host, n, k.offset + int64_t(at), path);
     crc = crc32c(host, n, crc);
-    ops::copy_from_host(Tensor(to + at / 4, DType::F32, {int64_t(n / 4)}, device_), host);
+    if (direct == nullptr) {
+      ops::copy_from_host(Tensor(to + at / 4, DType::F32, {int64_t(n / 4)}, device_), host);
+    }
   }
   if (crc != k.crc32c) {
     STRATA_INPUT_FAIL(path, ": the ", k.kind, " chunk of ", k.tensor, " at byte ", k.offset,

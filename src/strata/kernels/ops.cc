@@ -177,6 +177,10 @@ void copy_to_host(void* dst, Tensor src) {
   std::memcpy(dst, src.data, src.nbytes());
 }
 
+void* host_address(Tensor t) {
+  return t.device == Device::CPU && !device_memory::guarded() ? t.data : nullptr;
+}
+
 void add_inplace(Tensor y, Tensor x) {
   constexpr const char* op = "add_inplace";
   const Call access = on_cpu(op, {y, x});

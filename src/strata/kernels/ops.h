@@ -52,6 +52,10 @@ void copy_from_host(Tensor dst, const void* src);
 // dst = src.nbytes() bytes of src's device memory, at host address dst (same dtype): results,
 // checkpoints and exports read back, pipeline messages staged for the wire.
 void copy_to_host(void* dst, Tensor src);
+// t's address for host code where its device's memory is the host's (the plain CPU device), so
+// that file and network I/O may read and write it in place; nullptr where it is not (a GPU, the
+// guarded test device): stage through host memory with the copies above.
+void* host_address(Tensor t);
 // y += x (same numel and dtype): the residual connection; accumulation in fp32, rounded once.
 void add_inplace(Tensor y, Tensor x);
 // y (M, N) += b (N) on every row, in fp32, rounded once (as linear_forward adds its bias).
