@@ -34,7 +34,9 @@ cmake --build build-asan -j"$(nproc)" >> build-asan.log 2>&1 || { tail -50 build
 # LeakSanitizer runs at every exit; scripts/lsan.supp exempts what OpenMPI keeps until exit, by
 # module, which needs each allocation's whole stack: OpenMPI has no frame pointers, so the fast
 # unwinder stops at its first frame (fast_unwind_on_malloc=0: DWARF unwinding, slower).
-export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:check_initialization_order=1:strict_init_order=1
+# allocator_may_return_null=1: an impossible allocation returns null as glibc's does, instead of
+# aborting, so that the tests of strata's out-of-memory errors still see them.
+export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:allocator_may_return_null=1:check_initialization_order=1:strict_init_order=1
 export LSAN_OPTIONS=suppressions=$root/scripts/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)}
