@@ -5,6 +5,10 @@
 // them to glibc's (__libc_malloc and friends). While a window is open, each allocation on any
 // thread is counted under the origin of its call stack, and the bytes it keeps live are tracked
 // until it is freed.
+//
+// A sanitizer build (STRATA_SANITIZE) links no alloc_hooks.cc and defines STRATA_NO_ALLOC_HOOKS:
+// ASan's runtime replaces the same functions, and only one definition can interpose glibc's. A
+// test that counts allocations then compiles to GTEST_SKIP() << kNoAllocHooks.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -17,6 +21,10 @@
 #include "strata/core/memory.h"
 
 namespace strata::test {
+
+inline constexpr const char* kNoAllocHooks =
+    "allocation counting needs tests/alloc_hooks.cc, which a sanitizer build does not link (the "
+    "sanitizer's runtime replaces malloc and operator new itself)";
 
 // Where an allocation comes from: the module of the first frame of its call stack outside the
 // allocation plumbing (libc, libstdc++, libgcc_s, the dynamic loader), so that libstdc++ code
