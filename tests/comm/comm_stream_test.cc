@@ -145,5 +145,40 @@ TEST(CommStream, TimeoutIsConfigurable) {
   EXPECT_EQ(rec.tags.size(), 1u);
 }
 
+TEST(CommStream, AnOperationDoesNotStartBeforeItsAfterEvent) {
+  Recorder first, second;
+  CommStream a("test-a", first.execute(), describe);
+  CommStream b("test-b", second.execute(), describe);
+  first.gate = false;
+  const uint64_t in_a = a.submit(tagged(1));
+  const ops::Event a_done(&a, in_a);
+  EXPECT_FALSE(a_done.done());
+  const uint64_t in_b = b.submit(tagged(2), a_done);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(b.done(in_b));  // b's thread is idle but waits for a's operation
+  {
+    std::lock_guard<std::mutex> lock(second.mu);
+    EXPECT_TRUE(second.tags.empty());
+  }
+  first.gate = true;
+  b.wait(in_b);
+  EXPECT_TRUE(a_done.done());
+  EXPECT_EQ(first.tags, std::vector<int>{1});
+  EXPECT_EQ(second.tags, std::vector<int>{2});
+  const uint64_t free_to_go = b.submit(tagged(3), a_done);  // complete: runs at once
+  b.wait(free_to_go);
+  EXPECT_EQ(second.tags, (std::vector<int>{2, 3}));
+}
+
+TEST(CommStream, AFailedAfterEventFailsTheOperationWaitingForIt) {
+  Recorder first, second;
+  CommStream a("test-a", first.execute(), describe);
+  CommStream b("test-b", second.execute(), describe);
+  const uint64_t bad = a.submit(tagged(-3));
+  const uint64_t in_b = b.submit(tagged(4), ops::Event(&a, bad));
+  EXPECT_THROW(b.wait(in_b), std::runtime_error);
+  EXPECT_TRUE(second.tags.empty());  // it never ran on data the failed operation left
+}
+
 }  // namespace
 }  // namespace strata::comm::detail

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -272,6 +273,34 @@ TEST(Async, HandlesAreCheapAndMovable) {
   EXPECT_EQ(v, float(world().size()));
   std::vector<Handle> many(8);  // as a bucketed gradient sync keeps them
   for (Handle& x : many) x.wait();
+}
+
+// The last rank joins world's all-reduce a second late; the others issue a reduction on a second
+// communicator `after` their world handle's event. Every rank has joined that one at once, yet it
+// may not start before the world reduction completes.
+TEST(Async, AnOperationWaitsForItsAfterEventFromAnotherCommunicator) {
+  const int P = world().size(), last = P - 1;
+  std::unique_ptr<Communicator> other = world().split(0, world().rank(), "other");
+  EXPECT_TRUE(Handle().event().done());
+  float a = 1.0f, b = 1.0f;
+  Handle first, second;
+  if (world().rank() == last) {
+    second = other->all_reduce_async(&b, 1, DType::F32, DType::F32);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    first = world().all_reduce_async(&a, 1, DType::F32, DType::F32);
+  } else {
+    first = world().all_reduce_async(&a, 1, DType::F32, DType::F32);
+    second = other->all_reduce_async(&b, 1, DType::F32, DType::F32, first.event());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(first.event().done());
+    EXPECT_FALSE(second.event().done());
+  }
+  second.event().wait();
+  EXPECT_TRUE(world().rank() == last || first.done());
+  first.event().wait();
+  EXPECT_TRUE(first.done());
+  EXPECT_EQ(a, float(P));
+  EXPECT_EQ(b, float(P));
 }
 
 TEST(Errors, AnMpiErrorThrowsNamingTheCallInlineOrFromTheCommThread) {

@@ -73,7 +73,9 @@ struct Harness {
       at += size_t(spec.units[u].numel);
     }
     cache = std::make_unique<ParamCache>(
-        spec, o, b, 4, reinterpret_cast<char*>(slots.data()), pers, [this](int unit, void* dst) {
+        spec, o, b, 4, reinterpret_cast<char*>(slots.data()), pers,
+        [this](int unit, void* dst, const ops::Event& released) {
+          EXPECT_TRUE(released.done());  // on the CPU the slot's last reader has returned
           gathered.push_back(unit);
           std::memcpy(dst, whole.data() + spec.units[size_t(unit)].offset,
                       size_t(spec.units[size_t(unit)].numel) * 4);

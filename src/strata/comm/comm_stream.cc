@@ -29,7 +29,10 @@ const char* op_name(OpKind k) {
 }
 
 CommStream::CommStream(const std::string& thread_name, Execute execute, Describe describe)
-    : ring_(kRingSize), execute_(std::move(execute)), describe_(std::move(describe)) {
+    : ring_(kRingSize),
+      after_(kRingSize),
+      execute_(std::move(execute)),
+      describe_(std::move(describe)) {
   thread_ = std::thread([this, thread_name] { run(thread_name); });
 }
 
@@ -67,7 +70,7 @@ void CommStream::wait_or_abort(std::unique_lock<std::mutex>& lock, Pred pred) {
   --waiters_;
 }
 
-uint64_t CommStream::submit(const Op& op) {
+uint64_t CommStream::submit(const Op& op, const ops::Event& after) {
   uint64_t seq;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -76,6 +79,7 @@ uint64_t CommStream::submit(const Op& op) {
       wait_or_abort(lock, [&] { return issued_ - completed_.load() < kRingSize; });
     }
     ring_[issued_ % kRingSize] = op;
+    after_[issued_ % kRingSize] = after;
     seq = ++issued_;
   }
   work_cv_.notify_one();
@@ -112,6 +116,7 @@ void CommStream::run_blocking(const Op& op) {
       return;
     }
     ring_[issued_ % kRingSize] = op;
+    after_[issued_ % kRingSize] = {};
     seq = ++issued_;
     inline_active_ = true;
   }
@@ -165,6 +170,7 @@ void CommStream::run(std::string thread_name) {
   std::chrono::steady_clock::time_point watched_since;
   for (;;) {
     Op op;
+    ops::Event after;
     uint64_t seq;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -191,8 +197,10 @@ void CommStream::run(std::string thread_name) {
       }
       seq = completed_.load() + 1;
       op = ring_[(seq - 1) % kRingSize];
+      after = after_[(seq - 1) % kRingSize];
     }
     try {
+      after.wait();
       execute_(op);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "strata/core/dtype.h"
+#include "strata/core/stream.h"
 
 namespace strata::comm::detail {
 
@@ -45,7 +46,8 @@ struct Op {
   int tag = 0;
 };
 
-class CommStream {
+// Its sequence numbers are the events of the communication stream it plays (ops::Completion).
+class CommStream final : public ops::Completion {
  public:
   static constexpr size_t kRingSize = 256;
   using Execute = std::function<void(const Op&)>;
@@ -58,13 +60,16 @@ class CommStream {
   CommStream(const CommStream&) = delete;
   CommStream& operator=(const CommStream&) = delete;
 
-  // Queues op and returns its sequence number (1, 2, ...).
-  uint64_t submit(const Op& op);
+  // Queues op and returns its sequence number (1, 2, ...). The thread waits for `after` before it
+  // runs op (before op reads its buffers).
+  uint64_t submit(const Op& op, const ops::Event& after = {});
   // Blocks until operation seq has run; rethrows the exception it raised, once.
-  void wait(uint64_t seq);
+  void wait(uint64_t seq) override;
   // Runs op and everything queued before it, and returns when op is done; throws its error.
   void run_blocking(const Op& op);
-  bool done(uint64_t seq) const { return completed_.load(std::memory_order_acquire) >= seq; }
+  bool done(uint64_t seq) const override {
+    return completed_.load(std::memory_order_acquire) >= seq;
+  }
   // Blocks until everything submitted so far has run.
   void synchronize();
   size_t in_flight() const;
@@ -85,7 +90,8 @@ class CommStream {
   void wait_or_abort(std::unique_lock<std::mutex>& lock, Pred pred);
   [[noreturn]] void abort_stuck(int64_t timeout_s);  // mu_ held
 
-  std::vector<Op> ring_;  // slot of seq s: (s - 1) % kRingSize
+  std::vector<Op> ring_;           // slot of seq s: (s - 1) % kRingSize
+  std::vector<ops::Event> after_;  // per slot, what its operation waits for
   Execute execute_;
   Describe describe_;
   mutable std::mutex mu_;

@@ -202,6 +202,11 @@ bool Handle::done() const {
   return stream_ == nullptr || stream_->done(seq_);
 }
 
+ops::Event Handle::event() const {
+  if (stream_ == nullptr) return {};
+  return {stream_, seq_};
+}
+
 Communicator::Communicator(MPI_Comm comm, std::string name) : s_(std::make_unique<CommState>()) {
   STRATA_CHECK(initialized(), "comm::init must run before communicator ", name, " is made");
   detail::create_wire_ops();
@@ -331,9 +336,9 @@ uint64_t wire_bytes_of(const CommState& s, const Op& op) {
 
 }  // namespace
 
-Handle Communicator::enqueue(const detail::Op& op) {
+Handle Communicator::enqueue(const detail::Op& op, const ops::Event& after) {
   s_->wire_bytes += wire_bytes_of(*s_, op);
-  return Handle(s_->stream.get(), s_->stream->submit(op));
+  return Handle(s_->stream.get(), s_->stream->submit(op, after));
 }
 
 void Communicator::run(const detail::Op& op) {
@@ -358,21 +363,24 @@ uint64_t Communicator::wire_bytes() const {
   return s_->wire_bytes;
 }
 
-Handle Communicator::all_reduce_async(void* buf, size_t n, DType dtype, DType wire) {
-  return enqueue(all_reduce_op(*s_, buf, n, dtype, wire));
+Handle Communicator::all_reduce_async(void* buf, size_t n, DType dtype, DType wire,
+                                      const ops::Event& after) {
+  return enqueue(all_reduce_op(*s_, buf, n, dtype, wire), after);
 }
 
 Handle Communicator::reduce_scatter_async(const void* in, void* out, size_t n_per_rank, DType dtype,
-                                          DType wire) {
-  return enqueue(reduce_scatter_op(*s_, in, out, n_per_rank, dtype, wire));
+                                          DType wire, const ops::Event& after) {
+  return enqueue(reduce_scatter_op(*s_, in, out, n_per_rank, dtype, wire), after);
 }
 
-Handle Communicator::all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype) {
-  return enqueue(all_gather_op(*s_, in, out, n_per_rank, dtype));
+Handle Communicator::all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype,
+                                      const ops::Event& after) {
+  return enqueue(all_gather_op(*s_, in, out, n_per_rank, dtype), after);
 }
 
-Handle Communicator::broadcast_async(void* buf, size_t n, DType dtype, int root) {
-  return enqueue(broadcast_op(*s_, buf, n, dtype, root));
+Handle Communicator::broadcast_async(void* buf, size_t n, DType dtype, int root,
+                                     const ops::Event& after) {
+  return enqueue(broadcast_op(*s_, buf, n, dtype, root), after);
 }
 
 void Communicator::all_reduce(void* buf, size_t n, DType dtype, DType wire) {
@@ -432,16 +440,18 @@ void Communicator::barrier() {
   run({.kind = OpKind::Barrier});
 }
 
-Handle Communicator::send_async(const void* buf, size_t n, DType dtype, int dst, int tag) {
-  return enqueue(send_op(*s_, buf, n, dtype, dst, tag));
+Handle Communicator::send_async(const void* buf, size_t n, DType dtype, int dst, int tag,
+                                const ops::Event& after) {
+  return enqueue(send_op(*s_, buf, n, dtype, dst, tag), after);
 }
 
-Handle Communicator::recv_async(void* buf, size_t n, DType dtype, int src, int tag) {
-  return enqueue(recv_op(*s_, buf, n, dtype, src, tag));
+Handle Communicator::recv_async(void* buf, size_t n, DType dtype, int src, int tag,
+                                const ops::Event& after) {
+  return enqueue(recv_op(*s_, buf, n, dtype, src, tag), after);
 }
 
 Handle Communicator::barrier_async() {
-  return enqueue({.kind = OpKind::Barrier});
+  return enqueue({.kind = OpKind::Barrier}, {});
 }
 
 void Communicator::synchronize() {

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "strata/core/dtype.h"
+#include "strata/core/stream.h"
 
 namespace strata::comm {
 
@@ -45,6 +46,9 @@ class Handle {
   // the exception it raised on the comm thread. Past the communicator's timeout, aborts the job.
   void wait();
   bool done() const;
+  // The event of its completion on the communication stream, for the stream that consumes the
+  // result: ops::wait(compute, h.event()) where the data is read. Complete for an empty handle.
+  ops::Event event() const;
 
  private:
   friend class Communicator;
@@ -97,15 +101,21 @@ class Communicator {
   void recv(void* buf, size_t n, DType dtype, int src, int tag);
   void barrier();
 
-  Handle all_reduce_async(void* buf, size_t n, DType dtype, DType wire);
-  Handle reduce_scatter_async(const void* in, void* out, size_t n_per_rank, DType dtype,
-                              DType wire);
-  Handle all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype);
-  Handle broadcast_async(void* buf, size_t n, DType dtype, int root);
+  // `after`: the event the communication stream waits for before it reads the buffers (the
+  // compute that wrote them, or the release of a buffer an operation overwrites).
+  Handle all_reduce_async(void* buf, size_t n, DType dtype, DType wire,
+                          const ops::Event& after = {});
+  Handle reduce_scatter_async(const void* in, void* out, size_t n_per_rank, DType dtype, DType wire,
+                              const ops::Event& after = {});
+  Handle all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype,
+                          const ops::Event& after = {});
+  Handle broadcast_async(void* buf, size_t n, DType dtype, int root, const ops::Event& after = {});
   // Point-to-point and barrier run in issue order like the collectives: pair sends and receives
   // across ranks as the blocking forms would be paired.
-  Handle send_async(const void* buf, size_t n, DType dtype, int dst, int tag);
-  Handle recv_async(void* buf, size_t n, DType dtype, int src, int tag);
+  Handle send_async(const void* buf, size_t n, DType dtype, int dst, int tag,
+                    const ops::Event& after = {});
+  Handle recv_async(void* buf, size_t n, DType dtype, int src, int tag,
+                    const ops::Event& after = {});
   Handle barrier_async();
 
   // Blocks until every operation issued so far has completed.
@@ -118,7 +128,7 @@ class Communicator {
   uint64_t wire_bytes() const;
 
  private:
-  Handle enqueue(const detail::Op& op);
+  Handle enqueue(const detail::Op& op, const ops::Event& after);
   void run(const detail::Op& op);
   std::unique_ptr<detail::CommState> s_;
 };

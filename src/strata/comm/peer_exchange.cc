@@ -41,8 +41,8 @@ PeerExchange::~PeerExchange() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag,
-                        const char* what) {
+void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag, const char* what,
+                        const ops::Event& after) {
   check_tag(tag, what);
   const size_t bytes = n * dtype_size(dtype);
   STRATA_CHECK(bytes <= slot_bytes_ && n <= size_t(INT_MAX), "a pipeline message of ", bytes,
@@ -51,6 +51,7 @@ void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag
   next_ = (next_ + 1) % requests_.size();
   if (requests_[k] != MPI_REQUEST_NULL) wait(requests_[k], what, peer_of_[k], tag_of_[k]);
   char* slot = static_cast<char*>(ring_.data()) + k * slot_bytes_;
+  after.wait();
   // Staged through the host ring: the send may complete after the sender's buffer is reused.
   ops::copy_to_host(slot, Tensor(const_cast<void*>(buf), dtype, {int64_t(n)}));
   peer_of_[k] = dst, tag_of_[k] = tag;
@@ -59,7 +60,8 @@ void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag
   bytes_ += bytes;
 }
 
-void PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag, const char* what) {
+ops::Event PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag,
+                              const char* what) {
   STRATA_CHECK(n <= size_t(INT_MAX), "a pipeline message of ", n, " elements (", what,
                ") exceeds MPI's count");
   check_tag(tag, what);
@@ -68,6 +70,7 @@ void PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag, cons
   const device_memory::Access access;
   STRATA_MPI_CHECK(MPI_Irecv(buf, int(n), detail::mpi_datatype(dtype), src, tag, comm_, &r));
   wait(r, what, src, tag);
+  return {};
 }
 
 void PeerExchange::check_tag(int tag, const char* what) const {

@@ -20,6 +20,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/memory.h"
+#include "strata/core/stream.h"
 
 namespace strata::comm {
 
@@ -36,11 +37,15 @@ class PeerExchange {
   PeerExchange(const PeerExchange&) = delete;
   PeerExchange& operator=(const PeerExchange&) = delete;
 
-  // Copies buf (n elements) into a send buffer and sends it to group rank dst; buf is free on
-  // return. `what` names the message in errors.
-  void send(const void* buf, size_t n, DType dtype, int dst, int tag, const char* what);
-  // Blocks until the message from src with tag arrives in buf.
-  void recv(void* buf, size_t n, DType dtype, int src, int tag, const char* what);
+  // Copies buf (n elements) into a send buffer, once `after` (the compute that wrote buf) is
+  // done, and sends it to group rank dst; buf is free on return. `what` names the message in
+  // errors.
+  void send(const void* buf, size_t n, DType dtype, int dst, int tag, const char* what,
+            const ops::Event& after);
+  // Blocks until the message from src with tag arrives in buf; returns the event a consumer
+  // waits on before reading buf (complete: the message is in buf when this returns).
+  [[nodiscard]] ops::Event recv(void* buf, size_t n, DType dtype, int src, int tag,
+                                const char* what);
   // Completes every send issued so far.
   void wait_sends();
   uint64_t bytes_sent() const { return bytes_; }

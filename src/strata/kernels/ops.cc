@@ -946,4 +946,22 @@ int64_t check_tokens(Tensor inputs, Tensor targets, int64_t V) {
   return kernels::count_nonnegative(tg, targets.numel());
 }
 
+// --- streams and events --------------------------------------------------------------------------
+
+Event record(Stream s) {
+  if (s.device == Device::CUDA) STRATA_FAIL("record: no CUDA backend is built into strata");
+  STRATA_CHECK(s.kind == StreamKind::Compute,
+               "record: a communication stream's events come from its operations' handles");
+  return {};  // the CPU's compute stream has finished its work when a kernel returns
+}
+
+void wait(Stream s, const Event& e) {
+  if (s.device == Device::CUDA) STRATA_FAIL("wait: no CUDA backend is built into strata");
+  e.wait();
+}
+
+void synchronize(const Event& e) {
+  e.wait();
+}
+
 }  // namespace strata::ops

@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/core/stream.h"
 #include "strata/core/tensor.h"
 
 namespace strata::ops {
@@ -203,5 +204,32 @@ void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArg
 // Checks every token of inputs in [0, V) (an InputError naming the first that is not) and returns
 // the number of targets >= 0. Either may be empty (nothing checked / 0).
 int64_t check_tokens(Tensor inputs, Tensor targets, int64_t V);
+
+// --- streams and events --------------------------------------------------------------------------
+// Work is ordered by streams and events, not by returning (DESIGN.md §10). Each device has a
+// compute stream, on which every kernel above runs in issue order, and a communication stream, on
+// which the collectives run (comm/communicator.h: an asynchronous operation takes the event it
+// must wait for before it reads its buffer, and its Handle gives the event of its completion).
+// Wherever one stream consumes what the other produces, the producer records an event and the
+// consumer waits on it: a gradient bucket's reduction is issued `after` the compute event that
+// follows the backward which wrote it, and the compute stream waits on a gather's event before a
+// kernel reads the gathered parameters.
+//
+// A backend implements record and wait over its own events (a CUDA backend: cudaEventRecord and
+// cudaStreamWaitEvent, NCCL on the communication stream) and an ops::Completion for the events it
+// hands out. The CPU backend: the compute stream is the calling thread, whose kernels have
+// finished when they return, so an event recorded on it is complete at once; the communication
+// stream is a communicator's comm thread, whose events are the completions of the operations
+// queued on it, and which waits for an operation's `after` event before running it. Waiting on an
+// incomplete event blocks the calling thread: the compute stream itself, and for the
+// communication stream an order at least as strict as asked.
+//
+// An event of the current work on s. Only a compute stream can be recorded here: a communication
+// stream's events come from the Handles of its operations.
+Event record(Stream s);
+// Work issued to s after this call does not start before e's work is done.
+void wait(Stream s, const Event& e);
+// The host blocks until e's work is done; rethrows the error of the operation e completes.
+void synchronize(const Event& e);
 
 }  // namespace strata::ops

@@ -3,8 +3,16 @@
 #include <chrono>
 
 #include "strata/core/check.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
+
+namespace {
+
+// The gathered parameters live on the host, read by the CPU's compute stream.
+constexpr ops::Stream kCompute{Device::CPU, ops::StreamKind::Compute};
+
+}  // namespace
 
 ParamCache::ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBuffers& bufs,
                        size_t elem_bytes, char* slots, std::vector<char*> persistent, Gather gather)
@@ -15,7 +23,8 @@ ParamCache::ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBu
       slots_(slots),
       persistent_(std::move(persistent)),
       issue_(std::move(gather)),
-      state_(spec.units.size()) {
+      state_(spec.units.size()),
+      released_(size_t(bufs.param_slot_count)) {
   STRATA_CHECK(persistent_.size() == units_.size(), "one persistent entry per unit");
   for (int k = bufs.param_slot_count - 1; k >= 0; --k) free_slots_.push_back(k);
   RecomputeOptions rc;
@@ -46,6 +55,7 @@ void ParamCache::evict(int unit) {
   State& st = state_[size_t(unit)];
   st.gather.wait();
   st.gathering = st.prefetched = false;
+  released_[size_t(st.slot)] = ops::record(kCompute);
   free_slots_.push_back(st.slot);
   st.slot = -1;
   live_ -= units_[size_t(unit)].numel;
@@ -86,7 +96,7 @@ void ParamCache::gather(int unit) {
   free_slots_.pop_back();
   live_ += units_[size_t(unit)].numel;
   peak_live_ = std::max(peak_live_, live_);
-  st.gather = issue_(unit, slot_data(st));
+  st.gather = issue_(unit, slot_data(st), released_[size_t(st.slot)]);
   st.gathering = true;
 }
 
@@ -129,7 +139,7 @@ const void* ParamCache::acquire(int unit) {
   }
   if (st.gathering) {
     const auto t0 = std::chrono::steady_clock::now();
-    st.gather.wait();
+    ops::wait(kCompute, st.gather.event());  // the unit's forward or backward reads it
     wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st.gathering = false;
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "strata/comm/communicator.h"
+#include "strata/core/stream.h"
 #include "strata/model/transformer.h"
 #include "strata/zero/partition.h"
 
@@ -25,8 +26,9 @@ namespace strata {
 
 class ParamCache {
  public:
-  // Starts gathering `unit` into dst (the unit's numel elements); returns its completion.
-  using Gather = std::function<comm::Handle(int unit, void* dst)>;
+  // Starts gathering `unit` into dst (the unit's numel elements) once `released` is done (the
+  // compute that last read the buffer); returns its completion.
+  using Gather = std::function<comm::Handle(int unit, void* dst, const ops::Event& released)>;
 
   // slots: bufs.param_slot_count buffers of bufs.param_slot_elems elements of elem_bytes each.
   // persistent: per unit, its whole copy or nullptr.
@@ -74,6 +76,7 @@ class ParamCache {
   Gather issue_;
   std::vector<State> state_;
   std::vector<int> free_slots_;
+  std::vector<ops::Event> released_;  // per slot: its last reader, which a gather into it follows
   std::vector<int> trace_;
   size_t forward_len_ = 0, pos_ = 0;
   int64_t live_ = 0, peak_live_ = 0;

@@ -7,6 +7,13 @@
 
 namespace strata {
 
+namespace {
+
+// The parameters and gradients live on the host: the CPU's compute stream writes and reads them.
+constexpr ops::Stream kCompute{Device::CPU, ops::StreamKind::Compute};
+
+}  // namespace
+
 std::unique_ptr<ZeroPartition> ZeroSync::make_partition(const comm::Communicator& shard,
                                                         const ModelSpec& spec, int stage) {
   if (stage == 0) return nullptr;
@@ -49,9 +56,10 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
   }
   cache_ = std::make_unique<ParamCache>(
       spec, o_, bufs_, ps_, param_slot_buf_.as<char>(), std::move(persistent),
-      [this](int unit, void* dst) {
+      [this](int unit, void* dst, const ops::Event& released) {
         const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(unit)) * ps_;
-        return shard_.all_gather_async(mine, dst, size_t(part_->chunk(unit)), o_.param_dtype);
+        return shard_.all_gather_async(mine, dst, size_t(part_->chunk(unit)), o_.param_dtype,
+                                       released);
       });
 }
 
@@ -92,10 +100,10 @@ void ZeroSync::finish() {
     const std::vector<UnitSpec>& units = part_->units();
     for (size_t u = 0; u < units.size(); ++u) {
       char* mine = full_grads_ + size_t(part_->chunk_begin(int(u))) * gs_;
-      gathers_[u] =
-          replicas_->all_reduce_async(mine, size_t(part_->chunk(int(u))), o_.grad_dtype, o_.wire);
+      gathers_[u] = replicas_->all_reduce_async(mine, size_t(part_->chunk(int(u))), o_.grad_dtype,
+                                                o_.wire, ops::record(kCompute));
     }
-    for (comm::Handle& h : gathers_) h.wait();
+    for (const comm::Handle& h : gathers_) ops::wait(kCompute, h.event());
   } else {
     replicas_->all_reduce(grad_part_buf_.data(), size_t(part_->owned_numel()), o_.grad_dtype,
                           o_.wire);
@@ -153,6 +161,7 @@ void ZeroSync::zero_grads() {
 
 void ZeroSync::after_step() {
   if (stage_ == 0) return;
+  const ops::Event stepped = ops::record(kCompute);  // the optimizer wrote the owned chunks
   const std::vector<UnitSpec>& units = part_->units();
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t c = part_->chunk(int(u));
@@ -160,14 +169,14 @@ void ZeroSync::after_step() {
     if (stage_ < 3) {
       char* out = full_params_ + size_t(units[u].offset) * ps_;
       gathers_[u] = shard_.all_gather_async(full_params_ + size_t(part_->chunk_begin(int(u))) * ps_,
-                                            out, size_t(c), o_.param_dtype);
+                                            out, size_t(c), o_.param_dtype, stepped);
     } else if (char* whole = cache_->persistent(int(u))) {
       const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(int(u))) * ps_;
-      gathers_[u] = shard_.all_gather_async(mine, whole, size_t(c), o_.param_dtype);
+      gathers_[u] = shard_.all_gather_async(mine, whole, size_t(c), o_.param_dtype, stepped);
     }
   }
   if (cache_) cache_->drop_all();
-  for (comm::Handle& h : gathers_) h.wait();
+  for (const comm::Handle& h : gathers_) ops::wait(kCompute, h.event());  // the next forward reads
 }
 
 void ZeroSync::drop_gathered() {
