@@ -10,19 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-# scripts/setup.sh's packages (the sanitizer runtimes, libasan and libubsan, come with g++).
-packages=(cmake g++ make libopenmpi-dev openmpi-bin libdnnl-dev nlohmann-json3-dev libcli11-dev
-          libgtest-dev iproute2 python3 libpcre2-dev python3-venv)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
-fi
+# shellcheck source=packages.sh
+. scripts/packages.sh
+install_missing_packages
 
 # Warnings stay warnings: GCC's flow analysis under -fsanitize gives false positives
 # (-Wmaybe-uninitialized, -Wstringop-overflow) that the Release build does not have.

@@ -1,0 +1,19 @@
+# What strata needs from Debian to build and test, and the function that installs what is missing
+# (sourced by scripts/setup.sh and scripts/sanitize.sh; the sanitizer runtimes, libasan and
+# libubsan, come with g++).
+strata_packages=(cmake g++ make libopenmpi-dev openmpi-bin libdnnl-dev nlohmann-json3-dev
+                 libcli11-dev libgtest-dev iproute2 python3 libpcre2-dev python3-venv)
+
+install_missing_packages() {
+  local missing=() p
+  for p in "${strata_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
+  fi
+}
