@@ -11,6 +11,14 @@
 // are static, so they do by construction); issue them from one thread. A buffer belongs to the
 // communicator from the call until its handle's wait() returns. A blocking call waits for the
 // operations issued before it, then runs (on the caller's thread when nothing is queued).
+//
+// Ordering with the device (kernels/ops.h, streams and events): a blocking call reads buffers
+// written by work issued to the compute stream before it, and its results are visible to work
+// issued there after it returns. The CPU keeps that by running the call to completion; a device
+// backend keeps it inside this layer (the collective issued on the communication stream after
+// an event recorded on compute, compute waiting on its completion), so callers of the blocking
+// forms (the tensor-parallel mappings, the loss and norm reductions) need no events of their own.
+// The asynchronous forms take and give events explicitly.
 #pragma once
 
 #include <mpi.h>
