@@ -1,0 +1,123 @@
+// The dispatch of ops.h, shared by its source files (ops*.cc): every call checks that its views
+// share one device, refuses CUDA (no such backend is built yet), derives the sizes from the
+// views' shapes, checks that they agree, and calls the kernels/cpu template for the views' dtypes.
+// Internal to kernels/.
+#pragma once
+
+#include <climits>
+#include <cstring>
+#include <initializer_list>
+
+#include "strata/core/device_memory.h"
+#include "strata/kernels/ops.h"
+
+namespace strata::ops::dispatch {
+
+inline thread_local int dry_runs = 0;  // DryRun scopes alive on this thread
+
+// A call of the interface: on a dry run (DryRun) it touches nothing; otherwise it holds the device
+// open for its duration.
+struct Call {
+  explicit Call(bool dry_run) : dry(dry_run), access(!dry_run) {}
+  const bool dry;
+  device_memory::Access access;
+};
+
+// The non-empty views of a call live on one device, and that device has a backend. The call runs
+// inside the returned scope: on the guarded test device, the only time host code may touch device
+// memory (core/device_memory.h).
+[[nodiscard]] inline Call on_cpu(const char* op, std::initializer_list<Tensor> views) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : views) {
+    if (t.data == nullptr) continue;
+    if (first == nullptr) first = &t;
+    STRATA_CHECK(t.device == first->device, op, ": all views of one call must be on one device");
+  }
+  if (first != nullptr && first->device == Device::CUDA) {
+    STRATA_FAIL(op, ": no CUDA backend is built into strata");
+  }
+  return Call(dry_runs > 0);
+}
+
+// f(S{}) for the storage type S that dtype t names.
+template <typename F>
+inline decltype(auto) with_s(const char* op, DType t, F&& f) {
+  switch (t) {
+    case DType::F32:
+      return f(float{});
+    case DType::BF16:
+      return f(bf16{});
+    case DType::F16:
+      return f(f16{});
+    case DType::I32:
+      break;
+  }
+  STRATA_FAIL(op, ": no kernel for ", dtype_name(t), " values");
+}
+
+// f(S{}, G{}) for a (storage, gradient) pair the kernels are built for (STRATA_FOR_EACH_SG).
+template <typename F>
+inline decltype(auto) with_sg(const char* op, DType s, DType g, F&& f) {
+#define STRATA_SG_CASE(S, G) \
+  if (s == dtype_of<S>() && g == dtype_of<G>()) return f(S{}, G{});
+  STRATA_FOR_EACH_SG(STRATA_SG_CASE)
+#undef STRATA_SG_CASE
+  STRATA_FAIL(op, ": no kernel for ", dtype_name(s), " values with ", dtype_name(g), " gradients");
+}
+
+// The view's elements as T (null for an empty view).
+template <typename T>
+inline T* p(const Tensor& t) {
+  return static_cast<T*>(t.data);
+}
+
+inline const int32_t* tokens_of(const char* op, const Tensor& t) {
+  STRATA_CHECK(t.dtype == DType::I32, op, ": token views are int32, got ", dtype_name(t.dtype));
+  return static_cast<const int32_t*>(t.data);
+}
+
+inline void same_dtype(const char* op, std::initializer_list<Tensor> views) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : views) {
+    if (t.data == nullptr) continue;
+    if (first == nullptr) first = &t;
+    STRATA_CHECK(t.dtype == first->dtype, op, ": views mix ", dtype_name(first->dtype), " and ",
+                 dtype_name(t.dtype));
+  }
+}
+
+inline void expect_f32(const char* op, const char* name, const Tensor& t) {
+  STRATA_CHECK(t.data == nullptr || t.dtype == DType::F32, op, ": ", name, " must be fp32, got ",
+               dtype_name(t.dtype));
+}
+
+// An absent view passes; a present one holds exactly n elements.
+inline void expect_numel(const char* op, const char* name, const Tensor& t, int64_t n) {
+  STRATA_CHECK(t.data == nullptr || t.numel() == n, op, ": ", name, " has ", t.numel(),
+               " elements ", t.shape_str(), ", expected ", n);
+}
+
+// The last dimension of t, and numel / it, the number of rows.
+inline int64_t last_dim(const char* op, const char* name, const Tensor& t) {
+  STRATA_CHECK(t.ndim >= 1 && t.dim(-1) > 0, op, ": ", name, " needs a last dimension, got ",
+               t.shape_str());
+  return t.dim(-1);
+}
+inline int64_t rows_of(const char* op, const char* name, const Tensor& t, int64_t width) {
+  STRATA_CHECK(width > 0 && t.numel() % width == 0, op, ": ", name, " ", t.shape_str(),
+               " is not a whole number of rows of ", width);
+  return t.numel() / width;
+}
+
+// N rows of C elements, as the CPU kernels take them.
+struct Rows {
+  int N, C;
+};
+
+// The CPU kernels take int sizes where a dimension is bounded by a model size.
+inline int as_int(const char* op, int64_t v) {
+  STRATA_CHECK(v >= 0 && v <= INT_MAX, op, ": size ", v, " exceeds the kernels' int range");
+  return int(v);
+}
+
+}  // namespace strata::ops::dispatch

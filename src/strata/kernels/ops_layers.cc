@@ -1,0 +1,406 @@
+// ops.h: normalisation, attention, rotary embedding, activations, embeddings (the dispatch:
+// dispatch.h).
+#include "strata/kernels/cpu/activation.h"
+#include "strata/kernels/cpu/attention.h"
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/embedding.h"
+#include "strata/kernels/cpu/norm.h"
+#include "strata/kernels/cpu/rope.h"
+#include "strata/kernels/dispatch.h"
+#include "strata/kernels/ops.h"
+
+namespace strata::ops {
+
+using namespace dispatch;
+
+// --- normalisation ----------------------------------------------------------------------------
+
+namespace {
+
+// (N, C) of a norm over x (N, C) with C elements per parameter; the statistics (fp32, optional
+// where the kernel allows) hold N.
+Rows norm_size(const char* op, const Tensor& x, int64_t C, std::initializer_list<Tensor> stats) {
+  const int64_t N = rows_of(op, "x", x, C);
+  for (const Tensor& s : stats) {
+    expect_f32(op, "mean/rstd", s);
+    expect_numel(op, "mean/rstd", s, N);
+  }
+  return {as_int(op, N), as_int(op, C)};
+}
+
+void expect_scratch(const char* op, const Tensor& scratch, const Rows& n) {
+  expect_f32(op, "scratch", scratch);
+  STRATA_CHECK(scratch.data != nullptr &&
+                   size_t(scratch.numel()) >= kernels::norm_backward_scratch_floats(n.N, n.C),
+               op, ": scratch ", scratch.shape_str(), " is smaller than ",
+               kernels::norm_backward_scratch_floats(n.N, n.C),
+               " floats (norm_backward_scratch_floats)");
+}
+
+}  // namespace
+
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
+                       float eps) {
+  constexpr const char* op = "layernorm_forward";
+  const Call access = on_cpu(op, {out, mean, rstd, x, w, b});
+  if (access.dry) return;
+  same_dtype(op, {out, x, w, b});
+  const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
+  expect_numel(op, "out", out, x.numel());
+  expect_numel(op, "bias", b, w.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::layernorm_forward(p<S>(out), p<float>(mean), p<float>(rstd), p<const S>(x),
+                               p<const S>(w), p<const S>(b), n.N, n.C, eps);
+  });
+}
+
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
+  constexpr const char* op = "rmsnorm_forward";
+  const Call access = on_cpu(op, {out, rstd, x, w});
+  if (access.dry) return;
+  same_dtype(op, {out, x, w});
+  const Rows n = norm_size(op, x, w.numel(), {rstd});
+  expect_numel(op, "out", out, x.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::rmsnorm_forward(p<S>(out), p<float>(rstd), p<const S>(x), p<const S>(w), n.N, n.C,
+                             eps);
+  });
+}
+
+size_t norm_backward_scratch_floats(int64_t N, int64_t C) {
+  return kernels::norm_backward_scratch_floats(as_int("norm_backward_scratch_floats", N),
+                                               as_int("norm_backward_scratch_floats", C));
+}
+
+void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
+                        Tensor w, Tensor mean, Tensor rstd) {
+  constexpr const char* op = "layernorm_backward";
+  const Call access = on_cpu(op, {dx, dw, db, scratch, dy, x, w, mean, rstd});
+  if (access.dry) return;
+  same_dtype(op, {dx, dy, x, w});
+  same_dtype(op, {dw, db});
+  const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
+  expect_numel(op, "dx", dx, x.numel());
+  expect_numel(op, "dy", dy, x.numel());
+  expect_numel(op, "dw", dw, n.C);
+  expect_numel(op, "db", db, n.C);
+  expect_scratch(op, scratch, n);
+  with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
+    using S = decltype(s);
+    using G = decltype(g);
+    kernels::layernorm_backward(p<S>(dx), p<G>(dw), p<G>(db), p<float>(scratch), p<const S>(dy),
+                                p<const S>(x), p<const S>(w), p<const float>(mean),
+                                p<const float>(rstd), n.N, n.C);
+  });
+}
+
+void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
+                      Tensor rstd) {
+  constexpr const char* op = "rmsnorm_backward";
+  const Call access = on_cpu(op, {dx, dw, scratch, dy, x, w, rstd});
+  if (access.dry) return;
+  same_dtype(op, {dx, dy, x, w});
+  const Rows n = norm_size(op, x, w.numel(), {rstd});
+  expect_numel(op, "dx", dx, x.numel());
+  expect_numel(op, "dy", dy, x.numel());
+  expect_numel(op, "dw", dw, n.C);
+  expect_scratch(op, scratch, n);
+  with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
+    using S = decltype(s);
+    using G = decltype(g);
+    kernels::rmsnorm_backward(p<S>(dx), p<G>(dw), p<float>(scratch), p<const S>(dy), p<const S>(x),
+                              p<const S>(w), p<const float>(rstd), n.N, n.C);
+  });
+}
+
+void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor mean, Tensor rstd) {
+  constexpr const char* op = "layernorm_backward_input";
+  const Call access = on_cpu(op, {dx, dy, x, w, mean, rstd});
+  if (access.dry) return;
+  same_dtype(op, {dx, dy, x, w});
+  const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
+  expect_numel(op, "dx", dx, x.numel());
+  expect_numel(op, "dy", dy, x.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::layernorm_backward_input(p<S>(dx), p<const S>(dy), p<const S>(x), p<const S>(w),
+                                      p<const float>(mean), p<const float>(rstd), n.N, n.C);
+  });
+}
+
+void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
+                               Tensor mean, Tensor rstd) {
+  constexpr const char* op = "layernorm_backward_weight";
+  const Call access = on_cpu(op, {dw, db, scratch, dy, x, mean, rstd});
+  if (access.dry) return;
+  same_dtype(op, {dy, x});
+  same_dtype(op, {dw, db});
+  const Rows n = norm_size(op, x, dw.numel(), {mean, rstd});
+  expect_numel(op, "dy", dy, x.numel());
+  expect_numel(op, "db", db, n.C);
+  expect_scratch(op, scratch, n);
+  with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
+    using S = decltype(s);
+    using G = decltype(g);
+    kernels::layernorm_backward_weight(p<G>(dw), p<G>(db), p<float>(scratch), p<const S>(dy),
+                                       p<const S>(x), p<const float>(mean), p<const float>(rstd),
+                                       n.N, n.C);
+  });
+}
+
+void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
+  constexpr const char* op = "rmsnorm_backward_input";
+  const Call access = on_cpu(op, {dx, dy, x, w, rstd});
+  if (access.dry) return;
+  same_dtype(op, {dx, dy, x, w});
+  const Rows n = norm_size(op, x, w.numel(), {rstd});
+  expect_numel(op, "dx", dx, x.numel());
+  expect_numel(op, "dy", dy, x.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::rmsnorm_backward_input(p<S>(dx), p<const S>(dy), p<const S>(x), p<const S>(w),
+                                    p<const float>(rstd), n.N, n.C);
+  });
+}
+
+void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor rstd) {
+  constexpr const char* op = "rmsnorm_backward_weight";
+  const Call access = on_cpu(op, {dw, scratch, dy, x, rstd});
+  if (access.dry) return;
+  same_dtype(op, {dy, x});
+  const Rows n = norm_size(op, x, dw.numel(), {rstd});
+  expect_numel(op, "dy", dy, x.numel());
+  expect_scratch(op, scratch, n);
+  with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
+    using S = decltype(s);
+    using G = decltype(g);
+    kernels::rmsnorm_backward_weight(p<G>(dw), p<float>(scratch), p<const S>(dy), p<const S>(x),
+                                     p<const float>(rstd), n.N, n.C);
+  });
+}
+
+// --- attention --------------------------------------------------------------------------------
+
+namespace {
+
+// Checks the shape and the qkv-like view; returns qkv's row width groups·(rep+2)·hd.
+int64_t check_attention(const char* op, const AttentionShape& s, const Tensor& qkv) {
+  STRATA_CHECK(s.B > 0 && s.T > 0 && s.groups > 0 && s.rep > 0 && s.hd > 0, op,
+               ": empty attention shape B=", s.B, " T=", s.T, " groups=", s.groups, " rep=", s.rep,
+               " hd=", s.hd);
+  const int64_t row = int64_t(s.groups) * (s.rep + 2) * s.hd;
+  expect_numel(op, "qkv", qkv, int64_t(s.B) * s.T * row);
+  return row;
+}
+
+}  // namespace
+
+void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s) {
+  constexpr const char* op = "attention_forward";
+  const Call access = on_cpu(op, {out, att, qkv});
+  if (access.dry) return;
+  same_dtype(op, {out, att, qkv});
+  check_attention(op, s, qkv);
+  const int NH = s.groups * s.rep;
+  if (out.data != nullptr) expect_numel(op, "out", out, int64_t(s.B) * s.T * NH * s.hd);
+  expect_numel(op, "att", att, int64_t(s.B) * NH * s.T * s.T);
+  with_s(op, qkv.dtype, [&](auto z) {
+    using S = decltype(z);
+    kernels::attention_forward(p<S>(out), p<S>(att), p<const S>(qkv), s.B, s.T, NH, s.groups, s.hd);
+  });
+}
+
+size_t attention_backward_scratch_floats(const AttentionShape& s) {
+  return kernels::attention_backward_scratch_floats(s.B, s.T, s.groups * s.rep, s.groups, s.hd);
+}
+
+void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
+                        const AttentionShape& s) {
+  constexpr const char* op = "attention_backward";
+  const Call access = on_cpu(op, {dqkv, scratch, dout, qkv, att});
+  if (access.dry) return;
+  same_dtype(op, {dqkv, dout, qkv, att});
+  check_attention(op, s, qkv);
+  const int NH = s.groups * s.rep;
+  expect_numel(op, "dqkv", dqkv, qkv.numel());
+  expect_numel(op, "dout", dout, int64_t(s.B) * s.T * NH * s.hd);
+  expect_numel(op, "att", att, int64_t(s.B) * NH * s.T * s.T);
+  expect_f32(op, "scratch", scratch);
+  STRATA_CHECK(size_t(scratch.numel()) >= attention_backward_scratch_floats(s), op, ": scratch ",
+               scratch.shape_str(), " is smaller than attention_backward_scratch_floats");
+  with_s(op, qkv.dtype, [&](auto z) {
+    using S = decltype(z);
+    kernels::attention_backward(p<S>(dqkv), p<float>(scratch), p<const S>(dout), p<const S>(qkv),
+                                p<const S>(att), s.B, s.T, NH, s.groups, s.hd);
+  });
+}
+
+namespace {
+
+// The rep query heads and the key head of every group rotate; the value heads do not.
+void rope(const char* op, Tensor qkv, const AttentionShape& s, float theta, bool forward) {
+  const Call access = on_cpu(op, {qkv});
+  if (access.dry) return;
+  const int64_t row = check_attention(op, s, qkv);
+  const int64_t group = int64_t(s.rep + 2) * s.hd;
+  with_s(op, qkv.dtype, [&](auto z) {
+    using S = decltype(z);
+    if (forward) {
+      kernels::rope_forward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta);
+    } else {
+      kernels::rope_backward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta);
+    }
+  });
+}
+
+}  // namespace
+
+void rope_forward(Tensor qkv, const AttentionShape& s, float theta) {
+  rope("rope_forward", qkv, s, theta, true);
+}
+
+void rope_backward(Tensor dqkv, const AttentionShape& s, float theta) {
+  rope("rope_backward", dqkv, s, theta, false);
+}
+
+// --- activations --------------------------------------------------------------------------------
+
+void gelu_forward(Tensor out, Tensor x) {
+  constexpr const char* op = "gelu_forward";
+  const Call access = on_cpu(op, {out, x});
+  if (access.dry) return;
+  same_dtype(op, {out, x});
+  expect_numel(op, "out", out, x.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::gelu_forward(p<S>(out), p<const S>(x), size_t(x.numel()));
+  });
+}
+
+void gelu_backward(Tensor dx, Tensor x, Tensor dy) {
+  constexpr const char* op = "gelu_backward";
+  const Call access = on_cpu(op, {dx, x, dy});
+  if (access.dry) return;
+  same_dtype(op, {dx, x, dy});
+  expect_numel(op, "dx", dx, x.numel());
+  expect_numel(op, "dy", dy, x.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::gelu_backward(p<S>(dx), p<const S>(x), p<const S>(dy), size_t(x.numel()));
+  });
+}
+
+namespace {
+
+// (N, F) of a SwiGLU output (N, F) with input (N, 2F).
+Rows swiglu_size(const char* op, const Tensor& y, const Tensor& x) {
+  const int64_t F = last_dim(op, "out", y);
+  expect_numel(op, "x", x, 2 * y.numel());
+  return {as_int(op, y.numel() / F), as_int(op, F)};
+}
+
+}  // namespace
+
+void swiglu_forward(Tensor out, Tensor x) {
+  constexpr const char* op = "swiglu_forward";
+  const Call access = on_cpu(op, {out, x});
+  if (access.dry) return;
+  same_dtype(op, {out, x});
+  const Rows n = swiglu_size(op, out, x);
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::swiglu_forward(p<S>(out), p<const S>(x), n.N, n.C);
+  });
+}
+
+void swiglu_backward(Tensor dx, Tensor dy, Tensor x) {
+  constexpr const char* op = "swiglu_backward";
+  const Call access = on_cpu(op, {dx, dy, x});
+  if (access.dry) return;
+  same_dtype(op, {dx, dy, x});
+  const Rows n = swiglu_size(op, dy, x);
+  expect_numel(op, "dx", dx, x.numel());
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::swiglu_backward(p<S>(dx), p<const S>(dy), p<const S>(x), n.N, n.C);
+  });
+}
+
+// --- embeddings ----------------------------------------------------------------------------------
+
+namespace {
+
+// Width C of the embedding rows [row_begin, row_end) held in rows (row_end − row_begin, C).
+int embedding_width(const char* op, const Tensor& rows, int64_t row_begin, int64_t row_end) {
+  const int64_t R = row_end - row_begin;
+  STRATA_CHECK(row_begin >= 0 && R > 0 && rows.numel() % R == 0, op, ": rows ", rows.shape_str(),
+               " do not hold the embedding rows [", row_begin, ", ", row_end, ")");
+  return as_int(op, rows.numel() / R);
+}
+
+}  // namespace
+
+void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin, int64_t row_end) {
+  constexpr const char* op = "embedding_forward";
+  const Call access = on_cpu(op, {out, tokens, rows});
+  if (access.dry) return;
+  same_dtype(op, {out, rows});
+  const int C = embedding_width(op, rows, row_begin, row_end);
+  const int N = as_int(op, tokens.numel());
+  expect_numel(op, "out", out, int64_t(N) * C);
+  with_s(op, rows.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::embedding_forward(p<S>(out), tokens_of(op, tokens), p<const S>(rows), row_begin,
+                               row_end, 1, N, C);
+  });
+}
+
+void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
+                        int64_t row_end) {
+  constexpr const char* op = "embedding_backward";
+  const Call access = on_cpu(op, {drows, dout, tokens});
+  if (access.dry) return;
+  const int C = embedding_width(op, drows, row_begin, row_end);
+  const int N = as_int(op, tokens.numel());
+  expect_numel(op, "dout", dout, int64_t(N) * C);
+  with_sg(op, dout.dtype, drows.dtype, [&](auto s, auto g) {
+    using S = decltype(s);
+    using G = decltype(g);
+    kernels::embedding_backward(p<G>(drows), row_begin, row_end, p<const S>(dout),
+                                tokens_of(op, tokens), 1, N, C);
+  });
+}
+
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
+  constexpr const char* op = "position_forward";
+  const Call access = on_cpu(op, {out, wpe});
+  if (access.dry) return;
+  same_dtype(op, {out, wpe});
+  const int64_t C = last_dim(op, "out", out);
+  STRATA_CHECK(T > 0 && pos0 >= 0 && wpe.numel() >= T * C, op, ": wpe ", wpe.shape_str(),
+               " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  with_s(op, out.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::position_forward(p<S>(out), p<const S>(wpe), out.numel() / C, as_int(op, T),
+                              as_int(op, C), pos0);
+  });
+}
+
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0) {
+  constexpr const char* op = "position_backward";
+  const Call access = on_cpu(op, {dwpe, dout});
+  if (access.dry) return;
+  const int64_t C = last_dim(op, "dout", dout);
+  STRATA_CHECK(T > 0 && pos0 >= 0 && dwpe.numel() >= T * C, op, ": dwpe ", dwpe.shape_str(),
+               " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  with_sg(op, dout.dtype, dwpe.dtype, [&](auto s, auto g) {
+    using S = decltype(s);
+    using G = decltype(g);
+    kernels::position_backward(p<G>(dwpe), p<const S>(dout), dout.numel() / C, as_int(op, T),
+                               as_int(op, C), pos0);
+  });
+}
+
+}  // namespace strata::ops
