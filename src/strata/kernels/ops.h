@@ -40,6 +40,15 @@ class DryRun {
 };
 bool dry_run();
 
+// --- devices --------------------------------------------------------------------------------
+// The number of devices of this kind visible to this process: 1 for the CPU; for CUDA the visible
+// GPUs (0 where strata is built without the CUDA backend, or no driver or GPU is present).
+int device_count(Device device);
+// Makes device `ordinal` of its kind the one this process computes on (one rank per GPU: the
+// local rank's), creating its streams; before the first allocation on it. Nothing to do for the
+// CPU. An error naming the fix where the device does not exist or no such backend is built.
+void init_device(Device device, int ordinal);
+
 // --- memory ---------------------------------------------------------------------------------
 // Waits until every operation issued on `device` has finished (the CPU backend runs each one to
 // completion before it returns: nothing to wait for).
