@@ -13,6 +13,7 @@
 
 #include "strata/core/check.h"
 #include "strata/core/dtype.h"
+#include "strata/core/stream.h"
 
 namespace strata::ops::cuda {
 
@@ -53,6 +54,13 @@ void* scratch(size_t bytes);
 
 // The cuBLASLt workspace (32 MiB, Hopper's recommendation), on the compute stream.
 void* lt_workspace(size_t* bytes);
+
+// An event of the work issued to `stream` so far (this device's compute or comm stream): an
+// ops::Event whose queue is the runtime's, so that ops::wait and stream_wait order on the device.
+ops::Event record_event(cudaStream_t stream);
+// Makes `stream` wait for e: on the device for an event of record_event, on the host (e.wait())
+// for any other (a comm thread's completion).
+void stream_wait(cudaStream_t stream, const ops::Event& e);
 
 // Blocks until the compute stream's work has finished; rethrows its error.
 void synchronize_compute();
