@@ -145,6 +145,7 @@ const Implemented kImplemented[] = {
     {"elasticity.model_parallel_size", "apply_elastic_batch, compute_elastic"},
     {"train.seed", "Sampler and init_param_slice"},
     {"train.run_dir", "MetricsLog and the demo corpus"},
+    {"train.device", "train_command select_device: the backend every tensor lives on"},
 };
 
 // Implemented keys that act on several ranks only: at 1 process the note must name them.

@@ -20,6 +20,7 @@
 #include "strata/data/prepare.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/cpu_features.h"
+#include "strata/kernels/ops.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/plan/predict.h"
 #include "strata/train/config.h"
@@ -42,6 +43,7 @@ struct TrainArgs {
   std::string run_dir;
   std::string data;
   std::string trace_steps;  // "A:B" (1-based, inclusive) or "A"
+  std::string device;       // --device, when given
   std::string fault;        // "rank=R,step=S,action=N"
   std::string resume;       // "auto" (checkpoint.dir's latest) or a checkpoint path
 };
@@ -193,6 +195,27 @@ void split_cores_between_local_ranks() {
   omp_set_num_threads(std::max(1, omp_get_num_procs() / ranks));
 }
 
+// train.device: "cuda" puts this rank on GPU (local rank mod the visible GPUs) before anything is
+// allocated, and makes it the device every Buffer and view of the run lives on.
+void select_device(const std::string& device, bool rank0) {
+  if (device != "cuda") {
+    if (rank0 && ops::device_count(Device::CUDA) > 0) {
+      std::printf(
+          "note: a CUDA GPU is visible but train.device is \"cpu\": set train.device=cuda "
+          "(or --device cuda) to train on it\n");
+    }
+    return;
+  }
+  const int gpus = ops::device_count(Device::CUDA);
+  STRATA_INPUT_CHECK(gpus > 0, "train.device=\"cuda\" but no CUDA GPU is visible to this process",
+                     " (a driver, a GPU, CUDA_VISIBLE_DEVICES, and strata built with nvcc found);",
+                     " set train.device=\"cpu\" to run on the CPU");
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int local_rank = local != nullptr ? std::max(0, std::atoi(local)) : 0;
+  ops::init_device(Device::CUDA, local_rank % gpus);
+  set_default_device(Device::CUDA);
+}
+
 // "a, b, c" of at most 6 names, else the first 3, "...", the last 2 and the count.
 std::string list_files(const std::vector<std::string>& files) {
   std::string out;
@@ -259,6 +282,7 @@ void run_train(const TrainArgs& a) {
   }
   if (!a.run_dir.empty()) overrides.push_back("train.run_dir=\"" + a.run_dir + "\"");
   if (!a.data.empty()) overrides.push_back("data.path=\"" + a.data + "\"");
+  if (!a.device.empty()) overrides.push_back("train.device=\"" + a.device + "\"");
   Config cfg = load_config(a.config, overrides);
   // --resume: continue a saved run (from any layout) up to train.steps in all.
   std::string resume = a.resume;
@@ -292,6 +316,7 @@ void run_train(const TrainArgs& a) {
                   cfg.model.seq_len);
     }
   }
+  select_device(cfg.train.device, rank0);
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
                             cfg.parallelism.order);
   apply_elastic_batch(cfg, world);
@@ -454,6 +479,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--steps", args->steps, "optimizer steps of the run in all, >= 1 (train.steps)");
   cmd->add_option("--run-dir", args->run_dir, "directory for metrics and data (train.run_dir)");
   cmd->add_option("--data", args->data, "dataset path (data.path)");
+  cmd->add_option("--device", args->device, "cpu or cuda: where each rank computes (train.device)");
   cmd->add_option("--resume", args->resume,
                   "auto (checkpoint.dir's latest, if any) or a checkpoint directory: continue "
                   "that run, in this run's layout, up to train.steps");

@@ -34,7 +34,7 @@ struct PendingChunk {
 // system's reason; what a file holds (truncated, damaged) is an InputError.
 // The chunks' elements are on `device` and reach the file through host memory (kernels/ops.h).
 int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chunks,
-                        Device device = Device::CPU);
+                        Device device = default_device());
 
 // A small file of a checkpoint written atomically (core/atomic_file.h: tmp, fsync, rename, fsync
 // the directory); a failure is a runtime Error.
@@ -58,7 +58,7 @@ class Reader {
  public:
   // Destinations (dst, out below) are memory of `device`, written through the kernel interface
   // (host memory qualifies on the CPU device).
-  explicit Reader(const std::string& step_dir, Device device = Device::CPU);
+  explicit Reader(const std::string& step_dir, Device device = default_device());
   ~Reader();
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;

@@ -6,6 +6,9 @@
 #include <utility>
 
 #include "strata/comm/comm_stream.h"
+#if STRATA_HAVE_NCCL
+#include "strata/comm/cuda/nccl_transport.h"
+#endif
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/wire_reduce.h"
 #include "strata/core/check.h"
@@ -23,7 +26,13 @@ struct CommState {
   std::string name;
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0, size = 1;
-  Buffer scratch;           // wire-format copies; used only on the comm thread
+  Buffer scratch;                // wire-format copies; used only on the comm thread
+  Buffer staged_in, staged_out;  // a GPU's buffers in host memory (execute_staged)
+#if STRATA_HAVE_NCCL
+  // NCCL for the group's GPU buffers; null where it cannot serve the group (nccl_note says why).
+  std::unique_ptr<nccl::Transport, void (*)(nccl::Transport*)> nccl{nullptr, nullptr};
+  std::string nccl_note;
+#endif
   uint64_t wire_bytes = 0;  // see Communicator::wire_bytes(); written by the issuing thread
   std::unique_ptr<CommStream> stream;
 };
@@ -43,15 +52,17 @@ size_t round_up64(size_t bytes) {
   return (bytes + 63) / 64 * 64;
 }
 
+// The MPI transport works on the CPU device's memory: a GPU's buffers reach it staged through
+// host memory (execute_staged), so its scratch and conversions are the CPU device's.
 char* scratch(CommState& s, size_t bytes) {
-  if (s.scratch.bytes() < bytes) s.scratch = Buffer(MemCategory::CommBuffers, bytes);
+  if (s.scratch.bytes() < bytes) s.scratch = Buffer(MemCategory::CommBuffers, bytes, Device::CPU);
   return s.scratch.as<char>();
 }
 
-// dst (n of dtype dt) = src (n of dtype st), converted by the kernel interface: on a device the
-// conversion is a kernel on the communication stream.
+// dst (n of dtype dt) = src (n of dtype st), converted by the kernel interface.
 void to_wire(void* dst, DType dt, const void* src, DType st, size_t n) {
-  ops::copy(Tensor(dst, dt, {int64_t(n)}), Tensor(const_cast<void*>(src), st, {int64_t(n)}));
+  ops::copy(Tensor(dst, dt, {int64_t(n)}, Device::CPU),
+            Tensor(const_cast<void*>(src), st, {int64_t(n)}, Device::CPU));
 }
 
 bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -140,7 +151,7 @@ void run_recv(CommState& s, const Op& op) {
   }
 }
 
-void execute(CommState& s, const Op& op) {
+void execute_host(CommState& s, const Op& op) {
   // The transport reads and writes device memory itself, as NCCL does a GPU's.
   const device_memory::Access access;
   switch (op.kind) {
@@ -160,6 +171,82 @@ void execute(CommState& s, const Op& op) {
       STRATA_MPI_CHECK(MPI_Barrier(s.comm));
       return;
   }
+}
+
+// The bytes op reads from `in` and reads or writes at `out` (0 where it has no such buffer).
+struct Extent {
+  size_t in = 0, out = 0;
+};
+Extent extent(const CommState& s, const Op& op) {
+  const size_t b = op.n * dtype_size(op.dtype), whole = b * size_t(s.size);
+  switch (op.kind) {
+    case OpKind::AllReduce:
+    case OpKind::Broadcast:
+    case OpKind::Recv:
+      return {0, b};
+    case OpKind::ReduceScatter:
+      return {whole, b};
+    case OpKind::AllGather:
+      return {b, whole};
+    case OpKind::Send:
+      return {b, 0};
+    case OpKind::Barrier:
+      break;
+  }
+  return {};
+}
+
+char* staging(Buffer& b, size_t bytes) {
+  if (b.bytes() < bytes) b = Buffer::host(MemCategory::CommBuffers, bytes);
+  return b.as<char>();
+}
+
+// op on a GPU's buffers, through host memory: MPI here is not CUDA-aware (NCCL reads a GPU's
+// memory itself). The copies run on the device's communication stream and are complete when
+// they return: the operation's completion (its Handle's event) covers the copy back.
+void execute_staged(CommState& s, const Op& op) {
+  const ops::OnStream on_comm({Device::CUDA, ops::StreamKind::Comm});
+  const Extent e = extent(s, op);
+  Op h = op;
+  char* in = staging(s.staged_in, e.in);
+  char* out = staging(s.staged_out, e.out);
+  // The bytes at a device address, as op's elements (every extent is a whole number of them).
+  auto dev = [&](const void* p, size_t bytes) {
+    return Tensor(const_cast<void*>(p), op.dtype, {int64_t(bytes / dtype_size(op.dtype))},
+                  Device::CUDA);
+  };
+  auto to_host = [&](char* dst, const void* src, size_t bytes) {
+    ops::copy_to_host(dst, dev(src, bytes));
+  };
+  auto to_device = [&](void* dst, const char* src, size_t bytes) {
+    ops::copy_from_host(dev(dst, bytes), src);
+  };
+  if (op.kind == OpKind::AllGather) {
+    // The input may be this rank's own block of the output: stage it there.
+    char* own = out + size_t(s.rank) * e.in;
+    to_host(own, op.in, e.in);
+    h.in = own;
+  } else if (e.in > 0) {
+    to_host(in, op.in, e.in);
+    h.in = in;
+  }
+  if (e.out > 0) {
+    if (op.kind == OpKind::AllReduce || op.kind == OpKind::Broadcast) to_host(out, op.out, e.out);
+    h.out = out;
+  }
+  execute_host(s, h);
+  if (e.out > 0) to_device(op.out, out, e.out);
+}
+
+void execute(CommState& s, const Op& op) {
+  const void* buf = op.out != nullptr ? static_cast<const void*>(op.out) : op.in;
+  if (buf != nullptr && ops::device_of(buf) == Device::CUDA) {
+#if STRATA_HAVE_NCCL
+    if (s.nccl) return nccl::run(*s.nccl, op, s.rank, s.size);
+#endif
+    return execute_staged(s, op);
+  }
+  execute_host(s, op);
 }
 
 std::string describe(const CommState& s, const Op& op) {
@@ -216,6 +303,9 @@ Communicator::Communicator(MPI_Comm comm, std::string name) : s_(std::make_uniqu
   STRATA_MPI_CHECK(MPI_Comm_set_name(s_->comm, s_->name.c_str()));
   STRATA_MPI_CHECK(MPI_Comm_rank(s_->comm, &s_->rank));
   STRATA_MPI_CHECK(MPI_Comm_size(s_->comm, &s_->size));
+#if STRATA_HAVE_NCCL
+  s_->nccl = nccl::open(s_->comm, s_->rank, s_->size, s_->name, &s_->nccl_note);
+#endif
   CommState* st = s_.get();
   s_->stream = std::make_unique<detail::CommStream>(
       "comm-" + s_->name, [st](const Op& op) { execute(*st, op); },
@@ -343,6 +433,12 @@ Handle Communicator::enqueue(const detail::Op& op, const ops::Event& after) {
 
 void Communicator::run(const detail::Op& op) {
   s_->wire_bytes += wire_bytes_of(*s_, op);
+  // A blocking call reads what compute wrote before it (the contract above): on a GPU, wait for
+  // the compute stream's work so far.
+  const void* buf = op.out != nullptr ? static_cast<const void*>(op.out) : op.in;
+  if (buf != nullptr && ops::device_of(buf) == Device::CUDA) {
+    ops::synchronize(ops::record({Device::CUDA, ops::StreamKind::Compute}));
+  }
   s_->stream->run_blocking(op);
 }
 

@@ -176,4 +176,31 @@ Access::~Access() {
   if (--g.open == 0) protect(g, 0, g.top, PROT_NONE);
 }
 
+namespace {
+Allocator g_cuda_allocator;
+Allocator g_host_allocator;
+std::atomic<bool> g_host_pinned{false};
+}  // namespace
+
+void set_device_allocator(Device device, Allocator a) {
+  STRATA_CHECK(device == Device::CUDA, "set_device_allocator: the CPU device's memory is core's");
+  g_cuda_allocator = a;
+}
+
+const Allocator& device_allocator(Device device) {
+  STRATA_CHECK(device == Device::CUDA && g_cuda_allocator.allocate != nullptr,
+               "device memory on CUDA needs the CUDA backend and a selected GPU (ops::init_device)",
+               " before the first allocation");
+  return g_cuda_allocator;
+}
+
+void set_host_allocator(Allocator a) {
+  g_host_allocator = a;
+  g_host_pinned.store(a.allocate != nullptr);
+}
+
+const Allocator* host_allocator() {
+  return g_host_pinned.load() ? &g_host_allocator : nullptr;
+}
+
 }  // namespace strata::device_memory

@@ -19,7 +19,25 @@
 
 #include <cstddef>
 
+#include "strata/core/device.h"
+
 namespace strata::device_memory {
+
+// A device backend's memory (kernels/cuda registers its own when a process selects a GPU,
+// ops::init_device): device memory for Buffers on that device, and the pinned host memory that
+// Buffer::host hands out from then on, so that copies between the two run asynchronously. Core
+// cannot link a backend; the backend hands core these instead. allocate returns zeroed memory,
+// at least 64-byte aligned, or nullptr when there is no room.
+struct Allocator {
+  void* (*allocate)(size_t bytes) = nullptr;
+  void (*release)(void* p, size_t bytes) = nullptr;
+};
+void set_device_allocator(Device device, Allocator a);
+// Where none is registered: an error naming the device (no such backend built or selected).
+const Allocator& device_allocator(Device device);
+void set_host_allocator(Allocator a);
+// The registered pinned host allocator, or nullptr for plain (aligned, zeroed) host memory.
+const Allocator* host_allocator();
 
 // Whether device memory is guarded (the STRATA_GUARDED_DEVICE environment variable, or the last
 // set_guarded()).

@@ -10,6 +10,22 @@
 
 namespace strata {
 
+namespace {
+std::atomic<Device> g_default_device{Device::CPU};
+}  // namespace
+
+const char* device_name(Device d) {
+  return d == Device::CUDA ? "cuda" : "cpu";
+}
+
+Device default_device() {
+  return g_default_device.load(std::memory_order_relaxed);
+}
+
+void set_default_device(Device d) {
+  g_default_device.store(d, std::memory_order_relaxed);
+}
+
 const char* mem_category_name(MemCategory c) {
   static constexpr const char* kNames[kNumMemCategories] = {
       "params",          "master_params", "grads",
@@ -52,9 +68,7 @@ void MemoryTracker::reset_peaks() {
 }
 
 Buffer::Buffer(MemCategory category, size_t bytes, Device device)
-    : bytes_(bytes), category_(category) {
-  STRATA_CHECK(device == Device::CPU,
-               "no CUDA backend is built into strata: device buffers cannot be allocated");
+    : bytes_(bytes), category_(category), device_(device) {
   allocate(false);
 }
 
@@ -68,12 +82,17 @@ Buffer Buffer::host(MemCategory category, size_t bytes) {
 void Buffer::allocate(bool host) {
   host_ = host;
   if (bytes_ == 0) return;
-  if (host) {
+  if (host && device_memory::host_allocator() != nullptr) {
+    data_ = device_memory::host_allocator()->allocate(bytes_);
+    pinned_ = true;
+  } else if (host) {
     const size_t rounded = (bytes_ + 63) / 64 * 64;
     data_ = rounded >= bytes_ ? std::aligned_alloc(64, rounded) : nullptr;  // no wrap-around
     if (data_ != nullptr) std::memset(data_, 0, rounded);
-  } else {
+  } else if (device_ == Device::CPU) {
     data_ = device_memory::allocate(bytes_);
+  } else {
+    data_ = device_memory::device_allocator(device_).allocate(bytes_);
   }
   if (data_ == nullptr) {
     // The user's model or batch does not fit: what to change, not where strata noticed.
@@ -95,7 +114,12 @@ Buffer::~Buffer() {
 }
 
 Buffer::Buffer(Buffer&& o) noexcept
-    : data_(o.data_), bytes_(o.bytes_), category_(o.category_), host_(o.host_) {
+    : data_(o.data_),
+      bytes_(o.bytes_),
+      category_(o.category_),
+      device_(o.device_),
+      host_(o.host_),
+      pinned_(o.pinned_) {
   o.data_ = nullptr;
   o.bytes_ = 0;
 }
@@ -106,7 +130,9 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
     data_ = o.data_;
     bytes_ = o.bytes_;
     category_ = o.category_;
+    device_ = o.device_;
     host_ = o.host_;
+    pinned_ = o.pinned_;
     o.data_ = nullptr;
     o.bytes_ = 0;
   }
@@ -115,10 +141,14 @@ Buffer& Buffer::operator=(Buffer&& o) noexcept {
 
 void Buffer::release() {
   if (data_ != nullptr) {
-    if (host_) {
+    if (pinned_) {
+      device_memory::host_allocator()->release(data_, bytes_);
+    } else if (host_) {
       std::free(data_);
-    } else {
+    } else if (device_ == Device::CPU) {
       device_memory::release(data_, bytes_);
+    } else {
+      device_memory::device_allocator(device_).release(data_, bytes_);
     }
     MemoryTracker::instance().on_free(category_, bytes_);
     data_ = nullptr;

@@ -50,8 +50,9 @@ class MemoryTracker {
 class Buffer {
  public:
   Buffer() = default;
-  // Device memory; a device other than the CPU needs its backend (none is built yet: an error).
-  Buffer(MemCategory category, size_t bytes, Device device = Device::CPU);
+  // Device memory; a device other than the CPU needs its backend built and the device selected
+  // (ops::init_device): an error otherwise.
+  Buffer(MemCategory category, size_t bytes, Device device = default_device());
   // Host memory that host code reads and writes (staging for checkpoints and transfers, token
   // ids, host-resident activation checkpoints); pinned where a backend has such memory.
   static Buffer host(MemCategory category, size_t bytes);
@@ -72,6 +73,7 @@ class Buffer {
   // the process is dying (a collective in flight when an error unwinds the stack).
   void leak() { data_ = nullptr, bytes_ = 0; }
   bool on_host() const { return host_; }
+  Device device() const { return device_; }
 
  private:
   void allocate(bool host);
@@ -79,7 +81,9 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   MemCategory category_ = MemCategory::Workspace;
+  Device device_ = Device::CPU;
   bool host_ = false;
+  bool pinned_ = false;  // host memory from the backend's pinned allocator
 };
 
 std::string format_bytes(size_t bytes);  // "12.3 MiB"

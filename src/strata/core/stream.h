@@ -44,6 +44,10 @@ class Event {
   void wait() const {
     if (queue_ != nullptr) queue_->wait(seq_);
   }
+  // Which queue and which of its operations: a backend orders its own streams by these (a CUDA
+  // stream waits on the device event behind seq of one of its queues).
+  const Completion* queue() const { return queue_; }
+  uint64_t seq() const { return seq_; }
 
  private:
   Completion* queue_ = nullptr;

@@ -23,7 +23,8 @@ struct Tensor {
   std::array<int64_t, kMaxDims> shape{};
 
   Tensor() = default;
-  Tensor(void* data, DType dtype, std::initializer_list<int64_t> dims, Device device = Device::CPU)
+  Tensor(void* data, DType dtype, std::initializer_list<int64_t> dims,
+         Device device = default_device())
       : data(data), dtype(dtype), device(device), ndim(int(dims.size())) {
     STRATA_CHECK(dims.size() <= kMaxDims, "tensors have at most ", kMaxDims, " dimensions");
     int i = 0;

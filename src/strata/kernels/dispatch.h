@@ -1,6 +1,7 @@
 // The dispatch of ops.h, shared by its source files (ops*.cc): every call checks that its views
-// share one device, refuses CUDA (no such backend is built yet), derives the sizes from the
-// views' shapes, checks that they agree, and calls the kernels/cpu template for the views' dtypes.
+// share one device, derives the sizes from the views' shapes, checks that they agree, and calls
+// the CUDA backend for views on a GPU (kernels/cuda/backend.h) or the kernels/cpu template for
+// the views' dtypes.
 // Internal to kernels/.
 #pragma once
 
@@ -10,34 +11,53 @@
 
 #include "strata/core/device_memory.h"
 #include "strata/kernels/ops.h"
+#if STRATA_HAVE_CUDA
+#include "strata/kernels/cuda/backend.h"
+#endif
 
 namespace strata::ops::dispatch {
 
 inline thread_local int dry_runs = 0;  // DryRun scopes alive on this thread
 
 // A call of the interface: on a dry run (DryRun) it touches nothing; otherwise it holds the device
-// open for its duration.
+// open for its duration (the guarded CPU device; a no-op elsewhere). `cuda`: the views are on a
+// GPU, and the call goes to kernels/cuda after the checks (STRATA_ON_CUDA).
 struct Call {
-  explicit Call(bool dry_run) : dry(dry_run), access(!dry_run) {}
+  Call(bool dry_run, bool on_cuda) : dry(dry_run), cuda(on_cuda), access(!dry_run && !on_cuda) {}
   const bool dry;
+  const bool cuda;
   device_memory::Access access;
 };
 
 // The non-empty views of a call live on one device, and that device has a backend. The call runs
 // inside the returned scope: on the guarded test device, the only time host code may touch device
 // memory (core/device_memory.h).
-[[nodiscard]] inline Call on_cpu(const char* op, std::initializer_list<Tensor> views) {
+[[nodiscard]] inline Call on_device(const char* op, std::initializer_list<Tensor> views) {
   const Tensor* first = nullptr;
   for (const Tensor& t : views) {
     if (t.data == nullptr) continue;
     if (first == nullptr) first = &t;
     STRATA_CHECK(t.device == first->device, op, ": all views of one call must be on one device");
   }
-  if (first != nullptr && first->device == Device::CUDA) {
-    STRATA_FAIL(op, ": no CUDA backend is built into strata");
+  const bool cuda = first != nullptr && first->device == Device::CUDA;
+#if !STRATA_HAVE_CUDA
+  if (cuda) {
+    STRATA_FAIL(op,
+                ": this strata is built without the CUDA backend (nvcc was not found, or "
+                "-DSTRATA_CUDA=OFF)");
   }
-  return Call(dry_runs > 0);
+#endif
+  return Call(dry_runs > 0, cuda);
 }
+
+// After a call's checks: its CUDA views go to the backend (kernels/cuda/backend.h) and the call
+// returns; CPU views fall through to the CPU kernels.
+#if STRATA_HAVE_CUDA
+#define STRATA_ON_CUDA(call, ...) \
+  if ((call).cuda) return ::strata::ops::cuda::__VA_ARGS__
+#else
+#define STRATA_ON_CUDA(call, ...) static_cast<void>(call)
+#endif
 
 // f(S{}) for the storage type S that dtype t names.
 template <typename F>

@@ -89,10 +89,11 @@ struct Gemm {
   bool accumulate = false;
 };
 void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g);
-// Whether a gemm of `rows` rows converts operands of dtype t into an fp32 copy first (half
-// precision where this CPU has no native kernel, in a product too small to widen them as it
-// packs): a caller that can produce them in fp32 directly saves that pass.
-bool gemm_widens(DType t, int64_t rows);
+// Whether a gemm of `rows` rows on `device` converts operands of dtype t into an fp32 copy first
+// (on the CPU: half precision where it has no native kernel, in a product too small to widen them
+// as it packs; never on a GPU, whose products take half operands as they are): a caller that can
+// produce them in fp32 directly saves that pass.
+bool gemm_widens(Device device, DType t, int64_t rows);
 
 // y (M, N) = x (M, K) · wᵀ (w: (N, K)) + b (N, optional).
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
@@ -133,7 +134,18 @@ struct AttentionShape {
   int B = 0, T = 0, groups = 0, rep = 0, hd = 0;
 };
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
-size_t attention_backward_scratch_floats(const AttentionShape& s);
+// What `att` holds is the backend's: the CPU keeps the probabilities (B, heads, T, T) in the
+// activations' dtype; CUDA keeps, flash-style, each query row's log-sum-exp of its scaled scores
+// (B, heads, T) in fp32, and its backward recomputes the probabilities from it. Callers size and
+// type `att` by this.
+struct AttentionSaved {
+  DType dtype = DType::F32;
+  int64_t numel = 0;
+};
+AttentionSaved attention_saved(Device device, DType act, const AttentionShape& s);
+// fp32 scratch attention_backward needs on `device` (the CPU: the probabilities' gradients;
+// CUDA: none, its backward recomputes tile by tile).
+size_t attention_backward_scratch_floats(Device device, const AttentionShape& s);
 // dqkv (overwritten) from dout.
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s);
@@ -233,6 +245,26 @@ int64_t check_tokens(Tensor inputs, Tensor targets, int64_t V);
 // incomplete event blocks the calling thread: the compute stream itself, and for the
 // communication stream an order at least as strict as asked.
 //
+// The compute stream of the device this process computes on (core/device.h default_device).
+Stream compute_stream();
+// Which device's memory p is: CUDA for the CUDA backend's device memory, else the CPU (host
+// memory, pinned or not, and the CPU device's memory). The communication layer stages a GPU's
+// buffers through host memory where its transport cannot read them.
+Device device_of(const void* p);
+// While it lives, the kernels and copies this thread issues on s's device run on s (the
+// communication layer's conversions and staging run on the communication stream).
+class OnStream {
+ public:
+  explicit OnStream(Stream s);
+  ~OnStream();
+  OnStream(const OnStream&) = delete;
+  OnStream& operator=(const OnStream&) = delete;
+
+ private:
+  void* previous_ = nullptr;
+  bool active_ = false;
+};
+
 // An event of the current work on s. Only a compute stream can be recorded here: a communication
 // stream's events come from the Handles of its operations.
 Event record(Stream s);

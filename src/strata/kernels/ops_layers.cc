@@ -42,12 +42,13 @@ void expect_scratch(const char* op, const Tensor& scratch, const Rows& n) {
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
                        float eps) {
   constexpr const char* op = "layernorm_forward";
-  const Call access = on_cpu(op, {out, mean, rstd, x, w, b});
+  const Call access = on_device(op, {out, mean, rstd, x, w, b});
   if (access.dry) return;
   same_dtype(op, {out, x, w, b});
   const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
   expect_numel(op, "out", out, x.numel());
   expect_numel(op, "bias", b, w.numel());
+  STRATA_ON_CUDA(access, layernorm_forward(out, mean, rstd, x, w, b, eps));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::layernorm_forward(p<S>(out), p<float>(mean), p<float>(rstd), p<const S>(x),
@@ -57,11 +58,12 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w,
 
 void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
   constexpr const char* op = "rmsnorm_forward";
-  const Call access = on_cpu(op, {out, rstd, x, w});
+  const Call access = on_device(op, {out, rstd, x, w});
   if (access.dry) return;
   same_dtype(op, {out, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "out", out, x.numel());
+  STRATA_ON_CUDA(access, rmsnorm_forward(out, rstd, x, w, eps));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::rmsnorm_forward(p<S>(out), p<float>(rstd), p<const S>(x), p<const S>(w), n.N, n.C,
@@ -77,7 +79,7 @@ size_t norm_backward_scratch_floats(int64_t N, int64_t C) {
 void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                         Tensor w, Tensor mean, Tensor rstd) {
   constexpr const char* op = "layernorm_backward";
-  const Call access = on_cpu(op, {dx, dw, db, scratch, dy, x, w, mean, rstd});
+  const Call access = on_device(op, {dx, dw, db, scratch, dy, x, w, mean, rstd});
   if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   same_dtype(op, {dw, db});
@@ -87,6 +89,7 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor 
   expect_numel(op, "dw", dw, n.C);
   expect_numel(op, "db", db, n.C);
   expect_scratch(op, scratch, n);
+  STRATA_ON_CUDA(access, layernorm_backward(dx, dw, db, scratch, dy, x, w, mean, rstd));
   with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
@@ -99,7 +102,7 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor 
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
                       Tensor rstd) {
   constexpr const char* op = "rmsnorm_backward";
-  const Call access = on_cpu(op, {dx, dw, scratch, dy, x, w, rstd});
+  const Call access = on_device(op, {dx, dw, scratch, dy, x, w, rstd});
   if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
@@ -107,6 +110,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x,
   expect_numel(op, "dy", dy, x.numel());
   expect_numel(op, "dw", dw, n.C);
   expect_scratch(op, scratch, n);
+  STRATA_ON_CUDA(access, rmsnorm_backward(dx, dw, scratch, dy, x, w, rstd));
   with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
@@ -117,12 +121,13 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x,
 
 void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor mean, Tensor rstd) {
   constexpr const char* op = "layernorm_backward_input";
-  const Call access = on_cpu(op, {dx, dy, x, w, mean, rstd});
+  const Call access = on_device(op, {dx, dy, x, w, mean, rstd});
   if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   const Rows n = norm_size(op, x, w.numel(), {mean, rstd});
   expect_numel(op, "dx", dx, x.numel());
   expect_numel(op, "dy", dy, x.numel());
+  STRATA_ON_CUDA(access, layernorm_backward_input(dx, dy, x, w, mean, rstd));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::layernorm_backward_input(p<S>(dx), p<const S>(dy), p<const S>(x), p<const S>(w),
@@ -133,7 +138,7 @@ void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor m
 void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                                Tensor mean, Tensor rstd) {
   constexpr const char* op = "layernorm_backward_weight";
-  const Call access = on_cpu(op, {dw, db, scratch, dy, x, mean, rstd});
+  const Call access = on_device(op, {dw, db, scratch, dy, x, mean, rstd});
   if (access.dry) return;
   same_dtype(op, {dy, x});
   same_dtype(op, {dw, db});
@@ -141,6 +146,7 @@ void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, 
   expect_numel(op, "dy", dy, x.numel());
   expect_numel(op, "db", db, n.C);
   expect_scratch(op, scratch, n);
+  STRATA_ON_CUDA(access, layernorm_backward_weight(dw, db, scratch, dy, x, mean, rstd));
   with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
@@ -152,12 +158,13 @@ void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, 
 
 void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
   constexpr const char* op = "rmsnorm_backward_input";
-  const Call access = on_cpu(op, {dx, dy, x, w, rstd});
+  const Call access = on_device(op, {dx, dy, x, w, rstd});
   if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "dx", dx, x.numel());
   expect_numel(op, "dy", dy, x.numel());
+  STRATA_ON_CUDA(access, rmsnorm_backward_input(dx, dy, x, w, rstd));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::rmsnorm_backward_input(p<S>(dx), p<const S>(dy), p<const S>(x), p<const S>(w),
@@ -167,12 +174,13 @@ void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rst
 
 void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor rstd) {
   constexpr const char* op = "rmsnorm_backward_weight";
-  const Call access = on_cpu(op, {dw, scratch, dy, x, rstd});
+  const Call access = on_device(op, {dw, scratch, dy, x, rstd});
   if (access.dry) return;
   same_dtype(op, {dy, x});
   const Rows n = norm_size(op, x, dw.numel(), {rstd});
   expect_numel(op, "dy", dy, x.numel());
   expect_scratch(op, scratch, n);
+  STRATA_ON_CUDA(access, rmsnorm_backward_weight(dw, scratch, dy, x, rstd));
   with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
@@ -195,41 +203,60 @@ int64_t check_attention(const char* op, const AttentionShape& s, const Tensor& q
   return row;
 }
 
+// att holds what attention_saved says for qkv's device and dtype.
+void expect_saved(const char* op, const Tensor& att, const Tensor& qkv, const AttentionShape& s) {
+  const AttentionSaved saved = attention_saved(qkv.device, qkv.dtype, s);
+  STRATA_CHECK(att.dtype == saved.dtype, op, ": att holds ", dtype_name(att.dtype), ", expected ",
+               dtype_name(saved.dtype), " (attention_saved)");
+  expect_numel(op, "att", att, saved.numel);
+}
+
 }  // namespace
+
+AttentionSaved attention_saved(Device device, DType act, const AttentionShape& s) {
+  const int64_t rows = int64_t(s.B) * s.groups * s.rep * s.T;
+  if (device == Device::CUDA) return {DType::F32, rows};  // the log-sum-exp of each query row
+  return {act, rows * s.T};                               // the probabilities
+}
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s) {
   constexpr const char* op = "attention_forward";
-  const Call access = on_cpu(op, {out, att, qkv});
+  const Call access = on_device(op, {out, att, qkv});
   if (access.dry) return;
-  same_dtype(op, {out, att, qkv});
+  same_dtype(op, {out, qkv});
   check_attention(op, s, qkv);
   const int NH = s.groups * s.rep;
   if (out.data != nullptr) expect_numel(op, "out", out, int64_t(s.B) * s.T * NH * s.hd);
-  expect_numel(op, "att", att, int64_t(s.B) * NH * s.T * s.T);
+  expect_saved(op, att, qkv, s);
+  STRATA_ON_CUDA(access, attention_forward(out, att, qkv, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     kernels::attention_forward(p<S>(out), p<S>(att), p<const S>(qkv), s.B, s.T, NH, s.groups, s.hd);
   });
 }
 
-size_t attention_backward_scratch_floats(const AttentionShape& s) {
+size_t attention_backward_scratch_floats(Device device, const AttentionShape& s) {
+  if (device == Device::CUDA) return 0;
   return kernels::attention_backward_scratch_floats(s.B, s.T, s.groups * s.rep, s.groups, s.hd);
 }
 
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s) {
   constexpr const char* op = "attention_backward";
-  const Call access = on_cpu(op, {dqkv, scratch, dout, qkv, att});
+  const Call access = on_device(op, {dqkv, scratch, dout, qkv, att});
   if (access.dry) return;
-  same_dtype(op, {dqkv, dout, qkv, att});
+  same_dtype(op, {dqkv, dout, qkv});
   check_attention(op, s, qkv);
   const int NH = s.groups * s.rep;
   expect_numel(op, "dqkv", dqkv, qkv.numel());
   expect_numel(op, "dout", dout, int64_t(s.B) * s.T * NH * s.hd);
-  expect_numel(op, "att", att, int64_t(s.B) * NH * s.T * s.T);
+  expect_saved(op, att, qkv, s);
   expect_f32(op, "scratch", scratch);
-  STRATA_CHECK(size_t(scratch.numel()) >= attention_backward_scratch_floats(s), op, ": scratch ",
-               scratch.shape_str(), " is smaller than attention_backward_scratch_floats");
+  const size_t need = attention_backward_scratch_floats(qkv.device, s);
+  STRATA_CHECK(need == 0 || (scratch.data != nullptr && size_t(scratch.numel()) >= need), op,
+               ": scratch ", scratch.shape_str(),
+               " is smaller than attention_backward_scratch_floats");
+  STRATA_ON_CUDA(access, attention_backward(dqkv, scratch, dout, qkv, att, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     kernels::attention_backward(p<S>(dqkv), p<float>(scratch), p<const S>(dout), p<const S>(qkv),
@@ -241,10 +268,15 @@ namespace {
 
 // The rep query heads and the key head of every group rotate; the value heads do not.
 void rope(const char* op, Tensor qkv, const AttentionShape& s, float theta, bool forward) {
-  const Call access = on_cpu(op, {qkv});
+  const Call access = on_device(op, {qkv});
   if (access.dry) return;
   const int64_t row = check_attention(op, s, qkv);
   const int64_t group = int64_t(s.rep + 2) * s.hd;
+#if STRATA_HAVE_CUDA
+  if (access.cuda) {
+    return forward ? cuda::rope_forward(qkv, s, theta) : cuda::rope_backward(qkv, s, theta);
+  }
+#endif
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     if (forward) {
@@ -269,10 +301,11 @@ void rope_backward(Tensor dqkv, const AttentionShape& s, float theta) {
 
 void gelu_forward(Tensor out, Tensor x) {
   constexpr const char* op = "gelu_forward";
-  const Call access = on_cpu(op, {out, x});
+  const Call access = on_device(op, {out, x});
   if (access.dry) return;
   same_dtype(op, {out, x});
   expect_numel(op, "out", out, x.numel());
+  STRATA_ON_CUDA(access, gelu_forward(out, x));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::gelu_forward(p<S>(out), p<const S>(x), size_t(x.numel()));
@@ -281,11 +314,12 @@ void gelu_forward(Tensor out, Tensor x) {
 
 void gelu_backward(Tensor dx, Tensor x, Tensor dy) {
   constexpr const char* op = "gelu_backward";
-  const Call access = on_cpu(op, {dx, x, dy});
+  const Call access = on_device(op, {dx, x, dy});
   if (access.dry) return;
   same_dtype(op, {dx, x, dy});
   expect_numel(op, "dx", dx, x.numel());
   expect_numel(op, "dy", dy, x.numel());
+  STRATA_ON_CUDA(access, gelu_backward(dx, x, dy));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::gelu_backward(p<S>(dx), p<const S>(x), p<const S>(dy), size_t(x.numel()));
@@ -305,10 +339,11 @@ Rows swiglu_size(const char* op, const Tensor& y, const Tensor& x) {
 
 void swiglu_forward(Tensor out, Tensor x) {
   constexpr const char* op = "swiglu_forward";
-  const Call access = on_cpu(op, {out, x});
+  const Call access = on_device(op, {out, x});
   if (access.dry) return;
   same_dtype(op, {out, x});
   const Rows n = swiglu_size(op, out, x);
+  STRATA_ON_CUDA(access, swiglu_forward(out, x));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::swiglu_forward(p<S>(out), p<const S>(x), n.N, n.C);
@@ -317,11 +352,12 @@ void swiglu_forward(Tensor out, Tensor x) {
 
 void swiglu_backward(Tensor dx, Tensor dy, Tensor x) {
   constexpr const char* op = "swiglu_backward";
-  const Call access = on_cpu(op, {dx, dy, x});
+  const Call access = on_device(op, {dx, dy, x});
   if (access.dry) return;
   same_dtype(op, {dx, dy, x});
   const Rows n = swiglu_size(op, dy, x);
   expect_numel(op, "dx", dx, x.numel());
+  STRATA_ON_CUDA(access, swiglu_backward(dx, dy, x));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::swiglu_backward(p<S>(dx), p<const S>(dy), p<const S>(x), n.N, n.C);
@@ -344,12 +380,14 @@ int embedding_width(const char* op, const Tensor& rows, int64_t row_begin, int64
 
 void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin, int64_t row_end) {
   constexpr const char* op = "embedding_forward";
-  const Call access = on_cpu(op, {out, tokens, rows});
+  const Call access = on_device(op, {out, tokens, rows});
   if (access.dry) return;
   same_dtype(op, {out, rows});
   const int C = embedding_width(op, rows, row_begin, row_end);
   const int N = as_int(op, tokens.numel());
   expect_numel(op, "out", out, int64_t(N) * C);
+  tokens_of(op, tokens);  // int32, on either device
+  STRATA_ON_CUDA(access, embedding_forward(out, tokens, rows, row_begin, row_end));
   with_s(op, rows.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::embedding_forward(p<S>(out), tokens_of(op, tokens), p<const S>(rows), row_begin,
@@ -360,11 +398,13 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin
 void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
                         int64_t row_end) {
   constexpr const char* op = "embedding_backward";
-  const Call access = on_cpu(op, {drows, dout, tokens});
+  const Call access = on_device(op, {drows, dout, tokens});
   if (access.dry) return;
   const int C = embedding_width(op, drows, row_begin, row_end);
   const int N = as_int(op, tokens.numel());
   expect_numel(op, "dout", dout, int64_t(N) * C);
+  tokens_of(op, tokens);  // int32, on either device
+  STRATA_ON_CUDA(access, embedding_backward(drows, dout, tokens, row_begin, row_end));
   with_sg(op, dout.dtype, drows.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
@@ -375,12 +415,13 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
 
 void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
   constexpr const char* op = "position_forward";
-  const Call access = on_cpu(op, {out, wpe});
+  const Call access = on_device(op, {out, wpe});
   if (access.dry) return;
   same_dtype(op, {out, wpe});
   const int64_t C = last_dim(op, "out", out);
   STRATA_CHECK(T > 0 && pos0 >= 0 && wpe.numel() >= T * C, op, ": wpe ", wpe.shape_str(),
                " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  STRATA_ON_CUDA(access, position_forward(out, wpe, T, pos0));
   with_s(op, out.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::position_forward(p<S>(out), p<const S>(wpe), out.numel() / C, as_int(op, T),
@@ -390,11 +431,12 @@ void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
 
 void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0) {
   constexpr const char* op = "position_backward";
-  const Call access = on_cpu(op, {dwpe, dout});
+  const Call access = on_device(op, {dwpe, dout});
   if (access.dry) return;
   const int64_t C = last_dim(op, "dout", dout);
   STRATA_CHECK(T > 0 && pos0 >= 0 && dwpe.numel() >= T * C, op, ": dwpe ", dwpe.shape_str(),
                " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  STRATA_ON_CUDA(access, position_backward(dwpe, dout, T, pos0));
   with_sg(op, dout.dtype, dwpe.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);

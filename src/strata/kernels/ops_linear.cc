@@ -28,20 +28,21 @@ kernels::MatOperand operand(const char* name, const Tensor& x, int64_t rows, int
 
 void gemm(Tensor c, Tensor a, Tensor b, const Gemm& g) {
   constexpr const char* op = "gemm";
-  const Call access = on_cpu(op, {c, a, b});
+  const Call access = on_device(op, {c, a, b});
   if (access.dry) return;
   STRATA_CHECK(g.M > 0 && g.N > 0 && g.K > 0, "gemm: empty product M=", g.M, " N=", g.N,
                " K=", g.K);
   STRATA_CHECK(g.ldc >= g.N && (g.M - 1) * g.ldc + g.N <= c.numel(), "gemm: c ", c.shape_str(),
                " with row stride ", g.ldc, " does not hold (", g.M, ", ", g.N, ")");
+  const kernels::MatOperand oa = operand("a", a, g.M, g.K, g.lda, g.trans_a);
+  const kernels::MatOperand ob = operand("b", b, g.K, g.N, g.ldb, g.trans_b);
+  STRATA_ON_CUDA(access, gemm(c, a, b, g));
   const int64_t batch[2] = {1, 1};
-  kernels::matmul({c.data, c.dtype, g.ldc}, operand("a", a, g.M, g.K, g.lda, g.trans_a),
-                  operand("b", b, g.K, g.N, g.ldb, g.trans_b), g.M, g.N, g.K, batch, g.alpha,
-                  g.accumulate);
+  kernels::matmul({c.data, c.dtype, g.ldc}, oa, ob, g.M, g.N, g.K, batch, g.alpha, g.accumulate);
 }
 
-bool gemm_widens(DType t, int64_t rows) {
-  return kernels::matmul_widens(t, rows);
+bool gemm_widens(Device device, DType t, int64_t rows) {
+  return device == Device::CPU && kernels::matmul_widens(t, rows);
 }
 
 namespace {
@@ -59,12 +60,13 @@ LinearSize linear_size(const char* op, const Tensor& w, const Tensor& x) {
 
 void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
   constexpr const char* op = "linear_forward";
-  const Call access = on_cpu(op, {y, x, w, b});
+  const Call access = on_device(op, {y, x, w, b});
   if (access.dry) return;
   same_dtype(op, {y, x, w, b});
   const auto [M, K, N] = linear_size(op, w, x);
   expect_numel(op, "y", y, M * N);
   expect_numel(op, "bias", b, N);
+  STRATA_ON_CUDA(access, linear_forward(y, x, w, b));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::linear_forward(p<S>(y), p<const S>(x), p<const S>(w), p<const S>(b), M, K, N);
@@ -73,11 +75,12 @@ void linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
 
 void linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
   constexpr const char* op = "linear_backward_input";
-  const Call access = on_cpu(op, {dx, dy, w});
+  const Call access = on_device(op, {dx, dy, w});
   if (access.dry) return;
   same_dtype(op, {dx, dy, w});
   const auto [M, K, N] = linear_size(op, w, dx);
   expect_numel(op, "dy", dy, M * N);
+  STRATA_ON_CUDA(access, linear_backward_input(dx, dy, w, accumulate));
   with_s(op, dy.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::linear_backward_input(p<S>(dx), p<const S>(dy), p<const S>(w), M, K, N, accumulate);
@@ -86,7 +89,7 @@ void linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
 
 void linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
   constexpr const char* op = "linear_backward_weight";
-  const Call access = on_cpu(op, {dw, db, dy, x});
+  const Call access = on_device(op, {dw, db, dy, x});
   if (access.dry) return;
   same_dtype(op, {dy, x});
   same_dtype(op, {dw, db});
@@ -97,6 +100,7 @@ void linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
                              : LinearSize{rows_of(op, "dy", dy, db.numel()), 0, db.numel()};
   expect_numel(op, "dy", dy, M * N);
   expect_numel(op, "db", db, N);
+  STRATA_ON_CUDA(access, linear_backward_weight(dw, db, dy, x));
   with_sg(op, dy.dtype, (dw.data != nullptr ? dw : db).dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
@@ -106,7 +110,7 @@ void linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
 
 void linear_backward(Tensor dx, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor w) {
   constexpr const char* op = "linear_backward";
-  const Call access = on_cpu(op, {dx, dw, db, dy, x, w});
+  const Call access = on_device(op, {dx, dw, db, dy, x, w});
   if (access.dry) return;
   same_dtype(op, {dx, dy, x, w});
   same_dtype(op, {dw, db});
@@ -115,6 +119,7 @@ void linear_backward(Tensor dx, Tensor dw, Tensor db, Tensor dy, Tensor x, Tenso
   expect_numel(op, "dy", dy, M * N);
   expect_numel(op, "dx", dx, M * K);
   expect_numel(op, "db", db, N);
+  STRATA_ON_CUDA(access, linear_backward(dx, dw, db, dy, x, w));
   with_sg(op, dy.dtype, dw.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);

@@ -35,9 +35,11 @@ void check_valid(const char* op, int64_t v0, int64_t valid, int V) {
 
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
   constexpr const char* op = "cross_entropy_forward";
-  const Call access = on_cpu(op, {losses, logits, targets});
+  const Call access = on_device(op, {losses, logits, targets});
   if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {losses});
+  tokens_of(op, targets);  // int32, on either device
+  STRATA_ON_CUDA(access, cross_entropy_forward(losses, logits, targets));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::cross_entropy_forward(p<float>(losses), p<const S>(logits), tokens_of(op, targets),
@@ -47,9 +49,11 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
 
 void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss) {
   constexpr const char* op = "cross_entropy_forward_backward";
-  const Call access = on_cpu(op, {losses, logits, targets});
+  const Call access = on_device(op, {losses, logits, targets});
   if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {losses});
+  tokens_of(op, targets);  // int32, on either device
+  STRATA_ON_CUDA(access, cross_entropy_forward_backward(losses, logits, targets, dloss));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::cross_entropy_forward_backward(p<float>(losses), p<S>(logits), tokens_of(op, targets),
@@ -59,11 +63,13 @@ void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets
 
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets) {
   constexpr const char* op = "cross_entropy_stats";
-  const Call access = on_cpu(op, {losses, stats, logits, targets});
+  const Call access = on_device(op, {losses, stats, logits, targets});
   if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {losses});
   expect_f32(op, "stats", stats);
   expect_numel(op, "stats", stats, 3 * int64_t(n.N));
+  tokens_of(op, targets);  // int32, on either device
+  STRATA_ON_CUDA(access, cross_entropy_stats(losses, stats, logits, targets));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::cross_entropy_stats(p<float>(losses), p<float>(stats), p<const S>(logits),
@@ -74,7 +80,7 @@ void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targ
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
                 int64_t cols, int64_t v0, int64_t valid, float dloss) {
   constexpr const char* op = "ce_dlogits";
-  const Call access = on_cpu(op, {out, logits, targets, stats});
+  const Call access = on_device(op, {out, logits, targets, stats});
   if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {});
   check_valid(op, v0, valid, n.C);
@@ -86,6 +92,8 @@ void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor s
                " with row stride ", ldo);
   STRATA_CHECK(out.dtype == logits.dtype || out.dtype == DType::F32, op,
                ": out must be the logits' dtype or fp32, got ", dtype_name(out.dtype));
+  tokens_of(op, targets);  // int32, on either device
+  STRATA_ON_CUDA(access, ce_dlogits(out, ldo, logits, targets, stats, c0, cols, v0, valid, dloss));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     if (out.dtype == DType::F32) {
@@ -100,10 +108,11 @@ void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor s
 
 void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid) {
   constexpr const char* op = "vocab_ce_max";
-  const Call access = on_cpu(op, {rowmax, logits});
+  const Call access = on_device(op, {rowmax, logits});
   if (access.dry) return;
   const Rows n = ce_size(op, logits, rowmax, {rowmax});
   check_valid(op, 0, valid, n.C);
+  STRATA_ON_CUDA(access, vocab_ce_max(rowmax, logits, valid));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::vocab_ce_max(p<float>(rowmax), p<const S>(logits), n.N, n.C, int(valid));
@@ -113,12 +122,14 @@ void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid) {
 void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int64_t v0,
                    int64_t valid) {
   constexpr const char* op = "vocab_ce_sums";
-  const Call access = on_cpu(op, {sums, logits, targets, gmax});
+  const Call access = on_device(op, {sums, logits, targets, gmax});
   if (access.dry) return;
   const Rows n = ce_size(op, logits, targets, {gmax});
   check_valid(op, v0, valid, n.C);
   expect_f32(op, "sums", sums);
   expect_numel(op, "sums", sums, 2 * int64_t(n.N));
+  tokens_of(op, targets);  // int32, on either device
+  STRATA_ON_CUDA(access, vocab_ce_sums(sums, logits, targets, gmax, v0, valid));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::vocab_ce_sums(p<float>(sums), p<const S>(logits), tokens_of(op, targets),
@@ -128,7 +139,7 @@ void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int6
 
 void vocab_ce_finish(Tensor losses, Tensor targets, Tensor gmax, Tensor sums) {
   constexpr const char* op = "vocab_ce_finish";
-  const Call access = on_cpu(op, {losses, targets, gmax, sums});
+  const Call access = on_device(op, {losses, targets, gmax, sums});
   if (access.dry) return;
   const int64_t N = targets.numel();
   expect_f32(op, "losses", losses);
@@ -137,17 +148,20 @@ void vocab_ce_finish(Tensor losses, Tensor targets, Tensor gmax, Tensor sums) {
   expect_numel(op, "gmax", gmax, N);
   expect_f32(op, "sums", sums);
   expect_numel(op, "sums", sums, 2 * N);
+  tokens_of(op, targets);  // int32, on either device
+  STRATA_ON_CUDA(access, vocab_ce_finish(losses, targets, gmax, sums));
   kernels::vocab_ce_finish(p<float>(losses), tokens_of(op, targets), p<const float>(gmax),
                            p<const float>(sums), as_int(op, N));
 }
 
 void max_rows(Tensor out, Tensor in) {
   constexpr const char* op = "max_rows";
-  const Call access = on_cpu(op, {out, in});
+  const Call access = on_device(op, {out, in});
   if (access.dry) return;
   expect_f32(op, "out", out);
   expect_f32(op, "in", in);
   const int64_t K = rows_of(op, "in", in, out.numel());
+  STRATA_ON_CUDA(access, max_rows(out, in));
   kernels::max_rows(p<float>(out), p<const float>(in), as_int(op, K), out.numel());
 }
 
@@ -166,11 +180,12 @@ size_t update_size(const char* op, const Tensor& master, std::initializer_list<T
 
 void adam_step(Tensor master, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamArgs& a) {
   constexpr const char* op = "adam_step";
-  const Call access = on_cpu(op, {master, param, grad, m, v});
+  const Call access = on_device(op, {master, param, grad, m, v});
   if (access.dry) return;
   const size_t n = update_size(op, master, {param, grad, m, v});
   expect_f32(op, "m", m);
   expect_f32(op, "v", v);
+  STRATA_ON_CUDA(access, adam_step(master, param, grad, m, v, a));
   // Without param, master is the parameter: the kernel's param is master itself (S = fp32).
   const Tensor& target = param.data != nullptr ? param : master;
   with_sg(op, target.dtype, grad.dtype, [&](auto s, auto g) {
@@ -184,11 +199,12 @@ void adam_step(Tensor master, Tensor param, Tensor grad, Tensor m, Tensor v, con
 
 void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArgs& a) {
   constexpr const char* op = "sgd_step";
-  const Call access = on_cpu(op, {master, param, grad, buf});
+  const Call access = on_device(op, {master, param, grad, buf});
   if (access.dry) return;
   const size_t n = update_size(op, master, {param, grad, buf});
   expect_f32(op, "buf", buf);
   STRATA_CHECK(a.momentum == 0.0f || buf.data != nullptr, op, ": momentum needs a buffer");
+  STRATA_ON_CUDA(access, sgd_step(master, param, grad, buf, a));
   const Tensor& target = param.data != nullptr ? param : master;
   with_sg(op, target.dtype, grad.dtype, [&](auto s, auto g) {
     using S = decltype(s);

@@ -42,6 +42,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   Vl_ = tpl_.vocab_rows, Fl_ = tpl_.ffn, FCHl_ = gpt2_ ? Fl_ : 2 * Fl_;
   QKVl_ = tpl_.qkv_rows, Hl_ = int64_t(tpl_.heads) * hd;
   ash_ = {B_, T_, tpl_.groups, tpl_.rep, int(hd)};
+  att_saved_ = ops::attention_saved(dev_, pt_, ash_);
   places();
   const RecomputeOptions& rc = chunk_.recompute;
   STRATA_CHECK(rc.full.empty() || int(rc.full.size()) == cfg_.layers,
@@ -141,7 +142,8 @@ void TransformerImpl::layout() {
   auto act = [&](int64_t n, size_t e) { return acts_.take(n, e); };
   auto wk = [&](int64_t n, size_t e) { return work_.take(n, e); };
   const int nb = l1_ - l0_;
-  const int64_t att_n = int64_t(B_) * tpl_.heads * T_ * T_;
+  const int64_t att_n = att_saved_.numel;
+  const size_t att_e = dtype_size(att_saved_.dtype);
   const bool selective = chunk_.recompute.selective;
   bool any = false;
   for (char c : ckpt_) any |= c != 0;
@@ -161,7 +163,7 @@ void TransformerImpl::layout() {
   // attention probabilities by every block under selective recompute).
   rc_ = BlockActs{};
   if (any) carve(rc_), rc_.qkv = act(N * QKVl_, ps), rc_.fch = act(N * FCHl_, ps);
-  if (any || selective) rc_.att = act(att_n, ps);
+  if (any || selective) rc_.att = act(att_n, att_e);
   if (shard_) {
     for (void*& w : whole_) w = act(shard_elems_ * tp_->size(), ps);
   }
@@ -181,7 +183,8 @@ void TransformerImpl::layout() {
         in.blocks[b] = {};
         continue;
       }
-      in.blocks[b] = {act(N * QKVl_, ps), selective ? rc_.att : act(att_n, ps), act(N * FCHl_, ps)};
+      in.blocks[b] = {act(N * QKVl_, ps), selective ? rc_.att : act(att_n, att_e),
+                      act(N * FCHl_, ps)};
     }
   }
   slots_.resize(size_t(chunk_.slots));
@@ -226,7 +229,8 @@ void TransformerImpl::layout() {
   if (sp_) part_ = wk(N * C, ps);  // a row-parallel layer's partial output, all rows
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
   norm_scratch_ = static_cast<float*>(wk(int64_t(ops::norm_backward_scratch_floats(N, C)), f4));
-  att_scratch_ = static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(ash_)), f4));
+  att_scratch_ =
+      static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(dev_, ash_)), f4));
   if (has_head_ && tp_->size() > 1) ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
   if (has_head_) {
     // Each unit's dlogits feed two products: of N rows (dlnf) and of the unit's rows (dW).
@@ -235,7 +239,7 @@ void TransformerImpl::layout() {
       const int64_t r = spec_.units[size_t(u)].row_end - spec_.units[size_t(u)].row_begin;
       rows = std::max(rows, r), fewest = std::min(fewest, r);
     }
-    widen_dlogits_ = ops::gemm_widens(pt_, fewest);
+    widen_dlogits_ = ops::gemm_widens(dev_, pt_, fewest);
     if (widen_dlogits_) dlogits32_ = static_cast<float*>(wk(N * rows, f4));
   }
   int64_t largest = 0;
@@ -391,8 +395,7 @@ const void* TransformerImpl::recompute(Slot& s, int l, UnitHook* hook) {
 void TransformerImpl::recompute_attention(const BlockActs& a, int l) {
   const auto t0 = std::chrono::steady_clock::now();
   sync_boundary();
-  ops::attention_forward(Tensor(), vec(a.att, pt_, int64_t(B_) * tpl_.heads * T_ * T_),
-                         mat(a.qkv, pt_, N_, QKVl_), ash_);
+  ops::attention_forward(Tensor(), att_view(a.att), mat(a.qkv, pt_, N_, QKVl_), ash_);
   sync_boundary();
   rc_seconds_[size_t(l - l0_)] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -96,11 +96,11 @@ struct ChunkOptions {
                                       // MLP units are in one chunk, the embedding's units
                                       // (vocabulary, position) in the first, the final norm and
                                       // output units in the last.
-  int slots = 1;                // micro-batches whose activations are held at once (forward done,
-                                // weight-gradient backward not yet)
-  bool defer_weight = false;    // backward_input() leaves the weight gradients to backward_weight()
-                                // (each slot then also keeps the output gradients they need)
-  Device device = Device::CPU;  // where the parameters, gradients and activations live
+  int slots = 1;              // micro-batches whose activations are held at once (forward done,
+                              // weight-gradient backward not yet)
+  bool defer_weight = false;  // backward_input() leaves the weight gradients to backward_weight()
+                              // (each slot then also keeps the output gradients they need)
+  Device device = default_device();  // where the parameters, gradients and activations live
   // Micro-batches between forward and input-gradient backward (0: slots). What only that
   // backward reads (attention probabilities, QKV, MLP pre-activations) lives in a pool of this
   // many slots, freed by backward_input: with deferred weight gradients fewer than `slots`.

@@ -61,7 +61,7 @@ struct BlockActs {
   float* ln1_mean;  // (Ns)
   float* ln1_rstd;  // (Ns)
   void* qkv;        // (N, QKVl)  after RoPE for llama
-  void* att;        // (B, heads_l, T, T)
+  void* att;        // the saved attention state (B, heads_l, T, T) on the CPU (att_view)
   void* atty;       // (N, Hl)
   void* res2;       // (Ns, C)  residual after attention
   void* ln2;        // (Ns, C)
@@ -147,6 +147,8 @@ class TransformerImpl final : public Transformer {
     return p == nullptr ? Tensor() : Tensor(p, t, {n}, dev_);
   }
   Tensor f32(float* p, int64_t n) const { return Tensor(p, DType::F32, {n}, dev_); }
+  // A block's saved attention state: what the device's backend keeps (ops::attention_saved).
+  Tensor att_view(void* p) const { return vec(p, att_saved_.dtype, att_saved_.numel); }
   Tensor ids(int32_t* p) const { return Tensor(p, DType::I32, {N_}, dev_); }
   // Vocabulary columns [row_begin, Vl) of every row of the logits (row stride Vl).
   Tensor logit_cols(const Slot& s, int64_t row_begin) const {
@@ -245,6 +247,7 @@ class TransformerImpl final : public Transformer {
   bool gpt2_ = true, tied_ = true;
   int64_t C_ = 0, Vl_ = 0, Fl_ = 0, FCHl_ = 0, QKVl_ = 0, Hl_ = 0;
   ops::AttentionShape ash_;
+  ops::AttentionSaved att_saved_;
   ChunkOptions chunk_;
   bool has_embed_ = false, has_head_ = false;
   int l0_ = 0, l1_ = 0;  // the chunk's blocks [l0, l1)

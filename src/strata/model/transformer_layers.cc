@@ -76,9 +76,8 @@ void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook
   ops::linear_forward(mat(a.qkv, pt_, N_, QKVl_), ln1, param(l, R::QkvW, P, pt_),
                       param(l, R::QkvB, P, pt_));
   if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), ash_, cfg_.rope_theta);
-  ops::attention_forward(mat(a.atty, pt_, N_, Hl_),
-                         vec(a.att, pt_, int64_t(B_) * tpl_.heads * T_ * T_),
-                         mat(a.qkv, pt_, N_, QKVl_), ash_);
+  ops::attention_forward(mat(a.atty, pt_, N_, Hl_), att_view(a.att), mat(a.qkv, pt_, N_, QKVl_),
+                         ash_);
   const Tensor atty = mat(a.atty, pt_, N_, Hl_);
   row_parallel_forward(a.res2, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
   release(hook, ua);
@@ -398,11 +397,10 @@ void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hoo
   row_parallel_backward(l, R::ProjW, R::ProjB, P, G, st.dproj, mat(a.atty, pt_, N_, Hl_), d_atty,
                         fuse);
   const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
-  const int64_t att_n = int64_t(B_) * tpl_.heads * T_ * T_;
   if (chunk_.recompute.selective && !full_recompute(l)) recompute_attention(a, l);
-  ops::attention_backward(dqkv,
-                          f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(ash_))),
-                          d_atty, mat(a.qkv, pt_, N_, QKVl_), vec(a.att, pt_, att_n), ash_);
+  ops::attention_backward(
+      dqkv, f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(dev_, ash_))), d_atty,
+      mat(a.qkv, pt_, N_, QKVl_), att_view(a.att), ash_);
   if (!gpt2_) ops::rope_backward(dqkv, ash_, cfg_.rope_theta);
   void* dln1 = fuse ? dc_ : st.dln1;
   column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, a.ln1, dln1, fuse);

@@ -10,14 +10,6 @@
 
 namespace strata::pipeline {
 
-namespace {
-
-// Activations and their gradients live on the host: the CPU's compute stream produces what a
-// stage sends and consumes what it receives.
-constexpr ops::Stream kCompute{Device::CPU, ops::StreamKind::Compute};
-
-}  // namespace
-
 // The stage's model chunks and its actions. Without a pipeline: one chunk of every unit and
 // F0 B0 F1 B1 …; with one, the units of global chunks g ≡ stage (mod stages), the schedule's
 // actions for this stage, and the buffers its transfers use (bounded and allocated here).
@@ -142,7 +134,7 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
         const bool act = a.op == Op::RecvActivation;
         const Tensor in = c.hidden_view(act ? recv_act_[size_t(k)] : recv_grad_[size_t(k)]);
         const Tensor part = tp_part(in);
-        ops::wait(kCompute,
+        ops::wait(ops::compute_stream(),
                   peers_->recv(part.data, size_t(part.numel()), pt, a.peer,
                                tag(a.micro, g, act ? 0 : 1), act ? "an activation" : "a gradient"));
         if (part.data != in.data || part.numel() != in.numel()) tp_.all_gather(in, part);
@@ -154,7 +146,7 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
         const Tensor out_t = tp_part(act ? c.output(a.micro) : last_dx_[size_t(k)]);
         peers_->send(out_t.data, size_t(out_t.numel()), pt, a.peer,
                      tag(a.micro, act ? g + 1 : g - 1, act ? 0 : 1),
-                     act ? "an activation" : "a gradient", ops::record(kCompute));
+                     act ? "an activation" : "a gradient", ops::record(ops::compute_stream()));
         break;
       }
       case Op::Forward:
@@ -200,7 +192,7 @@ double Executor::forward_only(const int32_t* inputs, const int32_t* targets, Uni
       if (g > 0) {
         in = c.hidden_view(recv_act_[size_t(k)]);
         const Tensor part = tp_part(in);
-        ops::wait(kCompute,
+        ops::wait(ops::compute_stream(),
                   peers_->recv(part.data, size_t(part.numel()), pt, stage_of(g - 1, o_.stages),
                                tag(micro, g, 0), "an evaluation activation"));
         if (part.data != in.data || part.numel() != in.numel()) tp_.all_gather(in, part);
@@ -211,7 +203,8 @@ double Executor::forward_only(const int32_t* inputs, const int32_t* targets, Uni
       if (g < last) {
         const Tensor out = tp_part(c.output(micro));
         peers_->send(out.data, size_t(out.numel()), pt, stage_of(g + 1, o_.stages),
-                     tag(micro, g + 1, 0), "an evaluation activation", ops::record(kCompute));
+                     tag(micro, g + 1, 0), "an evaluation activation",
+                     ops::record(ops::compute_stream()));
       }
     }
   }

@@ -47,6 +47,9 @@ struct TrainConfig {
   // the last step) and at the last, eval_iters batches of train_batch_size (0: no validation).
   int64_t eval_interval = 1000;
   int64_t eval_iters = 100;
+  // Where each rank computes: "cpu", or "cuda" (one GPU per rank: local rank modulo the visible
+  // GPUs, so several ranks may share one).
+  std::string device = "cpu";
 };
 
 struct Bf16Config {

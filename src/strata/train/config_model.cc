@@ -299,6 +299,7 @@ void parse_layout_blocks(const Block& top, Config& c) {
   tb.get_int("eval_interval", c.train.eval_interval, 0);
   tb.get_int("eval_iters", c.train.eval_iters, 0);
   tb.get_uint64("seed", c.train.seed);
+  tb.get_choice("device", c.train.device, {"cpu", "cuda"});
   if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {
     tb.fail("run_dir", "a non-empty directory path");
   }

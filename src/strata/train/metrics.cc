@@ -23,20 +23,23 @@ namespace strata {
 
 namespace {
 
-// GFLOP/s of an n³ matmul with both operands in dtype and an fp32 result, on this process's
-// OpenMP threads: the best of 5 runs after a warm-up (the machine's capability, not its
-// momentary load).
-double gemm_gflops(DType dtype, int n) {
+// GFLOP/s of an n³ matmul with both operands in dtype and a `result` dtype product, on this
+// process's device (the CPU's OpenMP threads, or its GPU): the best of 5 runs after a warm-up
+// (the machine's capability, not its momentary load).
+double gemm_gflops(DType dtype, int n, DType result = DType::F32) {
   const size_t elems = size_t(n) * size_t(n);
   Buffer a(MemCategory::Workspace, elems * dtype_size(dtype));
   Buffer b(MemCategory::Workspace, elems * dtype_size(dtype));
-  Buffer c(MemCategory::Workspace, elems * sizeof(float));
+  Buffer c(MemCategory::Workspace, elems * dtype_size(result));
   const Tensor ta(a.data(), dtype, {n, n}), tb(b.data(), dtype, {n, n});
   ops::fill_zero(ta);
   ops::fill_zero(tb);
   ops::Gemm g;
   g.M = g.N = g.K = n, g.trans_b = true, g.lda = g.ldb = g.ldc = n;
-  auto run = [&] { ops::gemm(Tensor(c.data(), DType::F32, {n, n}), ta, tb, g); };
+  auto run = [&] {
+    ops::gemm(Tensor(c.data(), result, {n, n}), ta, tb, g);
+    ops::synchronize(default_device());  // a GPU's product has finished only then
+  };
   run();  // JIT and first touch
   double best = 1e30;
   for (int i = 0; i < 5; ++i) {
@@ -58,6 +61,11 @@ double rank_share(MPI_Comm world) {
     MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
     MPI_Comm_size(host, &local);
     MPI_Comm_free(&host);
+  }
+  if (default_device() == Device::CUDA) {
+    // Ranks of a host share its GPUs: L ranks on G GPUs make min(L, G) GPUs' worth.
+    const double gpus = double(std::max(1, ops::device_count(Device::CUDA)));
+    return std::min(1.0, gpus / double(local));
   }
   const double t = double(omp_get_max_threads()), c = double(omp_get_num_procs());
   return std::min(double(local) * t, c) / std::min(t, c) / double(local);
@@ -118,6 +126,13 @@ double MachinePeak::gflops() const {
 
 std::string MachinePeak::describe() const {
   char buf[512];
+  if (threads == 0) {
+    std::snprintf(buf, sizeof buf,
+                  "peak %.0f GFLOP/s = bf16 8192^3 GEMM %.0f GFLOP/s on the GPU x %.2g rank%s",
+                  gflops(), per_rank_gflops(), rank_equivalents,
+                  rank_equivalents == 1.0 ? "" : "s");
+    return buf;
+  }
   const bool bf16 = bf16_gflops > fp32_gflops;
   std::snprintf(buf, sizeof buf,
                 "peak %.0f GFLOP/s = %s 2048^3 GEMM %.0f GFLOP/s on %d thread%s x %.2g rank%s "
@@ -136,7 +151,12 @@ MachinePeak measure_machine_peak(MPI_Comm world) {
   int rank = 0;
   if (world != MPI_COMM_NULL) MPI_Comm_rank(world, &rank);
   double rates[2] = {0.0, 0.0};
-  if (rank == 0) {
+  if (rank == 0 && default_device() == Device::CUDA) {
+    // A GPU's peak is its dense bf16 tensor-core GEMM (Megatron's and PaLM's MFU): 8192³ fills
+    // every SM; fp32 (no TF32) is not measured, it is never the peak.
+    p.threads = 0;
+    rates[1] = gemm_gflops(DType::BF16, 8192, DType::BF16);
+  } else if (rank == 0) {
     rates[0] = gemm_gflops(DType::F32, 2048);
     if (kernels::cpu_features().native_bf16()) {
       rates[1] = gemm_gflops(DType::BF16, 2048);

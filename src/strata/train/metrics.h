@@ -20,7 +20,7 @@ namespace strata {
 // once per core: 4 ranks × 1 thread on 2 cores are 2 ranks' worth).
 struct MachinePeak {
   double fp32_gflops = 0.0, bf16_gflops = 0.0;  // one rank's threads; bf16 0 unless native
-  int threads = 1;
+  int threads = 1;                              // 0: a GPU's peak (bf16_gflops alone)
   double rank_equivalents = 1.0;
   double per_rank_gflops() const;
   double gflops() const;  // the job's peak

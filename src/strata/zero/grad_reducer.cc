@@ -12,9 +12,6 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-// The gradients live on the host: the CPU's compute stream writes them and reads the reductions.
-constexpr ops::Stream kCompute{Device::CPU, ops::StreamKind::Compute};
-
 double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
@@ -78,7 +75,8 @@ void GradReducer::begin_micro(bool boundary) {
 void GradReducer::issue(size_t r) {
   const Range& k = ranges_[r];
   char* begin = flat_ + size_t(k.begin) * gs_;
-  const ops::Event written = ops::record(kCompute);  // the backward that wrote the range
+  const ops::Event written =
+      ops::record(ops::compute_stream());  // the backward that wrote the range
   if (stage_ == 0) {
     pending_[r] = group_.all_reduce_async(begin, size_t(k.end - k.begin), grad_, wire_, written);
   } else {
@@ -105,8 +103,9 @@ void GradReducer::issue_slot(int unit) {
                " reported done without asking for gradients");
   const int64_t c = part_->chunk(unit);
   s.unit = unit;
-  s.pending = group_.reduce_scatter_async(s.data, s.data + size_t(part_->rank() * c) * gs_,
-                                          size_t(c), grad_, wire_, ops::record(kCompute));
+  s.pending =
+      group_.reduce_scatter_async(s.data, s.data + size_t(part_->rank() * c) * gs_, size_t(c),
+                                  grad_, wire_, ops::record(ops::compute_stream()));
   if (!overlap_) settle(s);
 }
 
@@ -114,7 +113,7 @@ void GradReducer::issue_slot(int unit) {
 void GradReducer::settle(Slot& s) {
   if (s.unit < 0) return;
   const auto t0 = clock_type::now();
-  ops::wait(kCompute, s.pending.event());
+  ops::wait(ops::compute_stream(), s.pending.event());
   wait_s_ += seconds_since(t0);
   const int64_t c = part_->chunk(s.unit);
   ops::add_inplace(Tensor(partition_ + size_t(part_->packed_offset(s.unit)) * gs_, grad_, {c}),
@@ -135,7 +134,8 @@ void GradReducer::finish() {
   const auto t0 = clock_type::now();
   if (stage_ <= 1) {
     while (next_ < ranges_.size()) issue(next_++);
-    for (const comm::Handle& h : pending_) ops::wait(kCompute, h.event());  // the optimizer reads
+    for (const comm::Handle& h : pending_)
+      ops::wait(ops::compute_stream(), h.event());  // the optimizer reads
     wait_s_ += seconds_since(t0);
   } else {
     for (Slot& s : slots_) settle(s);

@@ -7,13 +7,6 @@
 
 namespace strata {
 
-namespace {
-
-// The gathered parameters live on the host, read by the CPU's compute stream.
-constexpr ops::Stream kCompute{Device::CPU, ops::StreamKind::Compute};
-
-}  // namespace
-
 ParamCache::ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBuffers& bufs,
                        size_t elem_bytes, char* slots, std::vector<char*> persistent, Gather gather)
     : units_(spec.units),
@@ -55,7 +48,7 @@ void ParamCache::evict(int unit) {
   State& st = state_[size_t(unit)];
   st.gather.wait();
   st.gathering = st.prefetched = false;
-  released_[size_t(st.slot)] = ops::record(kCompute);
+  released_[size_t(st.slot)] = ops::record(ops::compute_stream());
   free_slots_.push_back(st.slot);
   st.slot = -1;
   live_ -= units_[size_t(unit)].numel;
@@ -139,7 +132,7 @@ const void* ParamCache::acquire(int unit) {
   }
   if (st.gathering) {
     const auto t0 = std::chrono::steady_clock::now();
-    ops::wait(kCompute, st.gather.event());  // the unit's forward or backward reads it
+    ops::wait(ops::compute_stream(), st.gather.event());  // the unit's forward or backward reads it
     wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     st.gathering = false;
   }

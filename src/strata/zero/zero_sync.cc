@@ -7,13 +7,6 @@
 
 namespace strata {
 
-namespace {
-
-// The parameters and gradients live on the host: the CPU's compute stream writes and reads them.
-constexpr ops::Stream kCompute{Device::CPU, ops::StreamKind::Compute};
-
-}  // namespace
-
 std::unique_ptr<ZeroPartition> ZeroSync::make_partition(const comm::Communicator& shard,
                                                         const ModelSpec& spec, int stage) {
   if (stage == 0) return nullptr;
@@ -101,9 +94,9 @@ void ZeroSync::finish() {
     for (size_t u = 0; u < units.size(); ++u) {
       char* mine = full_grads_ + size_t(part_->chunk_begin(int(u))) * gs_;
       gathers_[u] = replicas_->all_reduce_async(mine, size_t(part_->chunk(int(u))), o_.grad_dtype,
-                                                o_.wire, ops::record(kCompute));
+                                                o_.wire, ops::record(ops::compute_stream()));
     }
-    for (const comm::Handle& h : gathers_) ops::wait(kCompute, h.event());
+    for (const comm::Handle& h : gathers_) ops::wait(ops::compute_stream(), h.event());
   } else {
     replicas_->all_reduce(grad_part_buf_.data(), size_t(part_->owned_numel()), o_.grad_dtype,
                           o_.wire);
@@ -161,7 +154,8 @@ void ZeroSync::zero_grads() {
 
 void ZeroSync::after_step() {
   if (stage_ == 0) return;
-  const ops::Event stepped = ops::record(kCompute);  // the optimizer wrote the owned chunks
+  const ops::Event stepped =
+      ops::record(ops::compute_stream());  // the optimizer wrote the owned chunks
   const std::vector<UnitSpec>& units = part_->units();
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t c = part_->chunk(int(u));
@@ -176,7 +170,8 @@ void ZeroSync::after_step() {
     }
   }
   if (cache_) cache_->drop_all();
-  for (const comm::Handle& h : gathers_) ops::wait(kCompute, h.event());  // the next forward reads
+  for (const comm::Handle& h : gathers_)
+    ops::wait(ops::compute_stream(), h.event());  // the next forward reads
 }
 
 void ZeroSync::drop_gathered() {

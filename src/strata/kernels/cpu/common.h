@@ -17,7 +17,7 @@ inline constexpr int64_t kParallelMinWork = int64_t(1) << 15;
 // step's), then reused, so that steady-state steps allocate nothing.
 inline float* reserve_floats(Buffer& buf, int64_t elems) {
   const size_t bytes = size_t(elems) * sizeof(float);
-  if (buf.bytes() < bytes) buf = Buffer(MemCategory::Workspace, bytes);
+  if (buf.bytes() < bytes) buf = Buffer(MemCategory::Workspace, bytes, Device::CPU);
   return buf.as<float>();
 }
 

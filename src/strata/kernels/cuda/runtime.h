@@ -20,16 +20,16 @@ namespace strata::ops::cuda {
 // Fails with the CUDA error's name and text, the call that raised it and where.
 [[noreturn]] void fail(cudaError_t e, const char* call, const char* file, int line);
 [[noreturn]] void fail_cublas(cublasStatus_t s, const char* call, const char* file, int line);
-#define STRATA_CUDA_CHECK(call)                                                   \
-  do {                                                                            \
-    const cudaError_t strata_cuda_e_ = (call);                                    \
-    if (strata_cuda_e_ != cudaSuccess)                                            \
-      ::strata::ops::cuda::fail(strata_cuda_e_, #call, __FILE__, __LINE__);       \
+#define STRATA_CUDA_CHECK(call)                                             \
+  do {                                                                      \
+    const cudaError_t strata_cuda_e_ = (call);                              \
+    if (strata_cuda_e_ != cudaSuccess)                                      \
+      ::strata::ops::cuda::fail(strata_cuda_e_, #call, __FILE__, __LINE__); \
   } while (0)
-#define STRATA_CUBLAS_CHECK(call)                                                 \
-  do {                                                                            \
-    const cublasStatus_t strata_cublas_s_ = (call);                               \
-    if (strata_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                \
+#define STRATA_CUBLAS_CHECK(call)                                                    \
+  do {                                                                               \
+    const cublasStatus_t strata_cublas_s_ = (call);                                  \
+    if (strata_cublas_s_ != CUBLAS_STATUS_SUCCESS)                                   \
       ::strata::ops::cuda::fail_cublas(strata_cublas_s_, #call, __FILE__, __LINE__); \
   } while (0)
 // After a kernel launch: the launch's own error (bad configuration), not the kernel's result.
@@ -43,8 +43,16 @@ void init(int ordinal);
 // The selected device; fails if init has not run.
 int current_device();
 
+// The stream the calling thread's kernels run on: the device's compute stream, or another one the
+// thread has switched to (ops::OnStream: the communication layer converts and stages on its own).
 cudaStream_t compute_stream();
 cudaStream_t comm_stream();
+// Makes `stream` the calling thread's (nullptr: back to the compute stream); returns the previous
+// setting.
+cudaStream_t swap_thread_stream(cudaStream_t stream);
+// Whether p is device memory of the CUDA runtime (cudaPointerGetAttributes); false for host
+// memory, pinned or not, and without a device.
+bool is_device_pointer(const void* p);
 cublasLtHandle_t lt_handle();
 
 // Scratch device memory for the duration of work issued on the compute stream: valid until the
@@ -64,6 +72,8 @@ void stream_wait(cudaStream_t stream, const ops::Event& e);
 
 // Blocks until the compute stream's work has finished; rethrows its error.
 void synchronize_compute();
+// Blocks until both of the device's streams have finished their work.
+void synchronize_device();
 
 // One launch configuration helper: blocks of `threads` covering n items (at least one block).
 inline unsigned blocks_for(int64_t n, int threads) {
