@@ -21,8 +21,8 @@ namespace strata::gpu_test {
 // Whether a CUDA device is visible; selects device 0 the first time it is (ops::init_device).
 bool gpu_available();
 
-#define STRATA_SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                             \
+#define STRATA_SKIP_WITHOUT_GPU()                                                          \
+  do {                                                                                     \
     if (!::strata::gpu_test::gpu_available()) GTEST_SKIP() << "no CUDA device is visible"; \
   } while (0)
 
@@ -47,5 +47,20 @@ std::vector<float> random(size_t n, uint64_t seed, float scale = 1.0f);
                                  double tol);
 // The bound for results in dtype t: 1e-5 for fp32, 1e-2 for bf16 and fp16.
 double tolerance(DType t);
+// The same bits, element by element, any NaN counting as one (a NaN stays a NaN; its payload is
+// the backend's).
+::testing::AssertionResult identical(const std::vector<float>& got, const std::vector<float>& want);
+
+// Values (or activations and parameters) in s, gradients in g: the pairs the CPU backend builds
+// (kernels/cpu/common.h STRATA_FOR_EACH_SG), for value-parameterized tests.
+struct SG {
+  DType s, g;
+};
+inline auto sg_pairs() {
+  return ::testing::Values(SG{DType::F32, DType::F32}, SG{DType::BF16, DType::F32},
+                           SG{DType::BF16, DType::BF16}, SG{DType::F16, DType::F32},
+                           SG{DType::F16, DType::F16});
+}
+std::string sg_name(const ::testing::TestParamInfo<SG>& p);
 
 }  // namespace strata::gpu_test

@@ -38,16 +38,7 @@ class CliRunTest : public ::testing::Test {
   }
   // Runs strata with args; returns the exit status and fills stderr.
   int run(const std::string& args, std::string* err = nullptr) {
-    const std::string errf = dir_ + "/stderr.txt";
-    const std::string cmd = std::string("'") + STRATA_BINARY + "' " + args + " >'" + dir_ +
-                            "/stdout.txt' 2>'" + errf + "'";
-    const int status = std::system(cmd.c_str());
-    EXPECT_TRUE(WIFEXITED(status)) << cmd;
-    std::ifstream in(errf);
-    std::stringstream text;
-    text << in.rdbuf();
-    if (err) *err = text.str();
-    return WEXITSTATUS(status);
+    return run_binary(STRATA_BINARY, dir_, args, err);
   }
   std::vector<double> losses(const std::string& run_dir) {
     std::ifstream in(run_dir + "/metrics.jsonl");

@@ -40,12 +40,7 @@ class DsCliTest : public ::testing::Test {
   }
   // Runs strata with args; returns the exit status (-1 for a signal) and fills stderr.
   int run(const std::string& args, std::string* err = nullptr) {
-    const std::string errf = dir_ + "/stderr.txt";
-    const std::string cmd = std::string("'") + STRATA_BINARY + "' " + args + " >'" + dir_ +
-                            "/stdout.txt' 2>'" + errf + "'";
-    const int status = std::system(cmd.c_str());
-    if (err) *err = read(errf);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return run_binary(STRATA_BINARY, dir_, args, err);
   }
   std::string write_config(const std::string& name, const json& j) {
     const std::string path = dir_ + "/" + name + ".json";
