@@ -218,6 +218,23 @@ stage_configure() {
            "-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$p/ldpath"
            "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$p/ldpath")
   fi
+  # NCCL: the toolkit's own when it has one; otherwise the one PyTorch's wheels bring
+  # (nvidia-nccl-*: include/nccl.h and lib/libnccl.so.2, no unversioned link for find_library).
+  local cuda_root
+  cuda_root=$(dirname "$(dirname "${GPU_CHECK_NVCC:-/usr/local/cuda/bin/nvcc}")")
+  if [ ! -f "$cuda_root/include/nccl.h" ] && [ ! -f /usr/include/nccl.h ]; then
+    local site nccl_h nccl_so
+    site=$(py -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+    # shellcheck disable=SC2086
+    nccl_h=$( [ -n "$site" ] && find $site -path '*nvidia*' -name nccl.h 2>/dev/null | head -1)
+    if [ -n "$nccl_h" ]; then
+      nccl_so=$(find "$(dirname "$(dirname "$nccl_h")")" -name 'libnccl.so*' 2>/dev/null | sort | head -1)
+      [ -n "$nccl_so" ] && args+=(-DNCCL_INCLUDE="$(dirname "$nccl_h")" -DNCCL_LIB="$nccl_so")
+      echo "NCCL from the Python wheels: $nccl_h $nccl_so"
+    else
+      echo "no NCCL found: GPU collectives will be staged through MPI"
+    fi
+  fi
   # shellcheck disable=SC2206
   [ -n "${GPU_CHECK_CMAKE_ARGS:-}" ] && args+=($GPU_CHECK_CMAKE_ARGS)
   printf '%q ' cmake "${args[@]}"; echo

@@ -67,6 +67,7 @@ struct BenchArgs {
   std::string partition = "time";
   int layers = 0;                      // 0: the preset's
   std::vector<std::string> overrides;  // --set a.b.c=value
+  std::string device = "cpu";          // train.device: cpu | cuda
 };
 
 // The pipeline bubble of the last step, measured: 1 - (compute time of every rank's forward and
@@ -126,6 +127,7 @@ void run_bench(const BenchArgs& a) {
   const bool rank0 = world == 1 || comm::world_rank() == 0;
   // A bad STRATA_BF16_MATMUL is an input error on every rank before anything is built.
   kernels::bf16_matmul_path();
+  select_device(a.device, rank0);
   const comm::RankGrid grid(world, a.tensor, a.pipeline);
   std::unique_ptr<comm::ProcessGroups> groups;
   if (world > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
@@ -152,9 +154,13 @@ void run_bench(const BenchArgs& a) {
                         {"schedule", a.schedule},
                         {"virtual_stages", a.virtual_stages},
                         {"partition", a.partition}};
+    j["train"] = {{"device", a.device}};
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
     Config cfg = parse_config(j, a.overrides);
+    STRATA_INPUT_CHECK(cfg.train.device == a.device, "strata bench: --set train.device=",
+                       cfg.train.device, " differs from --device ", a.device,
+                       "; choose the device with --device");
     resolve_batch(cfg, grid.dp());
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
     Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
@@ -255,6 +261,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--seq-len,-t", args->seq_len, "sequence length (default: the preset's)");
   cmd->add_option("--layers", args->layers, "Transformer blocks (default: the preset's)")
       ->check(CLI::Range(1, 100000));
+  cmd->add_option("--device", args->device, "cpu or cuda: where each rank computes (train.device)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--set", args->overrides,
                   "override a config key: --set a.b.c=value (repeatable), e.g. "
                   "--set activation_checkpointing.number_checkpoints=4");

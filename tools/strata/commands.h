@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <string>
+
 namespace strata::cli {
 
 void add_train_command(CLI::App& app);
@@ -15,5 +17,10 @@ void add_launch_command(CLI::App& app, int* exit_code);
 void add_topology_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
 void add_elastic_command(CLI::App& app);
+
+// train.device: "cuda" puts this rank on a GPU (local rank mod the visible GPUs) before anything
+// is allocated, and makes it the device every Buffer and view of the run lives on; "cpu" notes a
+// visible GPU on rank 0. No GPU for "cuda" is an InputError.
+void select_device(const std::string& device, bool rank0);
 
 }  // namespace strata::cli

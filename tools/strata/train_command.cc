@@ -195,27 +195,6 @@ void split_cores_between_local_ranks() {
   omp_set_num_threads(std::max(1, omp_get_num_procs() / ranks));
 }
 
-// train.device: "cuda" puts this rank on GPU (local rank mod the visible GPUs) before anything is
-// allocated, and makes it the device every Buffer and view of the run lives on.
-void select_device(const std::string& device, bool rank0) {
-  if (device != "cuda") {
-    if (rank0 && ops::device_count(Device::CUDA) > 0) {
-      std::printf(
-          "note: a CUDA GPU is visible but train.device is \"cpu\": set train.device=cuda "
-          "(or --device cuda) to train on it\n");
-    }
-    return;
-  }
-  const int gpus = ops::device_count(Device::CUDA);
-  STRATA_INPUT_CHECK(gpus > 0, "train.device=\"cuda\" but no CUDA GPU is visible to this process",
-                     " (a driver, a GPU, CUDA_VISIBLE_DEVICES, and strata built with nvcc found);",
-                     " set train.device=\"cpu\" to run on the CPU");
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  const int local_rank = local != nullptr ? std::max(0, std::atoi(local)) : 0;
-  ops::init_device(Device::CUDA, local_rank % gpus);
-  set_default_device(Device::CUDA);
-}
-
 // "a, b, c" of at most 6 names, else the first 3, "...", the last 2 and the count.
 std::string list_files(const std::vector<std::string>& files) {
   std::string out;
@@ -469,6 +448,25 @@ void run_train(const TrainArgs& a) {
 }
 
 }  // namespace
+
+void select_device(const std::string& device, bool rank0) {
+  if (device != "cuda") {
+    if (rank0 && ops::device_count(Device::CUDA) > 0) {
+      std::printf(
+          "note: a CUDA GPU is visible but train.device is \"cpu\": set train.device=cuda "
+          "(or --device cuda) to train on it\n");
+    }
+    return;
+  }
+  const int gpus = ops::device_count(Device::CUDA);
+  STRATA_INPUT_CHECK(gpus > 0, "train.device=\"cuda\" but no CUDA GPU is visible to this process",
+                     " (a driver, a GPU, CUDA_VISIBLE_DEVICES, and strata built with nvcc found);",
+                     " set train.device=\"cpu\" to run on the CPU");
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int local_rank = local != nullptr ? std::max(0, std::atoi(local)) : 0;
+  ops::init_device(Device::CUDA, local_rank % gpus);
+  set_default_device(Device::CUDA);
+}
 
 void add_train_command(CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
