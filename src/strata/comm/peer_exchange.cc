@@ -18,6 +18,8 @@ PeerExchange::PeerExchange(const Communicator& group, std::chrono::seconds timeo
                            size_t slot_bytes)
     : timeout_(timeout),
       ring_(Buffer::host(MemCategory::CommBuffers, size_t(std::max(slots, 1)) * slot_bytes)),
+      recv_stage_(default_device() == Device::CUDA ? Buffer::host(MemCategory::CommBuffers, slot_bytes)
+                                                    : Buffer()),
       slot_bytes_(slot_bytes),
       requests_(size_t(std::max(slots, 1)), MPI_REQUEST_NULL),
       peer_of_(requests_.size(), -1),
@@ -66,7 +68,19 @@ ops::Event PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag
                ") exceeds MPI's count");
   check_tag(tag, what);
   MPI_Request r = MPI_REQUEST_NULL;
-  // The transport writes the device buffer itself, as NCCL would.
+  if (ops::device_of(buf) == Device::CUDA) {
+    // MPI reads and writes host memory: receive into the stage, then copy it onto the device
+    // (the copy is complete, and the stage free again, when copy_from_host returns).
+    const size_t bytes = n * dtype_size(dtype);
+    STRATA_CHECK(bytes <= recv_stage_.bytes(), "a pipeline message of ", bytes, " bytes (", what,
+                 ") exceeds its ", recv_stage_.bytes(), "-byte receive stage");
+    STRATA_MPI_CHECK(MPI_Irecv(recv_stage_.data(), int(n), detail::mpi_datatype(dtype), src, tag,
+                               comm_, &r));
+    wait(r, what, src, tag);
+    ops::copy_from_host(Tensor(buf, dtype, {int64_t(n)}), recv_stage_.data());
+    return {};
+  }
+  // The transport writes the (CPU) device buffer itself, as NCCL would.
   const device_memory::Access access;
   STRATA_MPI_CHECK(MPI_Irecv(buf, int(n), detail::mpi_datatype(dtype), src, tag, comm_, &r));
   wait(r, what, src, tag);

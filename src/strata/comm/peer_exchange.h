@@ -8,7 +8,8 @@
 // The ring holds as many messages as the caller bounds in flight (a schedule's sends that its
 // peers have not yet received); a send that finds every buffer busy first completes the oldest
 // send. Nothing is allocated after construction. Runs on the calling thread, on its own duplicate
-// of the group's MPI communicator, beside the group's collectives (MPI_THREAD_MULTIPLE).
+// of the group's MPI communicator, beside the group's collectives (MPI_THREAD_MULTIPLE). On a GPU
+// both directions are staged through pinned host memory (the send ring and one receive buffer).
 #pragma once
 
 #include <mpi.h>
@@ -57,6 +58,9 @@ class PeerExchange {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::seconds timeout_;
   Buffer ring_;
+  // A GPU run's receives land here first (the MPI transport reads and writes host memory), then
+  // are copied onto the device; empty on the CPU device, where MPI receives in place.
+  Buffer recv_stage_;
   size_t slot_bytes_;
   std::vector<MPI_Request> requests_;  // per slot; MPI_REQUEST_NULL when free
   std::vector<int> peer_of_, tag_of_;  // per slot, for error messages

@@ -13,9 +13,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
+#include "strata/core/rng.h"
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/kernels/ops.h"
 
@@ -32,8 +34,18 @@ double gemm_gflops(DType dtype, int n, DType result = DType::F32) {
   Buffer b(MemCategory::Workspace, elems * dtype_size(dtype));
   Buffer c(MemCategory::Workspace, elems * dtype_size(result));
   const Tensor ta(a.data(), dtype, {n, n}), tb(b.data(), dtype, {n, n});
-  ops::fill_zero(ta);
-  ops::fill_zero(tb);
+  // Random operands: a GPU's tensor cores multiply zeros faster than data (less switching
+  // power, so higher clocks), which would put the peak above what training can reach.
+  {
+    std::vector<float> v(elems);
+    std::vector<char> h(elems * dtype_size(dtype));
+    for (const Tensor& t : {ta, tb}) {
+      rng_fill_normal(v.data(), rng_key(1234, t.data == ta.data ? "peak a" : "peak b"), 0, elems,
+                      0.0f, 1.0f);
+      convert(h.data(), dtype, v.data(), DType::F32, elems);
+      ops::copy_from_host(t, h.data());
+    }
+  }
   ops::Gemm g;
   g.M = g.N = g.K = n, g.trans_b = true, g.lda = g.ldb = g.ldc = n;
   auto run = [&] {
