@@ -190,5 +190,30 @@ TEST(GpuTrainInput, CudaWithoutAGpuIsAnInputError) {
   EXPECT_NE(text.str().find("no CUDA GPU is visible"), std::string::npos) << text.str();
 }
 
+// strata bench --device: on a GPU it trains there (the peak is the GPU's); without one it is the
+// same input error as train's; a --set train.device that contradicts --device is refused.
+TEST(GpuBench, DeviceFlag) {
+  const std::string dir = make_cli_dir("strata_gpu_bench");
+  const std::string common = "bench --model gpt2-tiny --dtype bf16 -b 2 -t 32 --steps 2 --warmup 1";
+  std::string err;
+  EXPECT_EQ(run_binary(STRATA_BINARY, dir, common + " --device cpu --set 'train.device=\"cuda\"'",
+                       &err),
+            2);
+  EXPECT_NE(err.find("differs from --device cpu"), std::string::npos) << err;
+  const int rc = run_binary(STRATA_BINARY, dir, common + " --device cuda", &err);
+  std::ifstream in(dir + "/stdout.txt");
+  std::stringstream out;
+  out << in.rdbuf();
+  if (gpu_visible()) {
+    EXPECT_EQ(rc, 0) << err;
+    EXPECT_NE(out.str().find("on the GPU"), std::string::npos) << out.str();
+    EXPECT_NE(out.str().find("bench model=gpt2-tiny dtype=bf16"), std::string::npos) << out.str();
+  } else {
+    EXPECT_EQ(rc, 2) << err;
+    EXPECT_NE(err.find("no CUDA GPU is visible"), std::string::npos) << err;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace strata
