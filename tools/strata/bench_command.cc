@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/comm/communicator.h"
+#include "strata/core/atomic_file.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
 #include "strata/core/check.h"
@@ -17,6 +18,7 @@
 #include "strata/pipeline/schedule.h"
 #include "strata/pipeline/schedule_check.h"
 #include "strata/plan/predict.h"
+#include "strata/planner/device_profile.h"
 #include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
@@ -68,6 +70,10 @@ struct BenchArgs {
   int layers = 0;                      // 0: the preset's
   std::vector<std::string> overrides;  // --set a.b.c=value
   std::string device = "cpu";          // train.device: cpu | cuda
+  bool calibrate = false;              // measure the machine into a device profile instead
+  std::string output;                  // the profile's path (--calibrate)
+  std::string config;                  // --config: the model and layout from a config file
+  std::string report;                  // --report: the median step and memory, as JSON
 };
 
 // The pipeline bubble of the last step, measured: 1 - (compute time of every rank's forward and
@@ -122,7 +128,55 @@ Bubble pipeline_bubble(const Engine& engine, const Config& cfg) {
   return r;
 }
 
-void run_bench(const BenchArgs& a) {
+// --config: the file's model, batch and layout replace bench's own options; one run in its dtype.
+BenchArgs from_config(const BenchArgs& given) {
+  BenchArgs a = given;
+  const nlohmann::json j = read_config_json(a.config);
+  const Config cfg = parse_config(j, a.overrides);
+  a.model = cfg.model.family + " (" + a.config + ")";
+  a.dtypes = {dtype_name(cfg.param_dtype())};
+  a.tensor = cfg.parallelism.tensor, a.pipeline = cfg.parallelism.pipeline;
+  a.schedule = cfg.parallelism.schedule, a.virtual_stages = cfg.parallelism.virtual_stages;
+  a.sequence_parallel = cfg.parallelism.sequence_parallel;
+  return a;
+}
+
+// --report: rank 0 writes the median step and, per memory category, the step's peak on the rank
+// whose peaks sum highest (every rank takes part).
+void write_report(const BenchArgs& a, const StepMetrics& med, bool rank0) {
+  std::vector<double> mine(kNumMemCategories + 1, 0.0);
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    mine[size_t(k)] = double(med.peak_bytes[size_t(k)]);
+    mine[kNumMemCategories] += mine[size_t(k)];
+  }
+  std::vector<double> all = mine;
+  int world = 1;
+  if (comm::initialized()) {
+    world = comm::world_size();
+    all.resize(mine.size() * size_t(world));
+    MPI_Gather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE,
+               0, MPI_COMM_WORLD);
+  }
+  if (!rank0) return;
+  size_t best = 0;
+  for (size_t r = 1; r < size_t(world); ++r) {
+    if (all[r * mine.size() + kNumMemCategories] > all[best * mine.size() + kNumMemCategories]) {
+      best = r;
+    }
+  }
+  nlohmann::json peaks = nlohmann::json::object();
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    peaks[mem_category_name(MemCategory(k))] = size_t(all[best * mine.size() + size_t(k)]);
+  }
+  const nlohmann::json j = {{"step_s", med.seconds},
+                            {"tokens_per_s", med.tokens_per_s},
+                            {"rank", best},
+                            {"peak_bytes", peaks}};
+  atomic_write(a.report, j.dump(2) + "\n", IoError::input);
+}
+
+void run_bench(const BenchArgs& given) {
+  const BenchArgs a = given.config.empty() ? given : from_config(given);
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = world == 1 || comm::world_rank() == 0;
   // A bad STRATA_BF16_MATMUL is an input error on every rank before anything is built.
@@ -157,6 +211,11 @@ void run_bench(const BenchArgs& a) {
     j["train"] = {{"device", a.device}};
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
+    if (!a.config.empty()) {
+      j = read_config_json(a.config);
+      j["steps_per_print"] = 0;
+      j["train"]["device"] = a.device;
+    }
     Config cfg = parse_config(j, a.overrides);
     STRATA_INPUT_CHECK(cfg.train.device == a.device, "strata bench: --set train.device=",
                        cfg.train.device, " differs from --device ", a.device,
@@ -181,6 +240,13 @@ void run_bench(const BenchArgs& a) {
           double(runs.back().peak_bytes[size_t(MemCategory::Activations)]);
       MPI_Allreduce(MPI_IN_PLACE, stage_acts.data(), a.pipeline, MPI_DOUBLE, MPI_MAX,
                     MPI_COMM_WORLD);
+    }
+    if (!a.report.empty()) {  // a collective: every rank's median step
+      std::vector<StepMetrics> sorted = runs;
+      std::sort(sorted.begin(), sorted.end(), [](const StepMetrics& x, const StepMetrics& y) {
+        return x.seconds < y.seconds;
+      });
+      write_report(a, sorted[sorted.size() / 2], rank0);
     }
     if (!rank0) continue;
     if (a.pipeline > 1) {
@@ -255,7 +321,8 @@ void add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench", "Time training steps of a model preset on random tokens (median of --steps)");
-  cmd->add_option("--model", args->model, "model preset")->capture_default_str();
+  CLI::Option* model =
+      cmd->add_option("--model", args->model, "model preset")->capture_default_str();
   cmd->add_option("--dtype", args->dtypes, "fp32, bf16 and/or fp16")->capture_default_str();
   cmd->add_option("--micro-batch,-b", args->micro_batch, "micro-batch size")->capture_default_str();
   cmd->add_option("--seq-len,-t", args->seq_len, "sequence length (default: the preset's)");
@@ -264,6 +331,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", args->device, "cpu or cuda: where each rank computes (train.device)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  cmd->add_option("--config", args->config,
+                  "take the model, batch and layout from this config file (strata plan "
+                  "--emit-config writes one); bench's model and layout options are then unused");
+  cmd->add_option("--report", args->report,
+                  "write the median step time and each memory category's peak (of the rank with "
+                  "the most) to this JSON file");
   cmd->add_option("--set", args->overrides,
                   "override a config key: --set a.b.c=value (repeatable), e.g. "
                   "--set activation_checkpointing.number_checkpoints=4");
@@ -294,7 +367,19 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--sequence-parallel", args->sequence_parallel,
                 "with --tensor > 1: split activations outside the tensor-parallel regions");
-  cmd->callback([args] { run_bench(*args); });
+  cmd->add_flag("--calibrate", args->calibrate,
+                "measure this machine (GEMM peak and efficiency, memory bandwidth, links) into "
+                "the device profile strata plan --device cpu reads, instead of timing steps");
+  args->output = planner::default_calibration_path();
+  cmd->add_option("--output", args->output, "with --calibrate: the profile's path")
+      ->capture_default_str();
+  cmd->callback([args, model] {
+    if (args->calibrate) {
+      run_calibrate(args->output, model->count() > 0 ? args->model : "", args->device);
+    } else {
+      run_bench(*args);
+    }
+  });
 }
 
 }  // namespace strata::cli

@@ -17,6 +17,13 @@ void add_launch_command(CLI::App& app, int* exit_code);
 void add_topology_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
 void add_elastic_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+
+// strata bench --calibrate: measures this machine (every rank of the job takes part) and rank 0
+// writes its device profile (planner/device_profile.h) to `output`. `model`: a preset whose GEMM
+// shapes the efficiency curve follows ("": generic Transformer shapes). `device` "cuda" is an
+// InputError for now.
+void run_calibrate(const std::string& output, const std::string& model, const std::string& device);
 
 // train.device: "cuda" puts this rank on a GPU (local rank mod the visible GPUs) before anything
 // is allocated, and makes it the device every Buffer and view of the run lives on; "cpu" notes a

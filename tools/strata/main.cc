@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   strata::cli::add_elastic_command(app);
   strata::cli::add_data_command(app);
   strata::cli::add_bench_command(app);
+  strata::cli::add_plan_command(app);
   strata::cli::add_ckpt_command(app);
   try {
     if (launched_by_mpi()) strata::comm::init(&argc, &argv);

@@ -11,7 +11,7 @@ namespace model_detail {
 
 TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void* params,
                                  void* grads, int B, int T, const ChunkOptions& chunk,
-                                 tp::Group* tp)
+                                 tp::Group* tp, bool count_only)
     : spec_(spec),
       cfg_(spec.config),
       tpl_(spec.tp),
@@ -23,6 +23,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
       T_(T),
       N_(int64_t(B) * T),
       chunk_(chunk),
+      count_only_(count_only),
       P_(params),
       D_(grads) {
   STRATA_CHECK(T <= cfg_.seq_len, "micro-batch sequence length ", T, " exceeds model.seq_len ",
@@ -55,6 +56,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   shard_elems_ = (Ns_ * C_ + tp_->size() - 1) / tp_->size();
   rc_seconds_.assign(size_t(l1_ - l0_), 0.0);
   layout();  // sizes the arenas
+  if (count_only) return;
   acts_.allocate(MemCategory::Activations, dev_);
   work_.allocate(MemCategory::Workspace, dev_);
   if (rc.host) {
@@ -100,9 +102,10 @@ void TransformerImpl::places() {
 
   places_.assign(size_t(L), BlockPlaces{});
   partials_.assign(size_t(U), {});
-  partial_params_.assign(size_t(U), std::vector<char>(spec_.params.size(), 0));
+  partial_params_.assign(spec_.params.size(), 0);
   const bool multi = tp_->size() > 1;
-  for (int u = 0; u < U; ++u) {
+  // Sizing alone (count_only) needs the chunk's own units; a model that runs places them all.
+  for (int u = count_only_ ? u0 : 0; u < (count_only_ ? u1 : U); ++u) {
     const UnitSpec& unit = spec_.units[size_t(u)];
     for (int i : unit.params) {
       const ParamSpec& p = spec_.params[size_t(i)];
@@ -119,7 +122,7 @@ void TransformerImpl::places() {
       // replicated key/value rows always (each rank sees its query heads).
       if (p.split_axis < 0 && sp_ && p.role != ParamRole::TokenEmbedding) {
         partials_[size_t(u)].push_back({off, p.numel(), tp_->comm()});
-        partial_params_[size_t(u)][size_t(i)] = 1;
+        partial_params_[size_t(i)] = 1;
       }
       if (p.split_axis == 0 && p.ranges.size() == 2 && p.ranges[1].replicas > 1) {
         const int64_t cols = p.shape.size() > 1 ? p.shape[1] : 1;
@@ -127,7 +130,7 @@ void TransformerImpl::places() {
                      "replicated key/value heads need the kv group");
         partials_[size_t(u)].push_back(
             {off + p.ranges[0].count * cols, p.ranges[1].count * cols, tp_->kv()});
-        partial_params_[size_t(u)][size_t(i)] = 1;
+        partial_params_[size_t(i)] = 1;
       }
     }
   }
@@ -242,10 +245,13 @@ void TransformerImpl::layout() {
     widen_dlogits_ = ops::gemm_widens(dev_, pt_, fewest);
     if (widen_dlogits_) dlogits32_ = static_cast<float*>(wk(N * rows, f4));
   }
+  // Partial gradients anywhere in the model (sizing alone sees only its chunk's units): under
+  // sequence parallelism the norms, with replicated key/value heads the QKV rows.
   int64_t largest = 0;
   for (const std::vector<Partial>& p : partials_) {
     if (!p.empty()) largest = 1;
   }
+  if (count_only_ && tp_->size() > 1 && (sp_ || spec_.tp.kv_replicated)) largest = 1;
   if (largest > 0) {
     for (const UnitSpec& u : spec_.units) largest = std::max(largest, u.numel);
     scratch_ = wk(largest, dtype_size(gt_));
@@ -292,7 +298,7 @@ Tensor TransformerImpl::param(int l, ParamRole r, void* base, DType t) const {
 Tensor TransformerImpl::grad(int l, ParamRole r, void* unit_grads) const {
   const ParamPlace& pl = places_[size_t(l)][size_t(r)];
   if (pl.unit < 0) return Tensor();
-  const bool partial = partial_params_[size_t(pl.unit)][size_t(pl.param)] != 0;
+  const bool partial = partial_params_[size_t(pl.param)] != 0;
   return param(l, r, partial ? scratch_ : unit_grads, gt_);
 }
 
@@ -313,7 +319,7 @@ void TransformerImpl::settle_partials(int unit, void* unit_grads) {
   }
   const UnitSpec& u = spec_.units[size_t(unit)];
   for (int i : u.params) {
-    if (!partial_params_[size_t(unit)][size_t(i)]) continue;
+    if (!partial_params_[size_t(i)]) continue;
     const ParamSpec& p = spec_.params[size_t(i)];
     const int64_t off = p.offset - u.offset;
     ops::add_inplace(vec(at(unit_grads, gt_, off), gt_, p.numel()),
@@ -538,6 +544,16 @@ std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
   m->forward(0, &token, Tensor(), &token, 1.0f, true, &rec);
   if (pass == UnitHook::Pass::Backward) m->backward(&rec);
   return rec.seen;
+}
+
+ArenaBytes transformer_arena_bytes(const ModelSpec& spec, DType param_dtype, DType grad_dtype,
+                                   int B, int T, const ChunkOptions& chunk,
+                                   bool sequence_parallel) {
+  const ops::DryRun dry;  // no communicators: the kv group is not needed to size the arenas
+  tp::Group shape(spec.tp.size, spec.tp.rank, sequence_parallel);
+  const TransformerImpl m(spec, param_dtype, grad_dtype, nullptr, nullptr, B, T, chunk, &shape,
+                          true);
+  return m.arena_bytes();
 }
 
 std::unique_ptr<Transformer> make_transformer(const ModelSpec& spec, DType param_dtype,

@@ -166,6 +166,18 @@ class Transformer {
   }
 };
 
+// The bytes make_transformer's chunk would allocate for its arenas (MemCategory Activations,
+// Workspace, and CheckpointedActivations, or HostCheckpoints with recompute.host), computed by
+// the same layout code without allocating anything: the planner's and the start-up prediction's
+// figure for a chunk of this rank's spec (its tp slices) under sequence parallelism or not.
+struct ArenaBytes {
+  size_t activations = 0, workspace = 0, checkpoints = 0;
+  bool host_checkpoints = false;
+};
+ArenaBytes transformer_arena_bytes(const ModelSpec& spec, DType param_dtype, DType grad_dtype,
+                                   int B, int T, const ChunkOptions& chunk,
+                                   bool sequence_parallel);
+
 // params: flat buffer of spec.numel elements of `param_dtype`; grads: the same in `grad_dtype`.
 // Both must outlive the model. Either may be nullptr when every pass gets a hook that places all
 // units (ZeRO stage 3 has no full parameter buffer; stages 2-3 no full gradient buffer). B, T:

@@ -34,6 +34,7 @@ class Arena {
     buffer_ = host ? Buffer::host(c, used_) : Buffer(c, used_, d);
   }
   void rewind() { used_ = 0; }
+  size_t used() const { return used_; }
 
  private:
   Buffer buffer_;
@@ -115,8 +116,12 @@ struct Slot {
 
 class TransformerImpl final : public Transformer {
  public:
+  // count_only: size the arenas and stop (arena_bytes() reads them): nothing is allocated.
   TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void* params, void* grads, int B,
-                  int T, const ChunkOptions& chunk, tp::Group* tp);
+                  int T, const ChunkOptions& chunk, tp::Group* tp, bool count_only = false);
+  ArenaBytes arena_bytes() const {
+    return {acts_.used(), work_.used(), ckpts_.used(), chunk_.recompute.host};
+  }
 
   double forward(int mb, const int32_t* tokens, Tensor hidden, const int32_t* targets, float dloss,
                  bool train, UnitHook* hook) override;
@@ -249,6 +254,7 @@ class TransformerImpl final : public Transformer {
   ops::AttentionShape ash_;
   ops::AttentionSaved att_saved_;
   ChunkOptions chunk_;
+  bool count_only_ = false;
   bool has_embed_ = false, has_head_ = false;
   int l0_ = 0, l1_ = 0;  // the chunk's blocks [l0, l1)
 
@@ -266,7 +272,7 @@ class TransformerImpl final : public Transformer {
     comm::Communicator* over = nullptr;
   };
   std::vector<std::vector<Partial>> partials_;     // by unit
-  std::vector<std::vector<char>> partial_params_;  // by unit, by param index: computed in scratch
+  std::vector<char> partial_params_;  // by param index (each in one unit): computed in scratch
   int scratch_unit_ = -1;
 
   Arena acts_, work_;

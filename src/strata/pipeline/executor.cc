@@ -10,6 +10,43 @@
 
 namespace strata::pipeline {
 
+ChunkSlots chunk_slots(const std::vector<Action>& stage_schedule, int virtual_stages) {
+  // Activation slots per chunk: the most micro-batches whose forward ran and whose weight
+  // gradients did not, in this stage's list.
+  // Input slots: the most whose forward ran and whose input gradient did not.
+  const size_t v = size_t(virtual_stages);
+  ChunkSlots r;
+  r.slots.assign(v, 1), r.input_slots.assign(v, 1);
+  std::vector<int> in_flight(v, 0), awaiting(v, 0);
+  for (const Action& a : stage_schedule) {
+    const size_t k = size_t(a.chunk);
+    if (a.op == Op::Forward) {
+      r.slots[k] = std::max(r.slots[k], ++in_flight[k]);
+      r.input_slots[k] = std::max(r.input_slots[k], ++awaiting[k]);
+    }
+    if (a.op == Op::Backward || a.op == Op::BackwardInput) --awaiting[k];
+    if (a.op == Op::Backward || a.op == Op::BackwardWeight) --in_flight[k];
+    if (a.op == Op::BackwardInput) r.defer_weight = true;
+  }
+  return r;
+}
+
+int send_ring_slots(const ChunkSlots& s) {
+  // Sends a peer has not yet received: a chunk's activation sends are received before its
+  // micro-batch's gradient comes back (at most its slots), its gradient sends before the
+  // upstream chunk frees that micro-batch (at most as many).
+  int ring = 2;
+  for (int n : s.slots) ring += 2 * n;
+  return ring;
+}
+
+size_t pipeline_message_bytes(const ExecutorOptions& o, int tp, bool sequence_parallel) {
+  // Hidden states between chunks: (rows, C), rows = B·T or B·T/tp under sequence parallelism.
+  const int64_t rows =
+      int64_t(o.micro_batch) * o.seq_len / (sequence_parallel && tp > 1 ? tp : 1);
+  return size_t(rows) * size_t(o.hidden) * dtype_size(o.param_dtype);
+}
+
 // The stage's model chunks and its actions. Without a pipeline: one chunk of every unit and
 // F0 B0 F1 B1 …; with one, the units of global chunks g ≡ stage (mod stages), the schedule's
 // actions for this stage, and the buffers its transfers use (bounded and allocated here).
@@ -22,31 +59,16 @@ Executor::Executor(const ExecutorOptions& o, const StagePlan& plan, const ModelS
   sched.kind = o_.schedule;
   sched.stages = stages, sched.micro = o_.micro_batches, sched.virtual_stages = v;
   schedule_ = generate(sched)[size_t(stage)];
-  // Activation slots per chunk: the most micro-batches whose forward ran and whose weight
-  // gradients did not, in this stage's list.
-  // Input slots: the most whose forward ran and whose input gradient did not.
-  std::vector<int> in_flight(size_t(v), 0), slots(size_t(v), 1);
-  std::vector<int> awaiting(size_t(v), 0), input_slots(size_t(v), 1);
-  bool defer = false;
-  for (const Action& a : schedule_) {
-    const size_t k = size_t(a.chunk);
-    if (a.op == Op::Forward) {
-      slots[k] = std::max(slots[k], ++in_flight[k]);
-      input_slots[k] = std::max(input_slots[k], ++awaiting[k]);
-    }
-    if (a.op == Op::Backward || a.op == Op::BackwardInput) --awaiting[k];
-    if (a.op == Op::Backward || a.op == Op::BackwardWeight) --in_flight[k];
-    if (a.op == Op::BackwardInput) defer = true;
-  }
+  const ChunkSlots cs = chunk_slots(schedule_, v);
   const int B = o_.micro_batch;
   const DType pt = o_.param_dtype;
   for (int k = 0; k < v; ++k) {
     const int g = global_chunk(k, stage, stages);
     ChunkOptions c;
     c.unit_begin = plan.chunks[size_t(g)].first, c.unit_end = plan.chunks[size_t(g)].second;
-    c.slots = slots[size_t(k)];
-    c.input_slots = input_slots[size_t(k)];
-    c.defer_weight = defer;
+    c.slots = cs.slots[size_t(k)];
+    c.input_slots = cs.input_slots[size_t(k)];
+    c.defer_weight = cs.defer_weight;
     c.recompute = o_.recompute;
     chunk_global_.push_back(g);
     chunks_.push_back(
@@ -76,14 +98,8 @@ Executor::Executor(const ExecutorOptions& o, const StagePlan& plan, const ModelS
   split_ = tp_.size() > 1 && !tp_.sequence_parallel() &&
            int64_t(o_.micro_batch) * o_.seq_len % tp_.size() == 0;
   if (stages == 1) return;
-  // Hidden states between chunks: (rows, C), rows = B·T or B·T/tp under sequence parallelism.
-  const int64_t rows = int64_t(B) * o_.seq_len / (tp_.sequence_parallel() ? tp_.size() : 1);
-  const size_t msg = size_t(rows) * size_t(o_.hidden) * dtype_size(pt);
-  // Sends a peer has not yet received: a chunk's activation sends are received before its
-  // micro-batch's gradient comes back (at most its slots), its gradient sends before the
-  // upstream chunk frees that micro-batch (at most as many).
-  int ring = 2;
-  for (int n : slots) ring += 2 * n;
+  const size_t msg = pipeline_message_bytes(o_, tp_.size(), tp_.sequence_parallel());
+  const int ring = send_ring_slots(cs);
   peers_ =
       std::make_unique<comm::PeerExchange>(*pp_, std::chrono::seconds(o_.timeout_s), ring, msg);
   pipe_ = Buffer(MemCategory::CommBuffers, 2 * size_t(v) * msg);

@@ -40,6 +40,22 @@ struct ExecutorOptions {
   bool tied_embeddings = false;
 };
 
+// What a stage's schedule asks of each of its chunks: activation slots (micro-batches whose
+// forward ran and whose weight gradients have not), input slots (whose input gradient has not),
+// and whether weight gradients are deferred (the schedule has BackwardInput actions).
+struct ChunkSlots {
+  std::vector<int> slots, input_slots;
+  bool defer_weight = false;
+};
+ChunkSlots chunk_slots(const std::vector<Action>& stage_schedule, int virtual_stages);
+// The send buffers a stage's PeerExchange holds (each pipeline_message_bytes): every send its
+// peers may not yet have received.
+int send_ring_slots(const ChunkSlots& s);
+// One pipeline message: a micro-batch's hidden states, (B·T, C) in the parameter dtype, B·T/tp
+// rows under sequence parallelism. A stage also holds 2 × virtual_stages of them (one receive
+// buffer per direction and chunk) besides the send ring.
+size_t pipeline_message_bytes(const ExecutorOptions& o, int tp, bool sequence_parallel);
+
 // When one action ran, in seconds of the host's steady clock (one clock for every rank of a
 // host).
 struct ActionSpan {

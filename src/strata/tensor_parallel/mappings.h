@@ -39,8 +39,9 @@ class Group {
   Group(comm::Communicator* comm = nullptr, comm::Communicator* kv = nullptr,
         bool sequence_parallel = false);
   // A group's shape alone, without communicators: for dry runs (kernels/ops.h DryRun), in which
-  // no collective runs.
-  Group(int size, int rank) : size_(size), rank_(rank) {}
+  // no collective runs, and for sizing a chunk's memory (transformer_arena_bytes).
+  Group(int size, int rank, bool sequence_parallel = false)
+      : sp_(sequence_parallel), size_(size), rank_(rank) {}
 
   int size() const { return size_; }
   int rank() const { return rank_; }

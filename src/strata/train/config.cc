@@ -46,7 +46,7 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+nlohmann::json read_config_json(const std::string& path) {
   std::error_code ec;
   STRATA_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "the config file ", path,
                      " is a directory; give the path of a JSON file");
@@ -60,7 +60,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (in.bad()) {
     STRATA_INPUT_FAIL("cannot read the config file ", path, ": ", std::strerror(errno));
   }
-  return parse_config(parse_json_strict(text.str(), path), overrides);
+  return parse_json_strict(text.str(), path);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_config(read_config_json(path), overrides);
 }
 
 void resolve_batch(Config& c, int dp) {

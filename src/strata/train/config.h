@@ -229,6 +229,9 @@ struct Config {
 // The deepest nesting of objects and arrays a config may have (its own blocks nest at most 4).
 inline constexpr int kMaxConfigDepth = 64;
 
+// The config file's JSON (parse_json_strict); an InputError naming the path when it cannot be
+// read or parsed.
+nlohmann::json read_config_json(const std::string& path);
 // Parses and validates a whole config. `overrides` are "a.b.c=value" strings applied to the JSON
 // before validation (value parsed as JSON, else taken as a string). Throws InputError.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {});

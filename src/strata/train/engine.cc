@@ -18,26 +18,35 @@ namespace strata {
 
 namespace {
 
-// ZeRO runs whenever a stage is asked for and a data-parallel communicator is given (even of
-// one rank); the model spec is then padded to a multiple of the shard group's size.
 bool zero_in_effect(const Config& cfg, const comm::Communicator* dp) {
-  return cfg.zero.stage >= 1 && dp != nullptr;
+  return zero_in_effect(cfg, dp != nullptr);
 }
 
 int shard_size(const Config& cfg, const comm::Communicator* dp) {
-  if (!zero_in_effect(cfg, dp)) return 1;
-  const int64_t g = cfg.zero.mics_shard_size;
-  if (g < 0 || g == dp->size()) return dp->size();
-  STRATA_INPUT_CHECK(g < dp->size(), "zero_optimization.mics_shard_size=", g,
-                     " exceeds the data-parallel size ", dp->size(),
-                     "; set it to the ranks of one host (a divisor of ", dp->size(), ") or -1");
-  STRATA_INPUT_CHECK(dp->size() % g == 0, "zero_optimization.mics_shard_size=", g,
-                     " must divide the data-parallel size ", dp->size(),
-                     "; set it to a divisor (the ranks of one host) or -1");
-  return int(g);
+  return shard_group_size(cfg, dp != nullptr ? dp->size() : 1, dp != nullptr);
 }
 
-// The executor's options for this rank's stage of cfg's pipeline (one stage: no pipeline).
+// The model cut into pipeline chunks: stages × virtual stages of them (one without a pipeline).
+pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& p, int stages) {
+  const int v = stages > 1 ? p.virtual_stages : 1;
+  if (stages * v == 1) {
+    pipeline::StagePlan plan;
+    plan.chunks = {{0, int(full.units.size())}};
+    return plan;
+  }
+  return pipeline::partition(full, stages * v, pipeline::parse_partition(p.partition),
+                             p.partition_blocks);
+}
+
+ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
+                     const comm::Communicator* pp, pipeline::StagePlan& plan) {
+  return stage_model_spec(cfg, shard, tp != nullptr ? tp->size() : 1,
+                          tp != nullptr ? tp->rank() : 0, pp != nullptr ? pp->size() : 1,
+                          pp != nullptr ? pp->rank() : 0, plan);
+}
+
+}  // namespace
+
 pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int stages) {
   const ParallelismConfig& p = cfg.parallelism;
   pipeline::ExecutorOptions o;
@@ -55,41 +64,50 @@ pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int sta
   return o;
 }
 
-// The model cut into pipeline chunks: stages × virtual stages of them (one without a pipeline).
-pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& p, int stages) {
-  const int v = stages > 1 ? p.virtual_stages : 1;
-  if (stages * v == 1) {
-    pipeline::StagePlan plan;
-    plan.chunks = {{0, int(full.units.size())}};
-    return plan;
-  }
-  return pipeline::partition(full, stages * v, pipeline::parse_partition(p.partition),
-                             p.partition_blocks);
-}
-
-// This rank's spec: its tensor-parallel slices of the units its pipeline stage holds (all of them
-// without a pipeline); with tied embeddings the last stage holds the vocabulary units too.
-// `plan` receives the units of every global chunk.
-ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
-                     const comm::Communicator* pp, pipeline::StagePlan& plan) {
-  ModelSpec full = build_model_spec(cfg.model, shard, tp != nullptr ? tp->size() : 1,
-                                    tp != nullptr ? tp->rank() : 0);
+ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages,
+                           int stage, pipeline::StagePlan& plan) {
+  ModelSpec full = build_model_spec(cfg.model, shard, tp, tp_rank);
   set_weight_decay(cfg.optimizer, full);
-  const int stages = pp != nullptr ? pp->size() : 1;
   plan = plan_chunks(full, cfg.parallelism, stages);
   if (stages == 1) return full;
   std::vector<bool> held(full.units.size(), false);
   for (size_t g = 0; g < plan.chunks.size(); ++g) {
-    if (pipeline::stage_of(int(g), stages) != pp->rank()) continue;
+    if (pipeline::stage_of(int(g), stages) != stage) continue;
     for (int u = plan.chunks[g].first; u < plan.chunks[g].second; ++u) held[size_t(u)] = true;
   }
-  if (cfg.model.tied_embeddings && pp->rank() == stages - 1) {
+  if (cfg.model.tied_embeddings && stage == stages - 1) {
     for (int u : full.units_of(UnitKind::Vocab)) held[size_t(u)] = true;
   }
   return hold_units(full, held);
 }
 
-}  // namespace
+bool zero_in_effect(const Config& cfg, bool dp_group) { return cfg.zero.stage >= 1 && dp_group; }
+
+int shard_group_size(const Config& cfg, int dp, bool dp_group) {
+  if (!zero_in_effect(cfg, dp_group)) return 1;
+  const int64_t g = cfg.zero.mics_shard_size;
+  if (g < 0 || g == dp) return dp;
+  STRATA_INPUT_CHECK(g < dp, "zero_optimization.mics_shard_size=", g,
+                     " exceeds the data-parallel size ", dp,
+                     "; set it to the ranks of one host (a divisor of ", dp, ") or -1");
+  STRATA_INPUT_CHECK(dp % g == 0, "zero_optimization.mics_shard_size=", g,
+                     " must divide the data-parallel size ", dp,
+                     "; set it to a divisor (the ranks of one host) or -1");
+  return int(g);
+}
+
+void check_pipeline_layout(const Config& cfg, int stages, bool dp_group) {
+  if (stages <= 1) return;
+  STRATA_INPUT_CHECK(!zero_in_effect(cfg, dp_group) || cfg.zero.stage <= 2,
+                     "zero_optimization.stage 3 with parallelism.pipeline=", stages,
+                     " is not supported: stage 3 gathers each unit in a static order computed "
+                     "from one forward and one backward pass, and a pipeline schedule "
+                     "interleaves the passes of several micro-batches; use stage 1 or 2 (the "
+                     "optimizer states and gradients are still sharded) or "
+                     "parallelism.pipeline=1");
+  pipeline::validate({pipeline::parse_schedule(cfg.parallelism.schedule), stages,
+                      int(cfg.gradient_accumulation_steps), cfg.parallelism.virtual_stages});
+}
 
 Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp,
                comm::Communicator* tp, comm::Communicator* pp)
@@ -102,15 +120,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
   if (pp_comm_ != nullptr) {
     stage_ = pp_comm_->rank(), stages_ = pp_comm_->size();
-    STRATA_INPUT_CHECK(!zero_in_effect(cfg, dp) || cfg.zero.stage <= 2,
-                       "zero_optimization.stage 3 with parallelism.pipeline=", stages_,
-                       " is not supported: stage 3 gathers each unit in a static order computed "
-                       "from one forward and one backward pass, and a pipeline schedule "
-                       "interleaves the passes of several micro-batches; use stage 1 or 2 (the "
-                       "optimizer states and gradients are still sharded) or "
-                       "parallelism.pipeline=1");
-    pipeline::validate({pipeline::parse_schedule(cfg.parallelism.schedule), stages_,
-                        int(cfg.gradient_accumulation_steps), cfg.parallelism.virtual_stages});
+    check_pipeline_layout(cfg, stages_, dp != nullptr);
   }
   if (tp_comm_ != nullptr && tp_comm_->size() > 1 && spec_.tp.kv_replicated) {
     // The ranks that hold the same key/value heads: tp / kv_heads consecutive ranks.

@@ -63,6 +63,24 @@ struct StepMetrics {
   std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
 };
 
+// The checks the engine runs on a layout before it builds anything, from the sizes alone, so
+// that the planner (planner/search.h) refuses exactly what train refuses. ZeRO is in effect
+// when a stage is asked for and the run has a data-parallel group (any run of several ranks).
+bool zero_in_effect(const Config& cfg, bool dp_group);
+// The ZeRO shard group's size over dp data-parallel ranks (MiCS: zero_optimization.
+// mics_shard_size), 1 without ZeRO; an InputError for a size that does not divide dp.
+int shard_group_size(const Config& cfg, int dp, bool dp_group);
+// ZeRO-3 with a pipeline (refused) and the pipeline schedule's own checks.
+void check_pipeline_layout(const Config& cfg, int stages, bool dp_group);
+// The model spec of tensor-parallel rank tp_rank of stage `stage`: its slices of the units that
+// stage holds (all of them for one stage; the vocabulary units too on the last stage with tied
+// embeddings), padded for a shard group of `shard` ranks. `plan` receives every global chunk's
+// units.
+ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages,
+                           int stage, pipeline::StagePlan& plan);
+// The executor's options for stage `stage` of `stages` (one stage: no pipeline).
+pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int stages);
+
 class Engine {
  public:
   // cfg must be resolved (resolve_batch) for the data-parallel size: dp's size, or 1 without dp.

@@ -1,0 +1,78 @@
+// What the planner (planner/search.h) knows of one device and its links: the rates its time model
+// divides by, the memory a rank may fill, and where each figure comes from. Built in for the
+// GPUs users plan for (datasheet figures, saying so), measured for this machine by
+// `strata bench --calibrate`, or read from a JSON file of the same form (write_profile):
+//
+//   {"strata_device_profile": 1, "name": "...", "kind": "cpu" | "gpu", "source": "...",
+//    "memory_bytes": N, "host_memory_bytes": N, "devices_per_node": K,
+//    "cores": N, "threads_per_rank": T,
+//    "gemm_tflops": {"fp32": x, "bf16": y, "fp16": z},
+//    "gemm_efficiency": [[flops_per_call, fraction_of_peak], ...],
+//    "memory_bandwidth_gbps": x, "op_overhead_us": x,
+//    "intra_node": {"alpha_us": a, "bandwidth_gbps": b},
+//    "inter_node": {"alpha_us": a, "bandwidth_gbps": b}}
+//
+// Rates are per device (a GPU) or per rank's share of a host's cores (a CPU; see cpu_share). A
+// GEMM of F FLOPs runs at gemm_tflops[dtype] × efficiency(F), the efficiency interpolated in log F
+// between the measured points (1 beyond the last). Collectives follow the α–β model: a message of
+// n bytes over a link costs alpha + n / bandwidth.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strata/core/dtype.h"
+
+namespace strata::planner {
+
+struct Link {
+  double alpha_s = 0.0;           // latency per message
+  double bytes_per_s = 0.0;       // bandwidth of one rank's link
+  double seconds(double bytes) const { return alpha_s + bytes / bytes_per_s; }
+};
+
+struct DeviceProfile {
+  std::string name;    // "h100", "cpu: Intel(R) Xeon(R) ..."
+  bool gpu = false;
+  std::string source;  // "datasheet: ...", "measured by strata bench --calibrate on ..."
+  uint64_t memory_bytes = 0;       // one device's memory (a CPU host's: its RAM)
+  uint64_t host_memory_bytes = 0;  // one node's host memory (pinned checkpoints, CPU ranks)
+  int devices_per_node = 1;        // GPUs per node (a CPU host: 0, ranks share its cores)
+  int cores = 1;                   // a CPU host's cores the calibration ran on
+  int threads_per_rank = 1;        // threads the calibration's GEMM rates were measured with
+  double fp32_flops = 0.0, bf16_flops = 0.0, fp16_flops = 0.0;  // dense GEMM peak per device
+  std::vector<std::pair<double, double>> gemm_efficiency;       // (FLOPs per call, fraction)
+  double memory_bytes_per_s = 0.0;  // elementwise ops: bytes read + written per second
+  double op_overhead_s = 0.0;       // fixed cost of one kernel call (launch, threads' fork-join)
+  Link intra_node, inter_node;
+
+  // The dense GEMM rate for dtype (fp16 falls back to bf16's where not given).
+  double peak_flops(DType dtype) const;
+  // Seconds of one GEMM of `flops` FLOPs in dtype on one rank, `ranks_sharing` ranks sharing this
+  // device's (a CPU host's) cores.
+  double gemm_seconds(double flops, DType dtype, int ranks_sharing = 1) const;
+  // Seconds of elementwise work moving `bytes`.
+  double memory_seconds(double bytes, int ranks_sharing = 1) const;
+  // Seconds of `calls` kernel calls' fixed cost.
+  double overhead_seconds(double calls, int ranks_sharing = 1) const;
+};
+
+// The built-in profiles: "a100" (A100 SXM 80 GB), "h100" (H100 SXM), "h200" (H200 SXM). Each
+// figure is the vendor's datasheet (dense, without sparsity) or, for links, the interconnect's
+// nominal rate; source says which.
+std::vector<std::string> builtin_profile_names();
+// "cpu" / a built-in name / a path to a profile file; "cpu" reads `cpu_calibration` when it
+// exists and otherwise fails naming `strata bench --calibrate`. An unknown name or a bad file is
+// an InputError naming what is wrong.
+DeviceProfile load_profile(const std::string& name_or_path, const std::string& cpu_calibration);
+DeviceProfile read_profile(const std::string& path);
+// Writes atomically (no half-written file on failure).
+void write_profile(const DeviceProfile& p, const std::string& path);
+// Where `strata bench --calibrate` writes and `strata plan --device cpu` reads by default:
+// $STRATA_CALIBRATION, else $XDG_CACHE_HOME/strata/calibration.json, else
+// ~/.cache/strata/calibration.json.
+std::string default_calibration_path();
+
+}  // namespace strata::planner

@@ -1,0 +1,540 @@
+#include "strata/planner/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "strata/comm/topology.h"
+#include "strata/core/check.h"
+#include "strata/model/param_spec.h"
+#include "strata/model/transformer.h"
+#include "strata/pipeline/executor.h"
+#include "strata/pipeline/partition.h"
+#include "strata/pipeline/schedule.h"
+#include "strata/pipeline/schedule_check.h"
+#include "strata/plan/predict.h"
+#include "strata/train/config.h"
+#include "strata/train/engine.h"
+
+namespace strata::planner {
+
+using nlohmann::json;
+
+Cluster uniform_cluster(int devices, int per_node) {
+  STRATA_INPUT_CHECK(devices >= 1, "--devices must be at least 1, got ", devices);
+  STRATA_INPUT_CHECK(per_node >= 1, "--devices-per-node must be at least 1, got ", per_node);
+  Cluster c;
+  c.devices = devices, c.per_node = std::min(per_node, devices);
+  for (int left = devices, n = 0; left > 0; left -= per_node, ++n) {
+    c.hosts.emplace_back("node" + std::to_string(n), std::min(left, per_node));
+  }
+  return c;
+}
+
+std::string describe(const Candidate& c) {
+  std::string s = "dp" + std::to_string(c.dp) + " tp" + std::to_string(c.tp);
+  if (c.sequence_parallel) s += "+sp";
+  s += " pp" + std::to_string(c.pp);
+  if (c.pp > 1) {
+    s += "/" + c.schedule;
+    if (c.virtual_stages > 1) s += "x" + std::to_string(c.virtual_stages);
+  }
+  s += " z" + std::to_string(c.zero);
+  if (c.mics > 0) s += "/mics" + std::to_string(c.mics);
+  s += " mb" + std::to_string(c.micro_batch) + "x" + std::to_string(c.accumulation);
+  if (c.recompute != "none") s += " rc=" + c.recompute;
+  return s;
+}
+
+namespace {
+
+std::vector<int> divisors(int64_t n, int64_t cap) {
+  std::vector<int> d;
+  for (int64_t k = 1; k <= std::min(n, cap); ++k) {
+    if (n % k == 0) d.push_back(int(k));
+  }
+  return d;
+}
+
+int64_t global_batch(const json& base) {
+  STRATA_INPUT_CHECK(base.is_object() && base.contains("train_batch_size") &&
+                         base["train_batch_size"].is_number_integer() &&
+                         base["train_batch_size"].get<int64_t>() >= 1,
+                     "strata plan needs the global batch: set train_batch_size in the config "
+                     "(the sequences of one optimizer step over every data-parallel rank)");
+  return base["train_batch_size"].get<int64_t>();
+}
+
+}  // namespace
+
+json candidate_config(const json& base, const Candidate& c) {
+  json j = base;
+  j["train_batch_size"] = c.micro_batch * c.accumulation * c.dp;
+  j["train_micro_batch_size_per_gpu"] = c.micro_batch;
+  j["gradient_accumulation_steps"] = c.accumulation;
+  json& p = j["parallelism"];
+  if (!p.is_object()) p = json::object();
+  p["tensor"] = c.tp, p["pipeline"] = c.pp, p["sequence_parallel"] = c.sequence_parallel;
+  p["schedule"] = c.schedule, p["virtual_stages"] = c.virtual_stages;
+  json& z = j["zero_optimization"];
+  if (!z.is_object()) z = json::object();
+  z["stage"] = c.zero;
+  if (c.mics > 0) {
+    z["mics_shard_size"] = c.mics;
+  } else {
+    z.erase("mics_shard_size");
+  }
+  if (c.recompute == "none") {
+    j.erase("activation_checkpointing");
+  } else {
+    json& a = j["activation_checkpointing"];
+    if (!a.is_object()) a = json::object();
+    a["recompute_granularity"] = c.recompute;
+  }
+  return j;
+}
+
+std::vector<Candidate> enumerate(const PlanInput& in) {
+  const int64_t G = global_batch(in.base);
+  const Config base = parse_config(in.base);
+  const int N = in.cluster.devices, layers = base.model.layers;
+  std::vector<Candidate> out;
+  for (int tp : divisors(N, 64)) {
+    for (int pp : divisors(N / tp, layers)) {
+      const int dp = N / tp / pp;
+      if (G % dp != 0) continue;  // no micro-batch × accumulation gives the global batch
+      const int64_t per_rank = G / dp;
+      std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+      if (pp > 1) {
+        schedules = {{"1f1b", 1}, {"gpipe", 1}, {"zero_bubble", 1}};
+        for (int v = 2; v <= 4 && pp * v <= layers; ++v) schedules.emplace_back("interleaved", v);
+      }
+      std::vector<int64_t> mics = {-1};
+      for (int g : divisors(dp, dp - 1)) {
+        if (g > 1 && int64_t(g) * tp <= in.cluster.per_node) mics.push_back(g);
+      }
+      for (int64_t mb : divisors(per_rank, per_rank)) {
+        for (const auto& [sched, v] : schedules) {
+          for (int zero = 0; zero <= 3; ++zero) {
+            for (int64_t g : mics) {
+              if (g > 0 && zero == 0) continue;
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                for (const char* rc : {"none", "selective", "full"}) {
+                  Candidate c;
+                  c.dp = dp, c.tp = tp, c.pp = pp, c.virtual_stages = v, c.schedule = sched;
+                  c.zero = zero, c.mics = g, c.sequence_parallel = sp != 0, c.recompute = rc;
+                  c.micro_batch = mb, c.accumulation = per_rank / mb;
+                  out.push_back(c);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Bytes of one stage's rank, by category, and what its compute is made of.
+struct StageCost {
+  std::array<size_t, kNumMemCategories> bytes{};
+  double forward_flops = 0;    // per micro-batch, this rank
+  double recompute_flops = 0;  // per micro-batch
+  double gemm_call_flops = 0;  // a typical GEMM's FLOPs (its efficiency)
+  double elementwise_bytes = 0;  // per micro-batch forward: norms, activations, residuals
+  int blocks = 0;
+  int64_t numel = 0;  // this rank's parameter elements
+  uint64_t tp_bytes = 0;
+  int tp_collectives = 0;  // per micro-batch
+  double forward_calls = 0;  // kernel calls per micro-batch forward
+};
+
+}  // namespace
+
+// What depends only on the model's cut (tp, stages, virtual stages, shard group, stage): built
+// once per plan and shared by every candidate with that cut.
+struct SpecCache {
+  struct Entry {
+    ModelSpec spec;
+    pipeline::StagePlan plan;
+    pipeline::UnitFlops flops;
+  };
+  std::map<std::array<int, 5>, Entry> entries;
+  // A chunk's arena bytes by (its cut, units, B, slots, input slots, deferred weight gradients,
+  // recompute, sequence parallelism): sizing one walks every unit and parameter of the spec.
+  std::map<std::tuple<const Entry*, int, int, int, int, int, bool, std::string, bool, int>,
+           ArenaBytes>
+      arenas;
+  ArenaBytes arena_of(const Entry& e, DType pt, DType gt, int B, int T, const ChunkOptions& ch,
+                      bool sp, const std::string& recompute) {
+    const auto key = std::make_tuple(&e, ch.unit_begin, ch.unit_end, B, ch.slots, ch.input_slots,
+                                     ch.defer_weight, recompute, sp, int(ch.device));
+    auto it = arenas.find(key);
+    if (it == arenas.end()) {
+      it = arenas.emplace(key, transformer_arena_bytes(e.spec, pt, gt, B, T, ch, sp)).first;
+    }
+    return it->second;
+  }
+  // Per schedule (kind, stages, micro-batches, virtual stages): each stage's chunk slots.
+  std::map<std::array<int, 4>, std::vector<pipeline::ChunkSlots>> slots;
+  const pipeline::ChunkSlots& slots_of(const pipeline::ScheduleSpec& s, int stage) {
+    const std::array<int, 4> key{int(s.kind), s.stages, s.micro, s.virtual_stages};
+    auto it = slots.find(key);
+    if (it == slots.end()) {
+      std::vector<pipeline::ChunkSlots> per_stage;
+      for (const std::vector<pipeline::Action>& list : pipeline::generate(s)) {
+        per_stage.push_back(pipeline::chunk_slots(list, s.virtual_stages));
+      }
+      it = slots.emplace(key, std::move(per_stage)).first;
+    }
+    return it->second[size_t(stage)];
+  }
+  Entry& at(const Config& cfg, int tp, int pp, int v, int shard, int stage) {
+    const std::array<int, 5> key{tp, pp, v, shard, stage};
+    auto it = entries.find(key);
+    if (it != entries.end()) return it->second;
+    Entry e;
+    e.spec = stage_model_spec(cfg, shard, tp, 0, pp, stage, e.plan);
+    e.flops = pipeline::unit_flops(e.spec);
+    return entries.emplace(key, std::move(e)).first->second;
+  }
+};
+
+namespace {
+
+StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c, int stage,
+                     int shard, bool zero, Device device, SpecCache& cache) {
+  StageCost s;
+  SpecCache::Entry& entry = cache.at(cfg, c.tp, c.pp, c.pp > 1 ? c.virtual_stages : 1, shard, stage);
+  const ModelSpec& spec = entry.spec;
+  const pipeline::StagePlan& plan = entry.plan;
+  plan::Layout layout = plan_layout(cfg);
+  layout.local_ranks = in.cluster.per_node;
+  const plan::MemoryPrediction m =
+      plan::predict_memory(layout, spec, zero ? int(spec.align) : 0);
+  s.bytes = m.bytes;
+  s.numel = spec.numel;
+  // The chunks this stage holds, with the slots its schedule asks for.
+  const pipeline::ExecutorOptions o = executor_options(cfg, stage, c.pp);
+  const pipeline::ScheduleSpec sched{o.schedule, c.pp, o.micro_batches, o.virtual_stages};
+  const pipeline::ChunkSlots& cs = cache.slots_of(sched, stage);
+  const DType pt = o.param_dtype, gt = o.grad_dtype;
+  const pipeline::UnitFlops& uf = entry.flops;
+  const int B = int(c.micro_batch);
+  const double T = double(cfg.model.seq_len), C = double(cfg.model.hidden);
+  for (int k = 0; k < o.virtual_stages; ++k) {
+    const int g = pipeline::global_chunk(k, stage, c.pp);
+    ChunkOptions ch;
+    ch.unit_begin = plan.chunks[size_t(g)].first, ch.unit_end = plan.chunks[size_t(g)].second;
+    ch.slots = cs.slots[size_t(k)], ch.input_slots = cs.input_slots[size_t(k)];
+    ch.defer_weight = cs.defer_weight;
+    ch.recompute = o.recompute;
+    ch.device = device;
+    const ArenaBytes a = cache.arena_of(entry, pt, gt, B, int(cfg.model.seq_len), ch,
+                                        c.sequence_parallel, c.recompute);
+    s.bytes[size_t(MemCategory::Activations)] += a.activations;
+    s.bytes[size_t(MemCategory::Workspace)] += a.workspace;
+    s.bytes[size_t(a.host_checkpoints ? MemCategory::HostCheckpoints
+                                      : MemCategory::CheckpointedActivations)] += a.checkpoints;
+  }
+  // The step's token ids and targets (the engine's, host memory).
+  s.bytes[size_t(MemCategory::Activations)] +=
+      2 * size_t(c.micro_batch * c.accumulation) * size_t(cfg.model.seq_len) * sizeof(int32_t);
+  // FLOPs of the blocks this stage holds (the plan's, or the whole model's without a pipeline).
+  int l0 = 0, l1 = cfg.model.layers;
+  if (c.pp > 1) {
+    l0 = cfg.model.layers, l1 = 0;
+    for (int k = 0; k < o.virtual_stages; ++k) {
+      const int g = pipeline::global_chunk(k, stage, c.pp);
+      for (int b = plan.layers_begin[size_t(g)];
+           b < plan.layers_begin[size_t(g)] + plan.blocks[size_t(g)]; ++b) {
+        s.forward_flops += uf.block[size_t(b)] * B;
+        s.blocks++;
+        if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B;
+      }
+    }
+    if (stage == 0) s.forward_flops += uf.embedding * B;
+    if (stage == c.pp - 1) s.forward_flops += uf.head * B;
+  } else {
+    for (double f : uf.block) s.forward_flops += f * B;
+    s.forward_flops += (uf.embedding + uf.head) * B;
+    s.blocks = cfg.model.layers;
+    for (int b = l0; b < l1; ++b) {
+      if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B;
+    }
+  }
+  // Selective recompute reruns the attention core: 4·T²·(heads held·head dim) per block.
+  if (o.recompute.selective) {
+    const double heads_dim = C / double(c.tp);
+    s.recompute_flops += 4.0 * T * T * heads_dim * B * s.blocks;
+  }
+  const double rows = double(B) * T;
+  const double ffn = double(cfg.model.ffn_hidden > 0 ? cfg.model.ffn_hidden : 4 * cfg.model.hidden);
+  s.gemm_call_flops = 2.0 * rows * C * ffn / double(c.tp);
+  // Kernel calls of a block's forward: 2 norms, 4 linears, attention, activation, 2 residual
+  // adds, and their bias and copy steps (about 14); the embedding and the head's few.
+  s.forward_calls = 14.0 * s.blocks + 6.0;
+  // Elementwise traffic per block forward: two norms, the residual adds, the activation and
+  // the attention's softmax rows, each read and written (about 12 (rows, C) tensors), plus the
+  // (rows, ffn) activation.
+  const double rows_local = c.sequence_parallel ? rows / c.tp : rows;
+  s.elementwise_bytes =
+      s.blocks * (12.0 * rows_local * C + 3.0 * rows * ffn / c.tp) * double(dtype_size(pt));
+  // Tensor-parallel traffic: the step's (one stage's share of the blocks), per micro-batch.
+  if (c.tp > 1) {
+    plan::Layout one = layout;
+    one.accumulation = 1;
+    const ModelSpec& whole = cache.at(cfg, c.tp, 1, 1, shard, 0).spec;
+    const double share = double(s.blocks) / double(std::max(1, cfg.model.layers));
+    s.tp_bytes = uint64_t(double(plan::predict_tp_bytes(one, whole)) * share);
+    s.tp_collectives = 4 * s.blocks + (c.sequence_parallel ? 2 * s.blocks : 0) + 2;
+  }
+  // The pipeline's buffers: the send ring and a receive buffer per direction and chunk (and a
+  // GPU's receive stage in host memory).
+  if (c.pp > 1) {
+    const size_t msg = pipeline::pipeline_message_bytes(o, c.tp, c.sequence_parallel);
+    size_t comm = size_t(pipeline::send_ring_slots(cs)) * msg + 2 * size_t(o.virtual_stages) * msg;
+    if (device == Device::CUDA) comm += msg;
+    s.bytes[size_t(MemCategory::CommBuffers)] += comm;
+  }
+  return s;
+}
+
+// Seconds of a collective moving `bytes` per rank in `steps` messages over a link.
+double collective_s(const Link& l, double bytes, int steps) {
+  return bytes <= 0 ? 0.0 : l.alpha_s * steps + bytes / l.bytes_per_s;
+}
+
+}  // namespace
+
+Row evaluate(const PlanInput& in, const Candidate& c) {
+  SpecCache cache;
+  return evaluate(in, c, cache);
+}
+
+Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
+  Row r;
+  r.c = c;
+  try {
+    const json j = candidate_config(in.base, c);
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, c.dp);
+    const int world = in.cluster.devices;
+    const comm::RankGrid grid(world, c.tp, c.pp);
+    comm::check_tp_within_hosts(grid, in.cluster.hosts);
+    const bool dp_group = world > 1;
+    const int shard = shard_group_size(cfg, c.dp, dp_group);
+    check_pipeline_layout(cfg, c.pp, dp_group);
+    const bool zero = zero_in_effect(cfg, dp_group);
+    const DeviceProfile& d = in.device;
+    const Device device = d.gpu ? Device::CUDA : Device::CPU;
+    const int sharing = d.gpu ? 1 : in.cluster.per_node;  // CPU ranks share a node's cores
+    const DType pt = cfg.param_dtype();
+
+    // Memory: the stage whose rank holds the most.
+    std::vector<StageCost> stages;
+    Prediction& p = r.p;
+    for (int s = 0; s < c.pp; ++s) {
+      stages.push_back(stage_cost(in, cfg, c, s, shard, zero, device, cache));
+      p.stage_bytes.push_back(stages.back().bytes);
+      size_t dev = 0;
+      for (int k = 0; k < kNumMemCategories; ++k) {
+        if (MemCategory(k) != MemCategory::HostCheckpoints) dev += stages.back().bytes[size_t(k)];
+      }
+      if (s == 0 || dev > p.device_bytes) {
+        p.device_bytes = dev, p.bytes = stages.back().bytes, p.worst_stage = s;
+      }
+      // The first stage that does not fit refuses the layout: the others need not be sized.
+      STRATA_INPUT_CHECK(!d.gpu || p.device_bytes <= d.memory_bytes, "out of memory: ",
+                         format_bytes(p.device_bytes), " per GPU (stage ", p.worst_stage,
+                         ") exceeds its ", format_bytes(d.memory_bytes));
+    }
+    size_t all = 0;
+    for (size_t b : p.bytes) all += b;
+    const int local = std::min(in.cluster.per_node, world);
+    p.node_host_bytes =
+        size_t(local) * (d.gpu ? p.bytes[size_t(MemCategory::HostCheckpoints)] : all);
+    STRATA_INPUT_CHECK(p.node_host_bytes <= d.host_memory_bytes, "out of memory: ",
+                       format_bytes(p.node_host_bytes), " per node exceeds its ",
+                       format_bytes(d.host_memory_bytes), " of host memory");
+
+    // Time: each stage's forward and backward per micro-batch, with its tensor-parallel
+    // collectives; the schedule checker gives the span with the bubble and the sends.
+    const Link& intra = d.intra_node;
+    const Link& inter = d.inter_node;
+    const Link& tp_link = intra;  // check_tp_within_hosts holds
+    const bool pp_intra = int64_t(c.tp) * c.dp * c.pp <= in.cluster.per_node;
+    const bool dp_intra = int64_t(c.tp) * c.dp <= in.cluster.per_node;
+    const int m = int(cfg.gradient_accumulation_steps);
+    std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)),
+        tpc(size_t(c.pp));
+    for (int s = 0; s < c.pp; ++s) {
+      const StageCost& sc = stages[size_t(s)];
+      const double eff_call = sc.gemm_call_flops;
+      auto gemm = [&](double f) {
+        // Calls of the typical size: their count times one call's time.
+        const double calls = std::max(1.0, f / std::max(1.0, eff_call));
+        return calls * d.gemm_seconds(f / calls, pt, sharing);
+      };
+      const double ew = d.memory_seconds(sc.elementwise_bytes, sharing);
+      const double tp_s =
+          c.tp > 1 ? collective_s(tp_link, double(sc.tp_bytes), sc.tp_collectives * 2 * (c.tp - 1))
+                   : 0.0;
+      const double calls = d.overhead_seconds(sc.forward_calls, sharing);
+      fwd[size_t(s)] = gemm(sc.forward_flops) + ew + calls + tp_s / 2;
+      rec[size_t(s)] = sc.recompute_flops > 0 ? gemm(sc.recompute_flops) + ew + calls : 0.0;
+      bwd[size_t(s)] = gemm(2 * sc.forward_flops) + 2 * ew + 2 * calls + tp_s / 2 + rec[size_t(s)];
+      tpc[size_t(s)] = tp_s;
+    }
+    size_t slowest = 0;
+    for (size_t s = 1; s < fwd.size(); ++s) {
+      if (fwd[s] + bwd[s] > fwd[slowest] + bwd[slowest]) slowest = s;
+    }
+    p.compute_s = m * (fwd[slowest] + bwd[slowest] - tpc[slowest]);
+    p.recompute_s = m * rec[slowest];
+    p.tp_comm_s = m * tpc[slowest];
+    double span = m * (fwd[slowest] + bwd[slowest]);
+    if (c.pp > 1) {
+      const pipeline::ExecutorOptions o = executor_options(cfg, 0, c.pp);
+      const double msg = double(pipeline::pipeline_message_bytes(o, c.tp, c.sequence_parallel));
+      const Link& pl = pp_intra ? intra : inter;
+      const int v = o.virtual_stages;
+      double mean_f = 0, mean_b = 0;
+      for (int s = 0; s < c.pp; ++s) mean_f += fwd[size_t(s)], mean_b += bwd[size_t(s)];
+      mean_f /= c.pp, mean_b /= c.pp;
+      std::vector<double> scale;
+      for (int s = 0; s < c.pp; ++s) {
+        scale.push_back((fwd[size_t(s)] + bwd[size_t(s)]) / std::max(1e-30, mean_f + mean_b));
+      }
+      pipeline::Costs costs;
+      costs.forward = mean_f / v;
+      const bool split = o.schedule == pipeline::ScheduleKind::ZeroBubble;
+      costs.backward_input = split ? mean_b / v / 2 : mean_b / v;
+      costs.backward_weight = split ? mean_b / v / 2 : 0.0;
+      costs.send = pl.seconds(msg);
+      const pipeline::ScheduleSpec spec{o.schedule, c.pp, m, v};
+      const pipeline::CheckResult chk = pipeline::check(spec, pipeline::generate(spec), costs, 0,
+                                                        scale);
+      span = chk.makespan;
+      p.bubble_fraction = chk.bubble_fraction;
+      p.pp_comm_s = 2.0 * m * v * costs.send;
+    }
+    p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s);
+
+    // Data parallel and ZeRO, over the slowest stage's parameters.
+    const StageCost& sc = stages[slowest];
+    const double wire = double(dtype_size(cfg.comm_dtype()));
+    const double elems = double(sc.numel);
+    const int dpn = c.dp;
+    const Link& dl = dp_intra ? intra : inter;
+    const double f = dpn > 1 ? double(dpn - 1) / dpn : 0.0;
+    double reduce = 0, gather = 0, gather_per_pass = 0;
+    if (dpn > 1) {
+      if (!zero || cfg.zero.stage == 0) {
+        reduce = collective_s(dl, 2.0 * f * elems * wire, 2 * (dpn - 1));
+      } else {
+        const int g = shard;
+        const double fg = double(g - 1) / g;
+        const Link& sl = int64_t(c.tp) * g <= in.cluster.per_node ? intra : inter;
+        reduce = collective_s(sl, fg * elems * wire, g - 1);
+        if (g < dpn) {  // MiCS: the shards' gradients are summed across replicas
+          reduce += collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire,
+                                 2 * (dpn / g - 1));
+        }
+        if (cfg.zero.stage <= 2) {
+          gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
+        } else {
+          // Stage 3: every micro-batch gathers each unit for forward and again for backward
+          // (and for recompute), and reduce-scatters its gradients.
+          gather_per_pass = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
+          const double passes = 2.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0);
+          gather = m * passes * gather_per_pass;
+          reduce *= m;
+        }
+      }
+    }
+    p.dp_comm_s = reduce + gather;
+    const bool overlap = cfg.zero.overlap_comm;  // the parser applies DeepSpeed's default
+    const double last_backward = bwd[slowest];
+    if (cfg.zero.stage == 3 && zero) {
+      // Prefetched gathers hide behind the compute they precede; reductions behind backward.
+      const double hidden = overlap ? m * (fwd[slowest] + bwd[slowest]) : 0.0;
+      p.dp_exposed_s = std::max(0.0, reduce + gather - hidden);
+    } else {
+      p.dp_exposed_s = gather + (overlap ? std::max(0.0, reduce - 0.9 * last_backward) : reduce);
+    }
+    // The optimizer reads and writes the fp32 master, the moments and the gradient of each
+    // element it owns, and writes the parameter.
+    const double owned = zero ? elems / shard : elems;
+    p.optimizer_s = d.memory_seconds(owned * (4.0 * 4 * 2 + double(dtype_size(pt))), sharing);
+    p.step_s = span + p.dp_exposed_s + p.optimizer_s;
+    const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
+    p.tokens_per_s = tokens / p.step_s;
+    const double per_token = 6.0 * double(cache.at(cfg, 1, 1, 1, 1, 0).spec.global_param_numel) +
+                             12.0 * cfg.model.layers * cfg.model.hidden * cfg.model.seq_len;
+    const double best = std::max({d.fp32_flops, d.bf16_flops, d.fp16_flops});
+    const double machine =
+        d.gpu ? best * world
+              : best * double(std::max(1, d.cores)) / std::max(1, d.threads_per_rank) *
+                    std::ceil(double(world) / in.cluster.per_node);
+    p.mfu = per_token * p.tokens_per_s / machine;
+  } catch (const InputError& e) {
+    r.reason = e.what();
+    if (r.reason.empty()) r.reason = "refused";
+  }
+  return r;
+}
+
+std::vector<Row> plan(const PlanInput& in) {
+  std::vector<Row> rows;
+  SpecCache cache;
+  for (const Candidate& c : enumerate(in)) rows.push_back(evaluate(in, c, cache));
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    if (a.valid() != b.valid()) return a.valid();
+    return a.valid() && a.p.step_s < b.p.step_s;
+  });
+  return rows;
+}
+
+std::string explain(const PlanInput& in, const Row& r) {
+  std::string s = describe(r.c) + "\n";
+  char line[256];
+  if (!r.valid()) return s + "refused: " + r.reason + "\n";
+  const Prediction& p = r.p;
+  std::snprintf(line, sizeof line, "memory per rank (stage %d, the largest):\n", p.worst_stage);
+  s += line;
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    std::snprintf(line, sizeof line, "  %-26s %s\n", mem_category_name(MemCategory(k)),
+                  format_bytes(p.bytes[size_t(k)]).c_str());
+    s += line;
+  }
+  std::snprintf(line, sizeof line, "  %-26s %s of the device's %s\n", "device total",
+                format_bytes(p.device_bytes).c_str(), format_bytes(in.device.memory_bytes).c_str());
+  s += line;
+  std::snprintf(line, sizeof line, "  %-26s %s of %s\n", "host memory per node",
+                format_bytes(p.node_host_bytes).c_str(),
+                format_bytes(in.device.host_memory_bytes).c_str());
+  s += line;
+  s += "  (not counted: the communicators' scratch buffers, which grow to the largest collective "
+       "needing a dtype conversion)\n";
+  std::snprintf(line, sizeof line,
+                "step %.4f s = compute %.4f (recompute %.4f) + tensor-parallel %.4f + bubble "
+                "%.4f (checker: %.1f%% idle, sends %.4f) + exposed data-parallel %.4f (of %.4f) "
+                "+ optimizer %.4f\n",
+                p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.bubble_s,
+                100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s,
+                p.optimizer_s);
+  s += line;
+  std::snprintf(line, sizeof line, "%.0f tokens/s, MFU %.1f%% (device: %s)\n", p.tokens_per_s,
+                100.0 * p.mfu, in.device.name.c_str());
+  s += line;
+  return s;
+}
+
+}  // namespace strata::planner

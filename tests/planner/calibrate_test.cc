@@ -1,0 +1,156 @@
+// strata bench --calibrate through the CLI: the profile it writes reads back with the figures the
+// planner divides by, on one rank (links estimated, saying so) and on two (links measured); an
+// output it cannot write is an input error naming the path, leaving no file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "strata/planner/device_profile.h"
+#include "tests/temp_dir_test.h"
+#include "tests/train/cli_fixture.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Calibrate : public test::TempDirTest {
+ protected:
+  // Exit status of `strata <args>`, its stderr in *err.
+  int strata(const std::string& args, std::string* err = nullptr) {
+    return run_binary(STRATA_BINARY, dir_.string(), args, err);
+  }
+  // The files under the test's directory but the binary's own output captures.
+  std::vector<std::string> written() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_regular_file() && name != "stdout.txt" && name != "stderr.txt" && name != "file") {
+        out.push_back(e.path().string());
+      }
+    }
+    return out;
+  }
+};
+
+// What every calibration must hold for the planner to use it.
+void expect_usable(const planner::DeviceProfile& p) {
+  EXPECT_FALSE(p.gpu);
+  EXPECT_EQ(p.name.rfind("cpu: ", 0), 0u) << p.name;
+  EXPECT_EQ(p.devices_per_node, 0);
+  EXPECT_GE(p.cores, 1);
+  EXPECT_GE(p.threads_per_rank, 1);
+  EXPECT_GT(p.memory_bytes, uint64_t(1) << 28);
+  EXPECT_EQ(p.host_memory_bytes, p.memory_bytes);
+  EXPECT_GT(p.fp32_flops, 1e8);
+  EXPECT_GE(p.bf16_flops, 0.0);
+  ASSERT_GE(p.gemm_efficiency.size(), 4u);
+  for (size_t i = 0; i < p.gemm_efficiency.size(); ++i) {
+    const auto& [flops, fraction] = p.gemm_efficiency[i];
+    EXPECT_GT(fraction, 0.0) << flops;
+    EXPECT_LE(fraction, 1.5) << flops;
+    if (i > 0) {
+      EXPECT_LT(p.gemm_efficiency[i - 1].first, flops);  // sorted, one point per size
+    }
+  }
+  EXPECT_GT(p.memory_bytes_per_s, 1e8);
+  EXPECT_GT(p.op_overhead_s, 0.0);
+  EXPECT_GT(p.intra_node.bytes_per_s, 0.0);
+  EXPECT_GE(p.intra_node.alpha_s, 0.0);
+  EXPECT_GT(p.inter_node.bytes_per_s, 0.0);
+  EXPECT_NE(p.source.find("measured by strata bench --calibrate on "), std::string::npos)
+      << p.source;
+  // The planner's time model takes it: a GEMM's time is finite and positive.
+  EXPECT_GT(p.gemm_seconds(1e9, DType::BF16), 0.0);
+  EXPECT_TRUE(std::isfinite(p.gemm_seconds(1e9, DType::F32)));
+}
+
+TEST_F(Calibrate, OneRankWritesAProfileThatReadsBack) {
+  const std::string out = path("cache/strata/p.json");  // its directories are made
+  std::string err;
+  ASSERT_EQ(strata("bench --calibrate --output '" + out + "'", &err), 0) << err;
+  const planner::DeviceProfile p = planner::read_profile(out);
+  expect_usable(p);
+  EXPECT_NE(p.source.find("1 rank x "), std::string::npos) << p.source;
+  EXPECT_NE(p.source.find("links not measured (one rank): run under strata launch -n 2"),
+            std::string::npos)
+      << p.source;
+  EXPECT_DOUBLE_EQ(p.intra_node.alpha_s, 5e-6);
+  EXPECT_EQ(p.inter_node.bytes_per_s, p.intra_node.bytes_per_s);
+  // The generic shapes: M ∈ {64, 256, 1024, 4096} rows of C = 256 and 768's MLP products, whose
+  // up and down share a FLOP count; a too long call may be left out, never a short one.
+  EXPECT_DOUBLE_EQ(p.gemm_efficiency.front().first, 2.0 * 64 * 1024 * 256);
+  EXPECT_LE(p.gemm_efficiency.size(), 8u);
+  // And `strata plan --device FILE` reads it.
+  EXPECT_EQ(planner::load_profile(out, "/nonexistent").fp32_flops, p.fp32_flops);
+}
+
+TEST_F(Calibrate, TwoRanksMeasureTheirLinks) {
+  const std::string out = path("p.json");
+  std::string err;
+  ASSERT_EQ(strata("launch -n 2 -- bench --calibrate --output '" + out + "'", &err), 0) << err;
+  const planner::DeviceProfile p = planner::read_profile(out);
+  expect_usable(p);
+  EXPECT_NE(p.source.find("2 ranks x "), std::string::npos) << p.source;
+  EXPECT_NE(p.source.find("links measured: intra_node strata's all-reduce over 2 ranks"),
+            std::string::npos)
+      << p.source;
+  EXPECT_NE(p.source.find("inter_node = intra_node (every rank on one host)"), std::string::npos)
+      << p.source;
+  EXPECT_GT(p.intra_node.bytes_per_s, 0.0);
+  EXPECT_GT(p.intra_node.alpha_s, 0.0);
+  EXPECT_EQ(p.inter_node.alpha_s, p.intra_node.alpha_s);
+  EXPECT_EQ(p.inter_node.bytes_per_s, p.intra_node.bytes_per_s);
+  EXPECT_EQ(written(), std::vector<std::string>{out});  // rank 0 alone writes
+}
+
+TEST_F(Calibrate, AModelsShapesMakeTheCurve) {
+  // llama-tiny: C 32, 4 heads of 8, 2 key/value heads, ffn 64 (gate|up fused: 128 wide). QKV
+  // (M, 64, 32) and MLP down (M, 32, 64) share 2·M·64·32 FLOPs; MLP up makes 2·M·128·32.
+  const std::string out = path("p.json");
+  std::string err;
+  ASSERT_EQ(strata("bench --calibrate --model llama-tiny --output '" + out + "'", &err), 0) << err;
+  std::vector<double> flops;
+  for (const auto& [f, e] : planner::read_profile(out).gemm_efficiency) flops.push_back(f);
+  std::vector<double> want;
+  for (double M : {64, 256, 1024, 4096}) want.insert(want.end(), {4096 * M, 8192 * M});
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(flops, want);
+  EXPECT_EQ(strata("bench --calibrate --model no-such-model --output '" + out + "x'", &err), 2);
+  EXPECT_NE(err.find("no-such-model"), std::string::npos) << err;
+}
+
+TEST_F(Calibrate, AnOutputThatCannotBeWrittenIsAnInputErrorLeavingNoFile) {
+  {
+    std::ofstream f(path("file"));
+    f << "a regular file\n";
+  }
+  const std::string under_file = path("file/p.json");
+  std::string err;
+  EXPECT_EQ(strata("bench --calibrate --output '" + under_file + "'", &err), 2);
+  EXPECT_NE(err.find(under_file), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(under_file));
+  // A directory is no profile's name; nothing appears in it.
+  fs::create_directories(path("dir"));
+  EXPECT_EQ(strata("bench --calibrate --output '" + path("dir") + "'", &err), 2);
+  EXPECT_NE(err.find(path("dir") + " is a directory"), std::string::npos) << err;
+  // Every rank of a job says so once, and exits 2.
+  EXPECT_EQ(strata("launch -n 2 -- bench --calibrate --output '" + under_file + "'", &err), 2);
+  EXPECT_NE(err.find(under_file), std::string::npos) << err;
+  EXPECT_TRUE(written().empty());
+}
+
+TEST_F(Calibrate, AGpuIsNotCalibratedYet) {
+  std::string err;
+  EXPECT_EQ(strata("bench --calibrate --device cuda --output '" + path("p.json") + "'", &err), 2);
+  EXPECT_NE(err.find("--calibrate --device cuda is not supported yet"), std::string::npos) << err;
+  EXPECT_TRUE(written().empty());
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,162 @@
+// The planner against the engine, under mpirun: for a spread of the layouts `strata plan` calls
+// valid at this world size (data, tensor and pipeline parallelism with every schedule, ZeRO 0-3
+// and MiCS, sequence parallelism, recompute, micro-batch × accumulation), the engine is built and
+// steps once, and every memory category each rank allocates equals the planner's prediction for
+// that rank's stage, byte for byte: the model states, activations and checkpoints exactly; the
+// communication buffers and workspace at least (see below). The layouts the planner refuses are refused by the engine's
+// own checks with the same message.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+#include "strata/comm/topology.h"
+#include "strata/core/check.h"
+#include "strata/core/rng.h"
+#include "strata/data/llmc_shard.h"
+#include "strata/data/token_dataset.h"
+#include "strata/planner/search.h"
+#include "strata/train/config.h"
+#include "strata/train/engine.h"
+#include "tests/mpi_world.h"
+
+namespace strata {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+class PlannerMemory : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    path_ = test::shared_temp_path("strata_planner_", ".bin");
+    if (world_rank() == 0) {
+      std::vector<int32_t> tokens(20000);
+      const uint64_t key = rng_key(11, "planner_test");
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        tokens[i] = int32_t(rng_uniform(key, i) * 64) % 64;
+      }
+      data::write_llmc_shard(path_, tokens, false);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    dataset_ = data::open_dataset(path_, "llmc");
+  }
+  static void TearDownTestSuite() {
+    dataset_.reset();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) std::filesystem::remove(path_);
+  }
+
+  static planner::PlanInput input(const std::string& preset, int global_batch) {
+    planner::PlanInput in;
+    in.base = {{"train_batch_size", global_batch},
+               {"steps_per_print", 0},
+               {"bf16", {{"enabled", true}}},
+               {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+               {"model", {{"preset", preset}, {"layers", 4}}}};
+    in.cluster = planner::uniform_cluster(world_size(), world_size());
+    in.device.name = "test", in.device.memory_bytes = in.device.host_memory_bytes = 1ull << 40;
+    in.device.fp32_flops = 1e11, in.device.memory_bytes_per_s = 1e10;
+    in.device.intra_node = in.device.inter_node = {1e-6, 1e9};
+    return in;
+  }
+
+  // One step of the layout; each category this rank allocated, peak over the step.
+  static std::array<size_t, kNumMemCategories> measure(const planner::PlanInput& in,
+                                                       const planner::Candidate& c, int* stage) {
+    Config cfg = parse_config(planner::candidate_config(in.base, c));
+    resolve_batch(cfg, c.dp);
+    const comm::RankGrid grid(world_size(), c.tp, c.pp);
+    std::unique_ptr<comm::ProcessGroups> groups;
+    if (world_size() > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
+    MemoryTracker& mem = MemoryTracker::instance();
+    std::array<size_t, kNumMemCategories> before{}, got{};
+    for (int k = 0; k < kNumMemCategories; ++k) before[size_t(k)] = mem.current(MemCategory(k));
+    Engine engine(cfg, dataset_.get(), groups ? &groups->dp() : nullptr,
+                  groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
+    const StepMetrics s = engine.train_batch();
+    for (int k = 0; k < kNumMemCategories; ++k) {
+      got[size_t(k)] = s.peak_bytes[size_t(k)] - before[size_t(k)];
+    }
+    *stage = engine.stage();
+    return got;
+  }
+
+  static std::string path_;
+  static std::unique_ptr<data::TokenDataset> dataset_;
+};
+
+std::string PlannerMemory::path_;
+std::unique_ptr<data::TokenDataset> PlannerMemory::dataset_;
+
+// Every 7th valid layout of the plan (each rank computes the same plan) and the first of each
+// parallel degree and schedule not yet seen: 12 or more layouts per preset at 4 ranks.
+std::vector<planner::Row> sample(const std::vector<planner::Row>& rows) {
+  std::vector<planner::Row> out;
+  std::vector<std::string> seen;
+  int i = 0;
+  for (const planner::Row& r : rows) {
+    if (!r.valid()) continue;
+    const std::string kind = std::to_string(r.c.tp) + "/" + std::to_string(r.c.pp) + "/" +
+                             r.c.schedule + "/" + std::to_string(r.c.zero) + "/" +
+                             std::to_string(r.c.sequence_parallel) + "/" + r.c.recompute;
+    const bool fresh = std::find(seen.begin(), seen.end(), kind) == seen.end();
+    if (fresh) seen.push_back(kind);
+    if ((fresh && out.size() < 40) || i++ % 7 == 0) out.push_back(r);
+  }
+  return out;
+}
+
+TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
+  int checked = 0;
+  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+    const planner::PlanInput in = input(preset, 8);
+    const std::vector<planner::Row> rows = sample(planner::plan(in));
+    for (const planner::Row& r : rows) {
+      int stage = 0;
+      const auto got = measure(in, r.c, &stage);
+      const auto& want = r.p.stage_bytes[size_t(stage)];
+      for (int k = 0; k < kNumMemCategories; ++k) {
+        const std::string what = std::string(preset) + " " + planner::describe(r.c) + " stage " +
+                                 std::to_string(stage) + " " + mem_category_name(MemCategory(k));
+        // The communicators' scratch and the CPU kernels' packing buffers grow on demand
+        // beyond what the planner counts (the pipeline's buffers, the model's workspace).
+        const MemCategory cat = MemCategory(k);
+        if (cat == MemCategory::CommBuffers || cat == MemCategory::Workspace) {
+          EXPECT_GE(got[size_t(k)], want[size_t(k)]) << what;
+        } else {
+          EXPECT_EQ(got[size_t(k)], want[size_t(k)]) << what;
+        }
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 12);
+}
+
+// The refused layouts: the engine (or the config parser) says the same.
+TEST_F(PlannerMemory, RefusalsAreTheEnginesOwn) {
+  const planner::PlanInput in = input("gpt2-tiny", 8);
+  int checked = 0;
+  for (const planner::Row& r : planner::plan(in)) {
+    if (r.valid() || checked >= 6) continue;
+    std::string engine_says;
+    try {
+      int stage = 0;
+      measure(in, r.c, &stage);
+    } catch (const InputError& e) {
+      engine_says = e.what();
+    }
+    EXPECT_EQ(engine_says, r.reason) << planner::describe(r.c);
+    ++checked;
+  }
+  if (world_size() > 1) {
+    EXPECT_GT(checked, 0);
+  }
+}
+
+}  // namespace
+}  // namespace strata

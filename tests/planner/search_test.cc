@@ -1,0 +1,161 @@
+// The planner's search without MPI: what it enumerates, how fast, the device profiles, the
+// configs it writes, and plans at scale that must come out the way the published runs were laid
+// out (tensor parallelism inside a node, no layout that does not fit).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "strata/core/check.h"
+#include "strata/planner/device_profile.h"
+#include "strata/planner/search.h"
+#include "strata/train/config.h"
+#include "tests/temp_dir_test.h"
+
+namespace strata {
+namespace {
+
+planner::PlanInput input(const nlohmann::json& model, int batch, int devices, int per_node,
+                         const std::string& device) {
+  planner::PlanInput in;
+  in.base = {{"train_batch_size", batch},
+             {"bf16", {{"enabled", true}}},
+             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
+             {"model", model}};
+  in.cluster = planner::uniform_cluster(devices, per_node);
+  in.device = planner::load_profile(device, "/nonexistent");
+  return in;
+}
+
+TEST(PlannerSearch, EveryCandidateCoversTheClusterAndTheBatch) {
+  const planner::PlanInput in = input({{"preset", "gpt2-tiny"}, {"layers", 4}}, 16, 8, 8, "h100");
+  const std::vector<planner::Candidate> all = planner::enumerate(in);
+  ASSERT_GT(all.size(), 1000u);
+  for (const planner::Candidate& c : all) {
+    EXPECT_EQ(c.dp * c.tp * c.pp, 8) << planner::describe(c);
+    EXPECT_EQ(c.micro_batch * c.accumulation * c.dp, 16) << planner::describe(c);
+    if (!planner::evaluate(in, c).valid()) continue;
+    Config cfg = parse_config(planner::candidate_config(in.base, c));
+    resolve_batch(cfg, c.dp);
+    EXPECT_EQ(cfg.parallelism.tensor, c.tp);
+    EXPECT_EQ(cfg.parallelism.pipeline, c.pp);
+    EXPECT_EQ(cfg.zero.stage, c.zero);
+    EXPECT_EQ(cfg.train_micro_batch_size_per_gpu, c.micro_batch);
+  }
+}
+
+TEST(PlannerSearch, TenThousandLayoutsInUnderTwoSeconds) {
+  const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 1024, 64, 8, "h100");
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<planner::Row> rows = planner::plan(in);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(rows.size(), 10000u);
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << rows.size() << " layouts in " << s << " s (not timed under the sanitizers)";
+#else
+  EXPECT_LT(s, 2.0) << rows.size() << " layouts";
+#endif
+}
+
+// Valid rows first, by predicted step time; every refused row has a reason; the first row's
+// time adds up from its parts.
+TEST(PlannerSearch, RowsAreRankedAndTheirPartsAddUp) {
+  const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 64, 16, 8, "h100");
+  const std::vector<planner::Row> rows = planner::plan(in);
+  bool refused_seen = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].valid()) {
+      refused_seen = true;
+      EXPECT_FALSE(rows[i].reason.empty());
+      continue;
+    }
+    EXPECT_FALSE(refused_seen) << "a valid row after a refused one";
+    if (i > 0 && rows[i - 1].valid()) {
+      EXPECT_LE(rows[i - 1].p.step_s, rows[i].p.step_s);
+    }
+  }
+  const planner::Prediction& p = rows.front().p;
+  EXPECT_NEAR(p.step_s,
+              p.compute_s + p.tp_comm_s + p.bubble_s + p.dp_exposed_s + p.optimizer_s,
+              1e-9 * p.step_s + 1e-12);
+  EXPECT_GT(p.mfu, 0.0);
+  EXPECT_LT(p.mfu, 1.0);
+  const std::string text = planner::explain(in, rows.front());
+  EXPECT_NE(text.find("optimizer_state"), std::string::npos) << text;
+  EXPECT_NE(text.find("step "), std::string::npos) << text;
+}
+
+// GPT-3 175B (96 layers, hidden 12288, 96 heads, T 2048) on 1024 A100s with a batch of 1536:
+// the published runs (Megatron-LM, arXiv 2104.04473) use tp 8 inside a node and a pipeline;
+// nothing without model parallelism fits 80 GB.
+TEST(PlannerSearch, Gpt3OnA100sKeepsTensorParallelismInANode) {
+  const nlohmann::json gpt3 = {{"family", "gpt2"}, {"layers", 96},  {"hidden", 12288},
+                               {"heads", 96},      {"vocab", 51200}, {"seq_len", 2048}};
+  const planner::PlanInput in = input(gpt3, 1536, 1024, 8, "a100");
+  const std::vector<planner::Row> rows = planner::plan(in);
+  ASSERT_FALSE(rows.empty());
+  ASSERT_TRUE(rows.front().valid()) << rows.front().reason;
+  const planner::Candidate& best = rows.front().c;
+  EXPECT_LE(best.tp, 8);
+  EXPECT_GT(best.tp * best.pp, 1) << planner::describe(best);
+  for (const planner::Row& r : rows) {
+    if (r.c.tp == 1 && r.c.pp == 1 && r.c.zero < 3) {
+      EXPECT_FALSE(r.valid()) << planner::describe(r.c) << " cannot fit 80 GB";
+    }
+    if (r.c.tp > 8) {
+      EXPECT_FALSE(r.valid()) << planner::describe(r.c);
+    }
+  }
+  EXPECT_GT(rows.front().p.mfu, 0.2);
+  EXPECT_LT(rows.front().p.mfu, 0.8);
+}
+
+class PlannerProfiles : public test::TempDirTest {};
+
+TEST_F(PlannerProfiles, BuiltInsAndFiles) {
+  for (const std::string& name : planner::builtin_profile_names()) {
+    const planner::DeviceProfile p = planner::load_profile(name, "/nonexistent");
+    EXPECT_TRUE(p.gpu);
+    EXPECT_GT(p.bf16_flops, p.fp32_flops);
+    EXPECT_NE(p.source.find("datasheet"), std::string::npos) << p.source;
+  }
+  const std::string dir = dir_.string();
+  planner::DeviceProfile p = planner::load_profile("h200", "/nonexistent");
+  p.name = "mine";
+  planner::write_profile(p, dir + "/p.json");
+  const planner::DeviceProfile q = planner::load_profile(dir + "/p.json", "/nonexistent");
+  EXPECT_EQ(q.name, "mine");
+  EXPECT_EQ(q.memory_bytes, p.memory_bytes);
+  EXPECT_DOUBLE_EQ(q.bf16_flops, p.bf16_flops);
+  EXPECT_EQ(q.gemm_efficiency.size(), p.gemm_efficiency.size());
+  // A machine never calibrated, a name that is not a device, a file that is not a profile.
+  auto message = [](const std::string& name, const std::string& calib) {
+    try {
+      planner::load_profile(name, calib);
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("cpu", dir + "/none.json").find("strata bench --calibrate"),
+            std::string::npos);
+  EXPECT_NE(message("h300", "").find("unknown --device \"h300\""), std::string::npos);
+  std::ofstream(dir + "/bad.json") << "{\"name\": 1}";
+  EXPECT_NE(message(dir + "/bad.json", "").find("strata_device_profile"), std::string::npos);
+}
+
+TEST(PlannerSearch, AConfigWithoutAGlobalBatchIsRefused) {
+  planner::PlanInput in = input({{"preset", "gpt2-tiny"}}, 8, 2, 2, "h100");
+  in.base.erase("train_batch_size");
+  try {
+    planner::enumerate(in);
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("train_batch_size"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace strata

@@ -1,0 +1,173 @@
+#include "tools/strata/plan_verify.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "strata/core/atomic_file.h"
+#include "strata/core/check.h"
+#include "strata/core/memory.h"
+#include "tools/strata/launch.h"
+
+namespace strata::cli {
+
+namespace {
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q.append("'\\''");
+    } else {
+      q.push_back(c);
+    }
+  }
+  q.push_back('\'');
+  return q;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  STRATA_CHECK(n > 0, "cannot find the strata executable (/proc/self/exe)");
+  buf[n] = '\0';
+  return buf;
+}
+
+struct Measured {
+  bool ok = false;
+  std::string error;
+  double step_s = 0;
+  std::array<size_t, kNumMemCategories> bytes{};
+};
+
+// One layout run here: bench --config on the cluster's ranks, its report read back.
+Measured run_one(const planner::PlanInput& in, const planner::Row& r, const std::string& dir,
+                 int index, int steps) {
+  Measured m;
+  const std::string cfg = dir + "/row" + std::to_string(index) + ".json";
+  const std::string report = dir + "/row" + std::to_string(index) + ".report.json";
+  const std::string log = dir + "/row" + std::to_string(index) + ".log";
+  atomic_write(cfg, planner::candidate_config(in.base, r.c).dump(2) + "\n", IoError::runtime);
+  std::vector<std::string> bench = {"bench",   "--config", cfg,    "--steps", std::to_string(steps),
+                                    "--warmup", "1",        "--report", report};
+  const int n = in.cluster.devices;
+  std::vector<std::string> argv;
+  if (n == 1) {
+    argv = {self_exe()};
+    argv.insert(argv.end(), bench.begin(), bench.end());
+  } else {
+    argv = mpirun_command(n, "", threads_per_rank(n, 0, true), bench);
+  }
+  std::string cmd;
+  for (const std::string& a : argv) cmd.append(quote(a)).append(" ");
+  cmd.append(">").append(quote(log)).append(" 2>&1");
+  std::fflush(stdout);
+  const int status = std::system(cmd.c_str());
+  std::ifstream rep(report);
+  if (status != 0 || !rep) {
+    std::ifstream l(log);
+    std::string line, last;
+    while (std::getline(l, line)) {
+      if (line.find("error") != std::string::npos) last = line;
+    }
+    m.error = "exit " + std::to_string(exit_code_of(status)) + (last.empty() ? "" : ": " + last) +
+              " (log " + log + ")";
+    return m;
+  }
+  std::stringstream text;
+  text << rep.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.contains("step_s") || !j.contains("peak_bytes")) {
+    m.error = "unreadable report " + report;
+    return m;
+  }
+  m.step_s = j["step_s"].get<double>();
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    m.bytes[size_t(k)] = j["peak_bytes"].value(mem_category_name(MemCategory(k)), size_t(0));
+  }
+  m.ok = true;
+  return m;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0.0;
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+}  // namespace
+
+void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows, int k,
+                 int steps) {
+  STRATA_INPUT_CHECK(!in.device.gpu, "--verify runs the layouts here, on the CPU: plan with "
+                                     "--device cpu (or a CPU profile file) to verify");
+  std::vector<size_t> pick;
+  size_t valid = 0;
+  for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
+  for (size_t i = 0; i < valid && pick.size() < size_t(k); ++i) pick.push_back(i);
+  for (size_t i = size_t(k) + 3, extra = 0; i < valid && extra < size_t(k); i += 4, ++extra) {
+    pick.push_back(i);
+  }
+  char tmpl[] = "/tmp/strata_plan_verify_XXXXXX";
+  STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
+  const std::string dir = tmpl;
+  std::printf("\nverify: %zu layouts, %d timed steps each (configs and logs in %s)\n", pick.size(),
+              steps, dir.c_str());
+  std::printf("| # | layout | predicted s | measured s | error | memory per category |\n"
+              "|---|---|---|---|---|---|\n");
+  std::vector<double> errors;
+  double fastest = 1e300, first = 0;
+  int exact = 0, compared = 0;
+  for (size_t i : pick) {
+    const planner::Row& r = rows[i];
+    const Measured m = run_one(in, r, dir, int(i + 1), steps);
+    if (!m.ok) {
+      std::printf("| %zu | %s | %.4f | failed | | %s |\n", i + 1, planner::describe(r.c).c_str(),
+                  r.p.step_s, m.error.c_str());
+      continue;
+    }
+    const double err = (r.p.step_s - m.step_s) / m.step_s;
+    errors.push_back(std::fabs(err));
+    fastest = std::min(fastest, m.step_s);
+    if (i == 0) first = m.step_s;
+    std::string mem;
+    bool all = true;
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      const size_t want = r.p.bytes[size_t(c)], got = m.bytes[size_t(c)];
+      if (want == 0 && got == 0) continue;
+      const bool same = want == got;
+      all &= same;
+      if (!mem.empty()) mem.append(", ");
+      mem.append(mem_category_name(MemCategory(c)));
+      mem.append(" ");
+      mem.append(same ? format_bytes(got) + " =" : format_bytes(want) + " vs " + format_bytes(got));
+    }
+    exact += all ? 1 : 0;
+    ++compared;
+    std::printf("| %zu | %s | %.4f | %.4f | %+.1f%% | %s |\n", i + 1,
+                planner::describe(r.c).c_str(), r.p.step_s, m.step_s, 100.0 * err, mem.c_str());
+    std::fflush(stdout);
+  }
+  if (errors.empty()) {
+    std::printf("verify: no layout ran\n");
+    return;
+  }
+  std::printf(
+      "verify: %d layouts ran; step time error median %.1f%%, worst %.1f%%; memory exact in "
+      "every category for %d of %d; the first choice measured %.4f s, the fastest %.4f s "
+      "(%+.1f%%)\n",
+      compared, 100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()),
+      exact, compared, first, fastest, first > 0 ? 100.0 * (first - fastest) / fastest : 0.0);
+}
+
+}  // namespace strata::cli
