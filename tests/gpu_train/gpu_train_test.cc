@@ -196,9 +196,9 @@ TEST(GpuBench, DeviceFlag) {
   const std::string dir = make_cli_dir("strata_gpu_bench");
   const std::string common = "bench --model gpt2-tiny --dtype bf16 -b 2 -t 32 --steps 2 --warmup 1";
   std::string err;
-  EXPECT_EQ(run_binary(STRATA_BINARY, dir, common + " --device cpu --set 'train.device=\"cuda\"'",
-                       &err),
-            2);
+  EXPECT_EQ(
+      run_binary(STRATA_BINARY, dir, common + " --device cpu --set 'train.device=\"cuda\"'", &err),
+      2);
   EXPECT_NE(err.find("differs from --device cpu"), std::string::npos) << err;
   const int rc = run_binary(STRATA_BINARY, dir, common + " --device cuda", &err);
   std::ifstream in(dir + "/stdout.txt");

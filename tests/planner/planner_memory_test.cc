@@ -3,8 +3,8 @@
 // and MiCS, sequence parallelism, recompute, micro-batch × accumulation), the engine is built and
 // steps once, and every memory category each rank allocates equals the planner's prediction for
 // that rank's stage, byte for byte: the model states, activations and checkpoints exactly; the
-// communication buffers and workspace at least (see below). The layouts the planner refuses are refused by the engine's
-// own checks with the same message.
+// communication buffers and workspace at least (see below). The layouts the planner refuses are
+// refused by the engine's own checks with the same message.
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -1,6 +1,8 @@
 // The planner's search without MPI: what it enumerates, how fast, the device profiles, the
 // configs it writes, and plans at scale that must come out the way the published runs were laid
 // out (tensor parallelism inside a node, no layout that does not fit).
+#include "strata/planner/search.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,7 +12,6 @@
 
 #include "strata/core/check.h"
 #include "strata/planner/device_profile.h"
-#include "strata/planner/search.h"
 #include "strata/train/config.h"
 #include "tests/temp_dir_test.h"
 
@@ -77,8 +78,7 @@ TEST(PlannerSearch, RowsAreRankedAndTheirPartsAddUp) {
     }
   }
   const planner::Prediction& p = rows.front().p;
-  EXPECT_NEAR(p.step_s,
-              p.compute_s + p.tp_comm_s + p.bubble_s + p.dp_exposed_s + p.optimizer_s,
+  EXPECT_NEAR(p.step_s, p.compute_s + p.tp_comm_s + p.bubble_s + p.dp_exposed_s + p.optimizer_s,
               1e-9 * p.step_s + 1e-12);
   EXPECT_GT(p.mfu, 0.0);
   EXPECT_LT(p.mfu, 1.0);
@@ -91,7 +91,7 @@ TEST(PlannerSearch, RowsAreRankedAndTheirPartsAddUp) {
 // the published runs (Megatron-LM, arXiv 2104.04473) use tp 8 inside a node and a pipeline;
 // nothing without model parallelism fits 80 GB.
 TEST(PlannerSearch, Gpt3OnA100sKeepsTensorParallelismInANode) {
-  const nlohmann::json gpt3 = {{"family", "gpt2"}, {"layers", 96},  {"hidden", 12288},
+  const nlohmann::json gpt3 = {{"family", "gpt2"}, {"layers", 96},   {"hidden", 12288},
                                {"heads", 96},      {"vocab", 51200}, {"seq_len", 2048}};
   const planner::PlanInput in = input(gpt3, 1536, 1024, 8, "a100");
   const std::vector<planner::Row> rows = planner::plan(in);
@@ -139,8 +139,7 @@ TEST_F(PlannerProfiles, BuiltInsAndFiles) {
     }
     return std::string();
   };
-  EXPECT_NE(message("cpu", dir + "/none.json").find("strata bench --calibrate"),
-            std::string::npos);
+  EXPECT_NE(message("cpu", dir + "/none.json").find("strata bench --calibrate"), std::string::npos);
   EXPECT_NE(message("h300", "").find("unknown --device \"h300\""), std::string::npos);
   std::ofstream(dir + "/bad.json") << "{\"name\": 1}";
   EXPECT_NE(message(dir + "/bad.json", "").find("strata_device_profile"), std::string::npos);

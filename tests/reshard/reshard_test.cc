@@ -1,4 +1,4 @@
-// Layout-independent checkpoints (DESIGN.md §7): a run saved in one layout and loaded into
+// Layout-independent checkpoints (DESIGN.md §6): a run saved in one layout and loaded into
 // another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, ZeRO stage
 // and MiCS groups, micro-batch and accumulation split, and so the world size — continues with
 // the losses of the uninterrupted run. Runs under mpirun with 2, 4 and 8 ranks

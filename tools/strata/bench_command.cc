@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "strata/comm/communicator.h"
-#include "strata/core/atomic_file.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
+#include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/token_dataset.h"
@@ -141,37 +141,34 @@ BenchArgs from_config(const BenchArgs& given) {
   return a;
 }
 
-// --report: rank 0 writes the median step and, per memory category, the step's peak on the rank
-// whose peaks sum highest (every rank takes part).
-void write_report(const BenchArgs& a, const StepMetrics& med, bool rank0) {
-  std::vector<double> mine(kNumMemCategories + 1, 0.0);
-  for (int k = 0; k < kNumMemCategories; ++k) {
-    mine[size_t(k)] = double(med.peak_bytes[size_t(k)]);
-    mine[kNumMemCategories] += mine[size_t(k)];
-  }
+// --report: rank 0 writes the median step and every rank's peak per memory category over the
+// step, with the rank's pipeline stage and tensor-parallel rank (every rank takes part).
+void write_report(const BenchArgs& a, const StepMetrics& med, int stage, int tp_rank, bool rank0) {
+  const size_t n = kNumMemCategories + 2;
+  std::vector<double> mine(n, 0.0);
+  for (int k = 0; k < kNumMemCategories; ++k) mine[size_t(k)] = double(med.peak_bytes[size_t(k)]);
+  mine[kNumMemCategories] = stage, mine[kNumMemCategories + 1] = tp_rank;
   std::vector<double> all = mine;
   int world = 1;
   if (comm::initialized()) {
     world = comm::world_size();
-    all.resize(mine.size() * size_t(world));
-    MPI_Gather(mine.data(), int(mine.size()), MPI_DOUBLE, all.data(), int(mine.size()), MPI_DOUBLE,
-               0, MPI_COMM_WORLD);
+    all.resize(n * size_t(world));
+    MPI_Gather(mine.data(), int(n), MPI_DOUBLE, all.data(), int(n), MPI_DOUBLE, 0, MPI_COMM_WORLD);
   }
   if (!rank0) return;
-  size_t best = 0;
-  for (size_t r = 1; r < size_t(world); ++r) {
-    if (all[r * mine.size() + kNumMemCategories] > all[best * mine.size() + kNumMemCategories]) {
-      best = r;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (size_t r = 0; r < size_t(world); ++r) {
+    nlohmann::json peaks = nlohmann::json::object();
+    for (int k = 0; k < kNumMemCategories; ++k) {
+      peaks[mem_category_name(MemCategory(k))] = size_t(all[r * n + size_t(k)]);
     }
+    ranks.push_back({{"rank", r},
+                     {"stage", int(all[r * n + kNumMemCategories])},
+                     {"tp_rank", int(all[r * n + kNumMemCategories + 1])},
+                     {"peak_bytes", peaks}});
   }
-  nlohmann::json peaks = nlohmann::json::object();
-  for (int k = 0; k < kNumMemCategories; ++k) {
-    peaks[mem_category_name(MemCategory(k))] = size_t(all[best * mine.size() + size_t(k)]);
-  }
-  const nlohmann::json j = {{"step_s", med.seconds},
-                            {"tokens_per_s", med.tokens_per_s},
-                            {"rank", best},
-                            {"peak_bytes", peaks}};
+  const nlohmann::json j = {
+      {"step_s", med.seconds}, {"tokens_per_s", med.tokens_per_s}, {"ranks", ranks}};
   atomic_write(a.report, j.dump(2) + "\n", IoError::input);
 }
 
@@ -217,9 +214,9 @@ void run_bench(const BenchArgs& given) {
       j["train"]["device"] = a.device;
     }
     Config cfg = parse_config(j, a.overrides);
-    STRATA_INPUT_CHECK(cfg.train.device == a.device, "strata bench: --set train.device=",
-                       cfg.train.device, " differs from --device ", a.device,
-                       "; choose the device with --device");
+    STRATA_INPUT_CHECK(cfg.train.device == a.device,
+                       "strata bench: --set train.device=", cfg.train.device,
+                       " differs from --device ", a.device, "; choose the device with --device");
     resolve_batch(cfg, grid.dp());
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
     Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
@@ -243,10 +240,10 @@ void run_bench(const BenchArgs& given) {
     }
     if (!a.report.empty()) {  // a collective: every rank's median step
       std::vector<StepMetrics> sorted = runs;
-      std::sort(sorted.begin(), sorted.end(), [](const StepMetrics& x, const StepMetrics& y) {
-        return x.seconds < y.seconds;
-      });
-      write_report(a, sorted[sorted.size() / 2], rank0);
+      std::sort(sorted.begin(), sorted.end(),
+                [](const StepMetrics& x, const StepMetrics& y) { return x.seconds < y.seconds; });
+      write_report(a, sorted[sorted.size() / 2], engine.stage(), groups ? groups->coord().tp : 0,
+                   rank0);
     }
     if (!rank0) continue;
     if (a.pipeline > 1) {

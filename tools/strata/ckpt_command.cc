@@ -1,4 +1,4 @@
-// strata ckpt: describe, verify, export and import checkpoints (DESIGN.md §7), and the logits of
+// strata ckpt: describe, verify, export and import checkpoints (DESIGN.md §6), and the logits of
 // a checkpoint's model for comparing it with another implementation (bench/hf_compare.py).
 #include <chrono>
 #include <cstdio>

@@ -52,8 +52,9 @@ std::string gib(size_t b) {
 }
 
 void print_table(const std::vector<planner::Row>& rows, int top) {
-  std::printf("| # | layout | GiB/rank | compute s | bubble s | comm s (tp+pp+dp exposed) | step s | "
-              "tokens/s | MFU |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| # | layout | GiB/rank | compute s | bubble s | comm s (tp+pp+dp exposed) | step s | "
+      "tokens/s | MFU |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < top && i < int(rows.size()) && rows[size_t(i)].valid(); ++i) {
     const planner::Prediction& p = rows[size_t(i)].p;
     std::printf("| %d | %s | %s | %.4f | %.4f | %.4f | %.4f | %.0f | %.1f%% |\n", i + 1,
@@ -74,9 +75,11 @@ void print_rejections(const std::vector<planner::Row>& rows, bool all) {
   }
   std::vector<std::pair<int, const planner::Row*>> list;
   for (const auto& [k, e] : by) list.push_back(e);
-  std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
-  std::printf("refused, by first reason (%s):\n", all ? "all" : "the 8 most frequent; --rejected "
-                                                                "for all");
+  std::sort(list.begin(), list.end(),
+            [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::printf("refused, by first reason (%s):\n", all ? "all"
+                                                      : "the 8 most frequent; --rejected "
+                                                        "for all");
   for (size_t i = 0; i < list.size() && (all || i < 8); ++i) {
     std::printf("  %5d  e.g. %s: %s\n", list[i].first, planner::describe(list[i].second->c).c_str(),
                 list[i].second->reason.c_str());
@@ -93,11 +96,13 @@ void run_plan(const PlanArgs& a) {
   if (in.device.gpu && a.hostfile.empty() && a.per_node == 0) {
     in.cluster = planner::uniform_cluster(a.devices, std::max(1, in.device.devices_per_node));
   }
-  const Config base = parse_config(in.base);  // the user's config must be valid as written
+  STRATA_INPUT_CHECK(a.verify == 0 || !in.device.gpu,
+                     "--verify runs the layouts here, on the CPU: plan with --device cpu (or a "
+                     "CPU profile file) to verify");
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<planner::Row> rows = planner::plan(in);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const Config base = parse_config(in.base);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int valid = 0;
   for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
   std::printf(
@@ -108,8 +113,8 @@ void run_plan(const PlanArgs& a) {
       in.cluster.per_node, in.device.name.c_str(), in.device.source.c_str(), rows.size(), valid,
       rows.size() - size_t(valid), secs);
   STRATA_INPUT_CHECK(valid > 0 || !a.explain_what.empty(),
-                     "no layout of this model and batch fits ", in.cluster.devices,
-                     " ranks of ", in.device.name, ": ",
+                     "no layout of this model and batch fits ", in.cluster.devices, " ranks of ",
+                     in.device.name, ": ",
                      rows.empty() ? std::string("none was possible") : rows.front().reason);
   print_table(rows, a.top);
   std::printf("\n");
@@ -126,10 +131,10 @@ void run_plan(const PlanArgs& a) {
         if (planner::describe(x.c) == a.explain_what) r = &x;
       }
     }
-    STRATA_INPUT_CHECK(r != nullptr, "--explain ", a.explain_what, ": not a row number (1..",
-                       valid, ") nor a layout of the table (e.g. \"",
-                       valid > 0 ? planner::describe(rows.front().c) : std::string("dp1 tp1 pp1 z0 mb1x1"),
-                       "\")");
+    STRATA_INPUT_CHECK(
+        r != nullptr, "--explain ", a.explain_what, ": not a row number (1..", valid,
+        ") nor a layout of the table (e.g. \"",
+        valid > 0 ? planner::describe(rows.front().c) : std::string("dp1 tp1 pp1 z0 mb1x1"), "\")");
     std::printf("\n%s", planner::explain(in, *r).c_str());
   }
   if (!a.emit.empty()) {
@@ -137,8 +142,7 @@ void run_plan(const PlanArgs& a) {
                        " valid rows");
     const planner::Row& r = rows[size_t(a.row - 1)];
     atomic_write(a.emit, planner::candidate_config(in.base, r.c).dump(2) + "\n", IoError::input);
-    std::printf("\nwrote %s: row %d, %s\n", a.emit.c_str(), a.row,
-                planner::describe(r.c).c_str());
+    std::printf("\nwrote %s: row %d, %s\n", a.emit.c_str(), a.row, planner::describe(r.c).c_str());
   }
   if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps);
 }
@@ -149,14 +153,15 @@ void add_plan_command(CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "The best layouts of a config's model and global batch on a cluster, predicted");
-  cmd->add_option("--config", args->config, "DeepSpeed-style JSON config (its model and "
-                                             "train_batch_size)")
+  cmd->add_option("--config", args->config,
+                  "DeepSpeed-style JSON config (its model and "
+                  "train_batch_size)")
       ->required();
-  cmd->add_option("--devices", args->devices, "ranks to plan for (GPUs, or CPU ranks)")
-      ->required();
+  cmd->add_option("--devices", args->devices, "ranks to plan for (GPUs, or CPU ranks)")->required();
   cmd->add_option("--hostfile", args->hostfile, "OpenMPI hostfile: the nodes and their slots");
   cmd->add_option("--devices-per-node", args->per_node,
-                  "ranks per node (default: every rank on one node; a GPU profile's 8)");
+                  "ranks per node (default: every rank on one node; a GPU profile's 8)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device", args->device,
                   "cpu (this machine, calibrated by strata bench --calibrate), a100, h100, h200, "
                   "or a device profile file")
@@ -164,15 +169,19 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--calibration", args->calibration,
                   "the CPU calibration file (default: $STRATA_CALIBRATION or "
                   "~/.cache/strata/calibration.json)");
-  cmd->add_option("--top", args->top, "rows of the table")->capture_default_str();
+  cmd->add_option("--top", args->top, "rows of the table")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--explain", args->explain_what,
                   "a row number or layout: its memory by category and time split");
   cmd->add_option("--emit-config", args->emit, "write the config of --row (default 1) here");
   cmd->add_option("--row", args->row, "the row --emit-config writes")->capture_default_str();
   cmd->add_option("--verify", args->verify,
                   "run the top K rows and a sample of others here and compare with the "
-                  "prediction");
+                  "prediction")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--verify-steps", args->verify_steps, "timed steps per verified row")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   cmd->add_flag("--rejected", args->rejected, "list every refusal reason, not the 8 commonest");
   cmd->callback([args] { run_plan(*args); });

@@ -53,12 +53,14 @@ struct Measured {
 Measured run_one(const planner::PlanInput& in, const planner::Row& r, const std::string& dir,
                  int index, int steps) {
   Measured m;
+  const int r_stage = r.p.worst_stage;
   const std::string cfg = dir + "/row" + std::to_string(index) + ".json";
   const std::string report = dir + "/row" + std::to_string(index) + ".report.json";
   const std::string log = dir + "/row" + std::to_string(index) + ".log";
   atomic_write(cfg, planner::candidate_config(in.base, r.c).dump(2) + "\n", IoError::runtime);
-  std::vector<std::string> bench = {"bench",   "--config", cfg,    "--steps", std::to_string(steps),
-                                    "--warmup", "1",        "--report", report};
+  std::vector<std::string> bench = {
+      "bench",    "--config", cfg,        "--steps", std::to_string(steps),
+      "--warmup", "1",        "--report", report};
   const int n = in.cluster.devices;
   std::vector<std::string> argv;
   if (n == 1) {
@@ -86,13 +88,18 @@ Measured run_one(const planner::PlanInput& in, const planner::Row& r, const std:
   std::stringstream text;
   text << rep.rdbuf();
   const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.contains("step_s") || !j.contains("peak_bytes")) {
+  if (j.is_discarded() || !j.contains("step_s") || !j.contains("ranks")) {
     m.error = "unreadable report " + report;
     return m;
   }
   m.step_s = j["step_s"].get<double>();
-  for (int k = 0; k < kNumMemCategories; ++k) {
-    m.bytes[size_t(k)] = j["peak_bytes"].value(mem_category_name(MemCategory(k)), size_t(0));
+  // The rank the prediction is for: tensor-parallel rank 0 of the stage with the most memory.
+  for (const nlohmann::json& r : j["ranks"]) {
+    if (r.value("stage", -1) != r_stage || r.value("tp_rank", -1) != 0) continue;
+    for (int k = 0; k < kNumMemCategories; ++k) {
+      m.bytes[size_t(k)] = r["peak_bytes"].value(mem_category_name(MemCategory(k)), size_t(0));
+    }
+    break;
   }
   m.ok = true;
   return m;
@@ -109,8 +116,9 @@ double median(std::vector<double> v) {
 
 void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows, int k,
                  int steps) {
-  STRATA_INPUT_CHECK(!in.device.gpu, "--verify runs the layouts here, on the CPU: plan with "
-                                     "--device cpu (or a CPU profile file) to verify");
+  STRATA_INPUT_CHECK(!in.device.gpu,
+                     "--verify runs the layouts here, on the CPU: plan with "
+                     "--device cpu (or a CPU profile file) to verify");
   std::vector<size_t> pick;
   size_t valid = 0;
   for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
@@ -123,8 +131,9 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
   const std::string dir = tmpl;
   std::printf("\nverify: %zu layouts, %d timed steps each (configs and logs in %s)\n", pick.size(),
               steps, dir.c_str());
-  std::printf("| # | layout | predicted s | measured s | error | memory per category |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf(
+      "| # | layout | predicted s | measured s | error | memory per category |\n"
+      "|---|---|---|---|---|---|\n");
   std::vector<double> errors;
   double fastest = 1e300, first = 0;
   int exact = 0, compared = 0;
@@ -146,7 +155,10 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
       const size_t want = r.p.bytes[size_t(c)], got = m.bytes[size_t(c)];
       if (want == 0 && got == 0) continue;
       const bool same = want == got;
-      all &= same;
+      // The communicators' scratch and the kernels' packing buffers are not predicted (a lower
+      // bound); every other category is, exactly.
+      const MemCategory cat = MemCategory(c);
+      if (cat != MemCategory::CommBuffers && cat != MemCategory::Workspace) all &= same;
       if (!mem.empty()) mem.append(", ");
       mem.append(mem_category_name(MemCategory(c)));
       mem.append(" ");
@@ -158,14 +170,14 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
                 planner::describe(r.c).c_str(), r.p.step_s, m.step_s, 100.0 * err, mem.c_str());
     std::fflush(stdout);
   }
-  if (errors.empty()) {
-    std::printf("verify: no layout ran\n");
-    return;
-  }
+  STRATA_CHECK(!errors.empty(),
+               "verify: no layout ran (see the failures above and their logs "
+               "in ",
+               dir, ")");
   std::printf(
-      "verify: %d layouts ran; step time error median %.1f%%, worst %.1f%%; memory exact in "
-      "every category for %d of %d; the first choice measured %.4f s, the fastest %.4f s "
-      "(%+.1f%%)\n",
+      "verify: %d layouts ran; step time error median %.1f%%, worst %.1f%%; model states, "
+      "activations and checkpoints exact for %d of %d (communication buffers and workspace: "
+      "lower bounds); the first choice measured %.4f s, the fastest %.4f s (%+.1f%%)\n",
       compared, 100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()),
       exact, compared, first, fastest, first > 0 ? 100.0 * (first - fastest) / fastest : 0.0);
 }

@@ -18,8 +18,9 @@ PeerExchange::PeerExchange(const Communicator& group, std::chrono::seconds timeo
                            size_t slot_bytes)
     : timeout_(timeout),
       ring_(Buffer::host(MemCategory::CommBuffers, size_t(std::max(slots, 1)) * slot_bytes)),
-      recv_stage_(default_device() == Device::CUDA ? Buffer::host(MemCategory::CommBuffers, slot_bytes)
-                                                    : Buffer()),
+      recv_stage_(default_device() == Device::CUDA
+                      ? Buffer::host(MemCategory::CommBuffers, slot_bytes)
+                      : Buffer()),
       slot_bytes_(slot_bytes),
       requests_(size_t(std::max(slots, 1)), MPI_REQUEST_NULL),
       peer_of_(requests_.size(), -1),
@@ -74,8 +75,8 @@ ops::Event PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag
     const size_t bytes = n * dtype_size(dtype);
     STRATA_CHECK(bytes <= recv_stage_.bytes(), "a pipeline message of ", bytes, " bytes (", what,
                  ") exceeds its ", recv_stage_.bytes(), "-byte receive stage");
-    STRATA_MPI_CHECK(MPI_Irecv(recv_stage_.data(), int(n), detail::mpi_datatype(dtype), src, tag,
-                               comm_, &r));
+    STRATA_MPI_CHECK(
+        MPI_Irecv(recv_stage_.data(), int(n), detail::mpi_datatype(dtype), src, tag, comm_, &r));
     wait(r, what, src, tag);
     ops::copy_from_host(Tensor(buf, dtype, {int64_t(n)}), recv_stage_.data());
     return {};

@@ -175,8 +175,7 @@ struct ArenaBytes {
   bool host_checkpoints = false;
 };
 ArenaBytes transformer_arena_bytes(const ModelSpec& spec, DType param_dtype, DType grad_dtype,
-                                   int B, int T, const ChunkOptions& chunk,
-                                   bool sequence_parallel);
+                                   int B, int T, const ChunkOptions& chunk, bool sequence_parallel);
 
 // params: flat buffer of spec.numel elements of `param_dtype`; grads: the same in `grad_dtype`.
 // Both must outlive the model. Either may be nullptr when every pass gets a hook that places all

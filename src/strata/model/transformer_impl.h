@@ -271,7 +271,7 @@ class TransformerImpl final : public Transformer {
     int64_t offset = 0, numel = 0;
     comm::Communicator* over = nullptr;
   };
-  std::vector<std::vector<Partial>> partials_;     // by unit
+  std::vector<std::vector<Partial>> partials_;  // by unit
   std::vector<char> partial_params_;  // by param index (each in one unit): computed in scratch
   int scratch_unit_ = -1;
 

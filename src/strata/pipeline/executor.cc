@@ -42,8 +42,7 @@ int send_ring_slots(const ChunkSlots& s) {
 
 size_t pipeline_message_bytes(const ExecutorOptions& o, int tp, bool sequence_parallel) {
   // Hidden states between chunks: (rows, C), rows = B·T or B·T/tp under sequence parallelism.
-  const int64_t rows =
-      int64_t(o.micro_batch) * o.seq_len / (sequence_parallel && tp > 1 ? tp : 1);
+  const int64_t rows = int64_t(o.micro_batch) * o.seq_len / (sequence_parallel && tp > 1 ? tp : 1);
   return size_t(rows) * size_t(o.hidden) * dtype_size(o.param_dtype);
 }
 

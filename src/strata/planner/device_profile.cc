@@ -55,8 +55,8 @@ double cpu_share(const DeviceProfile& p, int ranks) {
 
 double DeviceProfile::gemm_seconds(double flops, DType dtype, int ranks_sharing) const {
   if (flops <= 0) return 0.0;
-  const double rate = peak_flops(dtype) * efficiency(gemm_efficiency, flops) *
-                      cpu_share(*this, ranks_sharing);
+  const double rate =
+      peak_flops(dtype) * efficiency(gemm_efficiency, flops) * cpu_share(*this, ranks_sharing);
   return flops / rate;
 }
 
@@ -111,17 +111,20 @@ DeviceProfile builtin(const std::string& name) {
   if (name == "a100") {
     return gpu_profile("a100", 312, 19.5, 80, 2.039, 300, 25,
                        "datasheet: NVIDIA A100 SXM4 80GB, dense bf16 312 TFLOP/s, fp32 19.5, "
-                       "80 GB HBM2e at 2.0 TB/s" + links);
+                       "80 GB HBM2e at 2.0 TB/s" +
+                           links);
   }
   if (name == "h100") {
     return gpu_profile("h100", 989.5, 67, 80, 3.35, 450, 50,
                        "datasheet: NVIDIA H100 SXM5, dense bf16 989.5 TFLOP/s, fp32 67, 80 GB "
-                       "HBM3 at 3.35 TB/s" + links);
+                       "HBM3 at 3.35 TB/s" +
+                           links);
   }
   if (name == "h200") {
     DeviceProfile p = gpu_profile("h200", 989.5, 67, 141, 4.8, 450, 50,
                                   "datasheet: NVIDIA H200 SXM, dense bf16 989.5 TFLOP/s, fp32 67, "
-                                  "141 GB HBM3e at 4.8 TB/s" + links);
+                                  "141 GB HBM3e at 4.8 TB/s" +
+                                      links);
     return p;
   }
   STRATA_INPUT_FAIL("unknown device \"", name, "\"");
@@ -142,7 +145,9 @@ Link read_link(const json& j, const std::string& path, const char* key) {
 
 }  // namespace
 
-std::vector<std::string> builtin_profile_names() { return {"a100", "h100", "h200"}; }
+std::vector<std::string> builtin_profile_names() {
+  return {"a100", "h100", "h200"};
+}
 
 std::string default_calibration_path() {
   if (const char* p = std::getenv("STRATA_CALIBRATION"); p != nullptr && *p != '\0') return p;
@@ -175,22 +180,23 @@ DeviceProfile read_profile(const std::string& path) {
   };
   DeviceProfile p;
   p.name = j.value("name", path);
-  STRATA_INPUT_CHECK(j.contains("kind") && j["kind"].is_string() &&
-                         (j["kind"] == "cpu" || j["kind"] == "gpu"),
-                     "device profile ", path, ": \"kind\" must be \"cpu\" or \"gpu\"");
+  STRATA_INPUT_CHECK(
+      j.contains("kind") && j["kind"].is_string() && (j["kind"] == "cpu" || j["kind"] == "gpu"),
+      "device profile ", path, ": \"kind\" must be \"cpu\" or \"gpu\"");
   p.gpu = j["kind"] == "gpu";
   p.source = j.value("source", std::string("file ") + path);
   p.memory_bytes = uint64_t(num("memory_bytes", 1));
-  p.host_memory_bytes = j.contains("host_memory_bytes") ? uint64_t(num("host_memory_bytes", 1))
-                                                        : p.memory_bytes;
+  p.host_memory_bytes =
+      j.contains("host_memory_bytes") ? uint64_t(num("host_memory_bytes", 1)) : p.memory_bytes;
   p.devices_per_node = int(j.contains("devices_per_node") ? num("devices_per_node", 0) : 1);
   p.cores = int(j.contains("cores") ? num("cores", 1) : 1);
   p.threads_per_rank = int(j.contains("threads_per_rank") ? num("threads_per_rank", 1) : 1);
   const json& g = j.contains("gemm_tflops") ? j["gemm_tflops"] : json();
-  STRATA_INPUT_CHECK(g.is_object() && g.contains("fp32") && g["fp32"].is_number() &&
-                         g["fp32"].get<double>() > 0,
-                     "device profile ", path, ": \"gemm_tflops\" must hold \"fp32\" > 0 (and "
-                     "optionally \"bf16\", \"fp16\")");
+  STRATA_INPUT_CHECK(
+      g.is_object() && g.contains("fp32") && g["fp32"].is_number() && g["fp32"].get<double>() > 0,
+      "device profile ", path,
+      ": \"gemm_tflops\" must hold \"fp32\" > 0 (and "
+      "optionally \"bf16\", \"fp16\")");
   p.fp32_flops = g["fp32"].get<double>() * 1e12;
   if (g.contains("bf16") && g["bf16"].is_number()) p.bf16_flops = g["bf16"].get<double>() * 1e12;
   if (g.contains("fp16") && g["fp16"].is_number()) p.fp16_flops = g["fp16"].get<double>() * 1e12;
@@ -214,8 +220,8 @@ DeviceProfile read_profile(const std::string& path) {
   STRATA_INPUT_CHECK(j.contains("intra_node"), "device profile ", path,
                      ": \"intra_node\" {\"alpha_us\", \"bandwidth_gbps\"} is missing");
   p.intra_node = read_link(j["intra_node"], path, "intra_node");
-  p.inter_node = j.contains("inter_node") ? read_link(j["inter_node"], path, "inter_node")
-                                          : p.intra_node;
+  p.inter_node =
+      j.contains("inter_node") ? read_link(j["inter_node"], path, "inter_node") : p.intra_node;
   return p;
 }
 
@@ -232,7 +238,8 @@ void write_profile(const DeviceProfile& p, const std::string& path) {
             {"cores", p.cores},
             {"threads_per_rank", p.threads_per_rank},
             {"gemm_tflops",
-             {{"fp32", p.fp32_flops / 1e12}, {"bf16", p.bf16_flops / 1e12},
+             {{"fp32", p.fp32_flops / 1e12},
+              {"bf16", p.bf16_flops / 1e12},
               {"fp16", p.fp16_flops / 1e12}}},
             {"gemm_efficiency", curve},
             {"memory_bandwidth_gbps", p.memory_bytes_per_s / kGB},
@@ -259,10 +266,11 @@ DeviceProfile load_profile(const std::string& name_or_path, const std::string& c
                        "file with --device FILE)");
     return read_profile(cpu_calibration);
   }
-  STRATA_INPUT_CHECK(name_or_path.find('/') != std::string::npos ||
-                         name_or_path.find('.') != std::string::npos,
-                     "unknown --device \"", name_or_path, "\": one of cpu, a100, h100, h200, or "
-                     "the path of a device profile (strata bench --calibrate --output FILE)");
+  STRATA_INPUT_CHECK(
+      name_or_path.find('/') != std::string::npos || name_or_path.find('.') != std::string::npos,
+      "unknown --device \"", name_or_path,
+      "\": one of cpu, a100, h100, h200, or "
+      "the path of a device profile (strata bench --calibrate --output FILE)");
   return read_profile(name_or_path);
 }
 

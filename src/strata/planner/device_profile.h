@@ -28,16 +28,16 @@
 namespace strata::planner {
 
 struct Link {
-  double alpha_s = 0.0;           // latency per message
-  double bytes_per_s = 0.0;       // bandwidth of one rank's link
+  double alpha_s = 0.0;      // latency per message
+  double bytes_per_s = 0.0;  // bandwidth of one rank's link
   double seconds(double bytes) const { return alpha_s + bytes / bytes_per_s; }
 };
 
 struct DeviceProfile {
-  std::string name;    // "h100", "cpu: Intel(R) Xeon(R) ..."
+  std::string name;  // "h100", "cpu: Intel(R) Xeon(R) ..."
   bool gpu = false;
-  std::string source;  // "datasheet: ...", "measured by strata bench --calibrate on ..."
-  uint64_t memory_bytes = 0;       // one device's memory (a CPU host's: its RAM)
+  std::string source;         // "datasheet: ...", "measured by strata bench --calibrate on ..."
+  uint64_t memory_bytes = 0;  // one device's memory (a CPU host's: its RAM)
   uint64_t host_memory_bytes = 0;  // one node's host memory (pinned checkpoints, CPU ranks)
   int devices_per_node = 1;        // GPUs per node (a CPU host: 0, ranks share its cores)
   int cores = 1;                   // a CPU host's cores the calibration ran on

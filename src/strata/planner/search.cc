@@ -144,14 +144,14 @@ namespace {
 // Bytes of one stage's rank, by category, and what its compute is made of.
 struct StageCost {
   std::array<size_t, kNumMemCategories> bytes{};
-  double forward_flops = 0;    // per micro-batch, this rank
-  double recompute_flops = 0;  // per micro-batch
-  double gemm_call_flops = 0;  // a typical GEMM's FLOPs (its efficiency)
+  double forward_flops = 0;      // per micro-batch, this rank
+  double recompute_flops = 0;    // per micro-batch
+  double gemm_call_flops = 0;    // a typical GEMM's FLOPs (its efficiency)
   double elementwise_bytes = 0;  // per micro-batch forward: norms, activations, residuals
   int blocks = 0;
   int64_t numel = 0;  // this rank's parameter elements
   uint64_t tp_bytes = 0;
-  int tp_collectives = 0;  // per micro-batch
+  int tp_collectives = 0;    // per micro-batch
   double forward_calls = 0;  // kernel calls per micro-batch forward
 };
 
@@ -211,13 +211,13 @@ namespace {
 StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c, int stage,
                      int shard, bool zero, Device device, SpecCache& cache) {
   StageCost s;
-  SpecCache::Entry& entry = cache.at(cfg, c.tp, c.pp, c.pp > 1 ? c.virtual_stages : 1, shard, stage);
+  SpecCache::Entry& entry =
+      cache.at(cfg, c.tp, c.pp, c.pp > 1 ? c.virtual_stages : 1, shard, stage);
   const ModelSpec& spec = entry.spec;
   const pipeline::StagePlan& plan = entry.plan;
   plan::Layout layout = plan_layout(cfg);
   layout.local_ranks = in.cluster.per_node;
-  const plan::MemoryPrediction m =
-      plan::predict_memory(layout, spec, zero ? int(spec.align) : 0);
+  const plan::MemoryPrediction m = plan::predict_memory(layout, spec, zero ? int(spec.align) : 0);
   s.bytes = m.bytes;
   s.numel = spec.numel;
   // The chunks this stage holds, with the slots its schedule asks for.
@@ -247,9 +247,7 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   s.bytes[size_t(MemCategory::Activations)] +=
       2 * size_t(c.micro_batch * c.accumulation) * size_t(cfg.model.seq_len) * sizeof(int32_t);
   // FLOPs of the blocks this stage holds (the plan's, or the whole model's without a pipeline).
-  int l0 = 0, l1 = cfg.model.layers;
   if (c.pp > 1) {
-    l0 = cfg.model.layers, l1 = 0;
     for (int k = 0; k < o.virtual_stages; ++k) {
       const int g = pipeline::global_chunk(k, stage, c.pp);
       for (int b = plan.layers_begin[size_t(g)];
@@ -265,7 +263,7 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
     for (double f : uf.block) s.forward_flops += f * B;
     s.forward_flops += (uf.embedding + uf.head) * B;
     s.blocks = cfg.model.layers;
-    for (int b = l0; b < l1; ++b) {
+    for (int b = 0; b < cfg.model.layers; ++b) {
       if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B;
     }
   }
@@ -351,17 +349,17 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
         p.device_bytes = dev, p.bytes = stages.back().bytes, p.worst_stage = s;
       }
       // The first stage that does not fit refuses the layout: the others need not be sized.
-      STRATA_INPUT_CHECK(!d.gpu || p.device_bytes <= d.memory_bytes, "out of memory: ",
-                         format_bytes(p.device_bytes), " per GPU (stage ", p.worst_stage,
-                         ") exceeds its ", format_bytes(d.memory_bytes));
+      STRATA_INPUT_CHECK(!d.gpu || p.device_bytes <= d.memory_bytes,
+                         "out of memory: ", format_bytes(p.device_bytes), " per GPU (stage ",
+                         p.worst_stage, ") exceeds its ", format_bytes(d.memory_bytes));
     }
     size_t all = 0;
     for (size_t b : p.bytes) all += b;
     const int local = std::min(in.cluster.per_node, world);
     p.node_host_bytes =
         size_t(local) * (d.gpu ? p.bytes[size_t(MemCategory::HostCheckpoints)] : all);
-    STRATA_INPUT_CHECK(p.node_host_bytes <= d.host_memory_bytes, "out of memory: ",
-                       format_bytes(p.node_host_bytes), " per node exceeds its ",
+    STRATA_INPUT_CHECK(p.node_host_bytes <= d.host_memory_bytes,
+                       "out of memory: ", format_bytes(p.node_host_bytes), " per node exceeds its ",
                        format_bytes(d.host_memory_bytes), " of host memory");
 
     // Time: each stage's forward and backward per micro-batch, with its tensor-parallel
@@ -372,8 +370,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const bool pp_intra = int64_t(c.tp) * c.dp * c.pp <= in.cluster.per_node;
     const bool dp_intra = int64_t(c.tp) * c.dp <= in.cluster.per_node;
     const int m = int(cfg.gradient_accumulation_steps);
-    std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)),
-        tpc(size_t(c.pp));
+    std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)), tpc(size_t(c.pp));
     for (int s = 0; s < c.pp; ++s) {
       const StageCost& sc = stages[size_t(s)];
       const double eff_call = sc.gemm_call_flops;
@@ -419,8 +416,8 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       costs.backward_weight = split ? mean_b / v / 2 : 0.0;
       costs.send = pl.seconds(msg);
       const pipeline::ScheduleSpec spec{o.schedule, c.pp, m, v};
-      const pipeline::CheckResult chk = pipeline::check(spec, pipeline::generate(spec), costs, 0,
-                                                        scale);
+      const pipeline::CheckResult chk =
+          pipeline::check(spec, pipeline::generate(spec), costs, 0, scale);
       span = chk.makespan;
       p.bubble_fraction = chk.bubble_fraction;
       p.pp_comm_s = 2.0 * m * v * costs.send;
@@ -444,8 +441,8 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
         const Link& sl = int64_t(c.tp) * g <= in.cluster.per_node ? intra : inter;
         reduce = collective_s(sl, fg * elems * wire, g - 1);
         if (g < dpn) {  // MiCS: the shards' gradients are summed across replicas
-          reduce += collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire,
-                                 2 * (dpn / g - 1));
+          reduce +=
+              collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire, 2 * (dpn / g - 1));
         }
         if (cfg.zero.stage <= 2) {
           gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
@@ -467,7 +464,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       const double hidden = overlap ? m * (fwd[slowest] + bwd[slowest]) : 0.0;
       p.dp_exposed_s = std::max(0.0, reduce + gather - hidden);
     } else {
-      p.dp_exposed_s = gather + (overlap ? std::max(0.0, reduce - 0.9 * last_backward) : reduce);
+      p.dp_exposed_s = gather + (overlap ? std::max(0.0, reduce - last_backward) : reduce);
     }
     // The optimizer reads and writes the fp32 master, the moments and the gradient of each
     // element it owns, and writes the parameter.
@@ -479,10 +476,10 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const double per_token = 6.0 * double(cache.at(cfg, 1, 1, 1, 1, 0).spec.global_param_numel) +
                              12.0 * cfg.model.layers * cfg.model.hidden * cfg.model.seq_len;
     const double best = std::max({d.fp32_flops, d.bf16_flops, d.fp16_flops});
-    const double machine =
-        d.gpu ? best * world
-              : best * double(std::max(1, d.cores)) / std::max(1, d.threads_per_rank) *
-                    std::ceil(double(world) / in.cluster.per_node);
+    const double machine = d.gpu ? best * world
+                                 : best * double(std::max(1, d.cores)) /
+                                       std::max(1, d.threads_per_rank) *
+                                       std::ceil(double(world) / in.cluster.per_node);
     p.mfu = per_token * p.tokens_per_s / machine;
   } catch (const InputError& e) {
     r.reason = e.what();
@@ -528,8 +525,7 @@ std::string explain(const PlanInput& in, const Row& r) {
                 "%.4f (checker: %.1f%% idle, sends %.4f) + exposed data-parallel %.4f (of %.4f) "
                 "+ optimizer %.4f\n",
                 p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.bubble_s,
-                100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s,
-                p.optimizer_s);
+                100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s);
   s += line;
   std::snprintf(line, sizeof line, "%.0f tokens/s, MFU %.1f%% (device: %s)\n", p.tokens_per_s,
                 100.0 * p.mfu, in.device.name.c_str());

@@ -1,4 +1,4 @@
-// The layout planner behind `strata plan` (DESIGN.md §11): every layout a config's model and
+// The layout planner behind `strata plan` (DESIGN.md §7): every layout a config's model and
 // global batch allow on a cluster, each either refused with the first reason train would give
 // (train's own config parser, batch resolution and layout checks) or predicted: memory per rank
 // by category from the same functions the engine allocates by (plan::predict_memory for the model
@@ -50,14 +50,14 @@ struct Prediction {
   // One optimizer step, seconds: the pipeline's span (compute with its tensor-parallel and
   // point-to-point communication, and the bubble), plus exposed data-parallel communication and
   // the optimizer.
-  double compute_s = 0;     // the slowest stage's forward, backward and recompute
-  double recompute_s = 0;   // of which recompute
-  double tp_comm_s = 0;     // tensor-parallel collectives (all exposed)
-  double pp_comm_s = 0;     // pipeline sends of the slowest stage
-  double bubble_s = 0;      // the span beyond the slowest stage's own work
+  double compute_s = 0;        // the slowest stage's forward, backward and recompute
+  double recompute_s = 0;      // of which recompute
+  double tp_comm_s = 0;        // tensor-parallel collectives (all exposed)
+  double pp_comm_s = 0;        // pipeline sends of the slowest stage
+  double bubble_s = 0;         // the span beyond the slowest stage's own work
   double bubble_fraction = 0;  // the schedule checker's, over every stage
-  double dp_comm_s = 0;     // data-parallel / ZeRO collectives
-  double dp_exposed_s = 0;  // of which not hidden behind backward
+  double dp_comm_s = 0;        // data-parallel / ZeRO collectives
+  double dp_exposed_s = 0;     // of which not hidden behind backward
   double optimizer_s = 0;
   double step_s = 0;
   double tokens_per_s = 0, mfu = 0;

@@ -64,8 +64,8 @@ pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int sta
   return o;
 }
 
-ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages,
-                           int stage, pipeline::StagePlan& plan) {
+ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages, int stage,
+                           pipeline::StagePlan& plan) {
   ModelSpec full = build_model_spec(cfg.model, shard, tp, tp_rank);
   set_weight_decay(cfg.optimizer, full);
   plan = plan_chunks(full, cfg.parallelism, stages);
@@ -81,7 +81,9 @@ ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, in
   return hold_units(full, held);
 }
 
-bool zero_in_effect(const Config& cfg, bool dp_group) { return cfg.zero.stage >= 1 && dp_group; }
+bool zero_in_effect(const Config& cfg, bool dp_group) {
+  return cfg.zero.stage >= 1 && dp_group;
+}
 
 int shard_group_size(const Config& cfg, int dp, bool dp_group) {
   if (!zero_in_effect(cfg, dp_group)) return 1;

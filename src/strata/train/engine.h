@@ -76,8 +76,8 @@ void check_pipeline_layout(const Config& cfg, int stages, bool dp_group);
 // stage holds (all of them for one stage; the vocabulary units too on the last stage with tied
 // embeddings), padded for a shard group of `shard` ranks. `plan` receives every global chunk's
 // units.
-ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages,
-                           int stage, pipeline::StagePlan& plan);
+ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages, int stage,
+                           pipeline::StagePlan& plan);
 // The executor's options for stage `stage` of `stages` (one stage: no pipeline).
 pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int stages);
 
@@ -137,7 +137,7 @@ class Engine {
   DType grad_dtype() const { return grad_dtype_; }
   void zero_grads();
 
-  // Layout-independent checkpoints (DESIGN.md §7, ckpt/store.h). save_checkpoint writes the
+  // Layout-independent checkpoints (DESIGN.md §6, ckpt/store.h). save_checkpoint writes the
   // current state — fp32 master weights, optimizer moments, step, consumed samples, the
   // optimizer's steps, the loss scaler, the seed — as <root>/step_<step>, each element once (by
   // the rank owning it: ZeRO's partition owner, tp rank 0 of replicated elements, the first
