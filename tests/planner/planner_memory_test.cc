@@ -15,8 +15,6 @@
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
 #include "strata/core/check.h"
-#include "strata/core/rng.h"
-#include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
 #include "strata/planner/search.h"
 #include "strata/train/config.h"
@@ -32,16 +30,7 @@ using test::world_size;
 class PlannerMemory : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = test::shared_temp_path("strata_planner_", ".bin");
-    if (world_rank() == 0) {
-      std::vector<int32_t> tokens(20000);
-      const uint64_t key = rng_key(11, "planner_test");
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        tokens[i] = int32_t(rng_uniform(key, i) * 64) % 64;
-      }
-      data::write_llmc_shard(path_, tokens, false);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    path_ = test::shared_token_file("strata_planner_", 20000, 11, "planner_test", 64);
     dataset_ = data::open_dataset(path_, "llmc");
   }
   static void TearDownTestSuite() {

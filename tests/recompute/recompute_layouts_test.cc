@@ -43,16 +43,7 @@ struct Result {
 class RecomputeLayouts : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    path_ = test::shared_temp_path("strata_rc_", ".bin");
-    if (world_rank() == 0) {
-      std::vector<int32_t> tokens(20000);
-      const uint64_t key = rng_key(11, "recompute_layouts");
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        tokens[i] = int32_t(rng_uniform(key, i) * 64) % 64;
-      }
-      data::write_llmc_shard(path_, tokens, false);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
+    path_ = test::shared_token_file("strata_rc_", 20000, 11, "recompute_layouts", 64);
     dataset_ = data::open_dataset(path_, "llmc");
   }
   static void TearDownTestSuite() {
