@@ -13,10 +13,10 @@
 #   - the development packages, alone (not their own Depends, which pull gfortran, autotools and
 #     the -dev packages of every library OpenMPI links): libopenmpi-dev (mpi.h, libmpi.so),
 #     libdnnl-dev, nlohmann-json3-dev, libcli11-dev, libgtest-dev (static gtest + CMake config),
-#     libpcre2-dev;
+#     libpcre2-dev, libprotobuf-dev and protobuf-compiler (the TensorBoard monitor);
 #   - the runtime libraries behind them, with their Depends followed recursively: libopenmpi3,
 #     openmpi-bin (mpirun, the wrapper compilers), openmpi-common (its help texts), libdnnl2 (and
-#     libOpenCL.so.1, which libdnnl.so links), libpcre2-*;
+#     libOpenCL.so.1, which libdnnl.so links), libpcre2-*, libprotobuf*, libprotoc32, zlib1g-dev;
 #   - minus what every glibc Linux with a C++ compiler has (libc6, libstdc++6, libgcc-s1, libgomp1,
 #     zlib, ...) and what a one-host build and test do not use (openssh-client, hwloc's optional
 #     plugins and their X11/libxml2/ICU, the InfiniBand providers, debconf, perl, PAM).
@@ -49,7 +49,8 @@ for p in "${strata_packages[@]}"; do
   esac
 done
 runtime_roots=(libopenmpi3 openmpi-bin openmpi-common libdnnl2 ocl-icd-libopencl1
-               libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3)
+               libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3
+               libprotobuf32 libprotobuf-lite32 libprotoc32 zlib1g-dev)
 # Not followed and not fetched: the base system every such machine has, and what the build and a
 # one-host test run never load.
 exclude_re='^(libc6|libc-bin|libgcc-s1|libstdc\+\+6|gcc-[0-9]+-base|libgomp1|libatomic1|zlib1g|libzstd1|liblzma5|libbz2-1\.0|libcrypt1|libselinux1|libudev1|libuuid1|libtinfo6|libssl3|libffi8|libgmp10|libmd0|libbsd0|libacl1|libcap-ng0|libaudit1|libaudit-common|libpam.*|libsemanage.*|libsepol2|libdb5\.3|libgdbm.*|perl.*|libperl.*|debconf|cdebconf|debianutils|dpkg|tar|adduser|passwd|install-info|readline-common|libreadline8|libslang2|libnewt0\.52|libtextwrap1|libdebian-installer4|openssh-client|libedit2|libfido2-1|libcbor0\.8|libgssapi-krb5-2|libkrb5.*|libk5crypto3|libcom-err2|libkeyutils1|libhwloc-plugins|ibverbs-providers|libxml2|libicu[0-9]+|libx11-.*|libx11-6|libxau6|libxcb1|libxdmcp6|libxext6|libxnvctrl0|libpciaccess0)$'

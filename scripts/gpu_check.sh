@@ -222,6 +222,10 @@ stage_configure() {
            -DMPI_CXX_COMPILER="$mpicxx" -DMPI_C_COMPILER="$mpicc" -DMPIEXEC_EXECUTABLE="$mpiexec"
            -DDNNL_LIB="$(first 'libdnnl.so')" -DDNNL_INCLUDE="$(dirname "$(first dnnl.hpp)")"
            -DPCRE2_LIB="$(first 'libpcre2-8.so')" -DPCRE2_INCLUDE="$(dirname "$(first pcre2.h)")"
+           -DProtobuf_PROTOC_EXECUTABLE="$p/usr/bin/protoc" -DProtobuf_INCLUDE_DIR="$p/usr/include"
+           -DProtobuf_LIBRARY="$(first 'libprotobuf.so')"
+           -DProtobuf_LITE_LIBRARY="$(first 'libprotobuf-lite.so')"
+           -DProtobuf_PROTOC_LIBRARY="$(first 'libprotoc.so')"
            "-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,$p/ldpath"
            "-DCMAKE_SHARED_LINKER_FLAGS=-Wl,-rpath-link,$p/ldpath")
   fi

@@ -2,7 +2,8 @@
 # (sourced by scripts/setup.sh and scripts/sanitize.sh; the sanitizer runtimes, libasan and
 # libubsan, come with g++).
 strata_packages=(cmake g++ make libopenmpi-dev openmpi-bin libdnnl-dev nlohmann-json3-dev
-                 libcli11-dev libgtest-dev iproute2 python3 libpcre2-dev python3-venv)
+                 libcli11-dev libgtest-dev iproute2 python3 libpcre2-dev python3-venv
+                 libprotobuf-dev protobuf-compiler)
 
 install_missing_packages() {
   local missing=() p

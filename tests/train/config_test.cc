@@ -734,10 +734,14 @@ TEST(Config, RuntimeBlocksAndNotices) {
   EXPECT_TRUE(c.checkpoint.parallel_write_pipeline_stage);
   EXPECT_EQ(c.elasticity.micro_batch_sizes, (std::vector<int64_t>{2, 4}));
   const std::vector<std::string> notes = config_notices(c, 1);
-  for (const char* key : {"checkpoint.load_universal", "tensorboard.enabled", "csv_monitor.enabled",
-                          "wandb.enabled", "communication_data_type=fp16"}) {
+  for (const char* key :
+       {"checkpoint.load_universal", "wandb.enabled", "communication_data_type=fp16"}) {
     EXPECT_TRUE(any_contains(notes, key)) << key;
   }
+  // The monitors are in effect (RunMonitors): no note.
+  EXPECT_FALSE(any_contains(notes, "tensorboard.enabled has")) << "tensorboard is in effect";
+  EXPECT_FALSE(any_contains(notes, "tensorboard.output_path")) << "tensorboard is in effect";
+  EXPECT_FALSE(any_contains(notes, "csv_monitor")) << "csv_monitor is in effect";
   EXPECT_FALSE(any_contains(notes, "activation_checkpointing")) << "4 of the demo's 4 blocks";
   EXPECT_TRUE(contains(error_of(with(kMinimal, {{"elasticity", {{"enabled", true}}}})),
                        "elasticity.max_train_batch_size is required"));

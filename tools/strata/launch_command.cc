@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/core/check.h"
+#include "strata/core/progress.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/launch.h"
 
@@ -219,6 +220,12 @@ std::vector<std::string> mpirun_command(int n, const std::string& hostfile, int 
   }
   if (geteuid() == 0) argv.push_back("--allow-run-as-root");
   argv.insert(argv.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(threads)});
+  // The ranks' stdout is OpenMPI's pseudo-terminal wherever this one's goes: they draw a live
+  // progress line only if this process would (core/progress.h).
+  if (std::getenv("STRATA_PROGRESS") == nullptr) {
+    argv.insert(argv.end(), {"-x", std::string("STRATA_PROGRESS=") +
+                                       (decide_live_progress() ? "live" : "lines")});
+  }
   for (char** e = environ; *e != nullptr; ++e) {
     std::string name(*e, std::strcspn(*e, "="));
     if (forwardable(name)) argv.insert(argv.end(), {"-x", name});

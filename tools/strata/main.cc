@@ -16,6 +16,7 @@
 #include "strata/comm/heartbeat.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
+#include "strata/core/progress.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/suggest.h"
 
@@ -79,6 +80,8 @@ int main(int argc, char** argv) {
   strata::cli::add_ckpt_command(app);
   try {
     if (launched_by_mpi()) strata::comm::init(&argc, &argv);
+    // Rank 0 draws progress live where a person watches a terminal (core/progress.h).
+    strata::set_live_progress(strata::decide_live_progress() && strata::comm::world_rank() == 0);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // Help, or a bad command line: CLI11 prints it (once, from rank 0 under MPI).

@@ -17,6 +17,7 @@
 #include "strata/comm/topology.h"
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
+#include "strata/core/progress.h"
 #include "strata/data/prepare.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/cpu/cpu_features.h"
@@ -27,6 +28,7 @@
 #include "strata/train/elasticity.h"
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
+#include "strata/train/monitors.h"
 #include "strata/train/weight_decay.h"
 #include "tools/strata/commands.h"
 
@@ -381,13 +383,19 @@ void run_train(const TrainArgs& a) {
   if (rank0 && !decay.empty()) std::printf("%s\n", decay.c_str());
   // Only rank 0 logs: every rank holds the same loss, norm and parameters after a step.
   std::unique_ptr<MetricsLog> log;
-  if (rank0) log = std::make_unique<MetricsLog>(cfg.train.run_dir, engine.step());
+  std::unique_ptr<RunMonitors> monitors;
+  if (rank0) {
+    log = std::make_unique<MetricsLog>(cfg.train.run_dir, engine.step());
+    monitors = std::make_unique<RunMonitors>(cfg, engine.consumed_samples());
+    if (monitors->any()) std::printf("monitors: %s\n", monitors->describe().c_str());
+  }
   const auto [trace_first, trace_last] = parse_trace_steps(a.trace_steps);
   const Fault fault = parse_fault(a.fault);
   if (fault.rank == (comm::initialized() ? comm::world_rank() : 0)) {
     if (fault.action >= 0) engine.inject_fault(fault.step, size_t(fault.action));
     engine.inject_kill(fault.step, fault.phase);
   }
+  EtaClock eta;
   nlohmann::json trace_events = nlohmann::json::array();
   double trace_offset_us = 0.0;
   const comm::GridCoord coord = groups ? groups->coord() : comm::GridCoord{};
@@ -410,29 +418,33 @@ void run_train(const TrainArgs& a) {
       val_loss = engine.evaluate(eval_iters);
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (rank0) std::printf("%s\n", val_line(s.step, *val_loss, secs).c_str());
+      if (rank0) log_line(val_line(s.step, *val_loss, secs));
     }
     if (rank0) {
       log->write(s, peak, val_loss);
+      monitors->write(s, engine.consumed_samples(), peak, val_loss);
+      eta.step_done(s.step, s.seconds);
+      const double left = eta.eta_s(steps);
       const bool print = cfg.steps_per_print > 0 &&
                          (s.step % cfg.steps_per_print == 0 || s.step == 1 || s.step == steps);
-      if (print) {
-        std::printf("%s\n", progress_line(s, steps, peak, cfg.wall_clock_breakdown).c_str());
-      }
-      if (s.step == 1) std::printf("memory (measured, step 1): %s\n", describe_peaks(s).c_str());
-      std::fflush(stdout);
+      if (print) log_line(progress_line(s, steps, peak, cfg.wall_clock_breakdown, left));
+      if (s.step == 1) log_line("memory (measured, step 1): " + describe_peaks(s));
+      status_line(live_line(s, steps, peak, left));
     }
     const int64_t interval = cfg.checkpoint.interval;
     if (!ckpt_dir.empty() && ((interval > 0 && s.step % interval == 0) || s.step == steps)) {
       const auto t0 = std::chrono::steady_clock::now();
       engine.save_checkpoint(ckpt_dir);
       if (rank0) {
-        std::printf("checkpoint: %s (%.2f s)\n",
-                    (std::filesystem::path(ckpt_dir) / ckpt::step_dir_name(s.step)).c_str(),
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        char secs[32];
+        std::snprintf(secs, sizeof secs, " (%.2f s)",
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        log_line("checkpoint: " +
+                 (std::filesystem::path(ckpt_dir) / ckpt::step_dir_name(s.step)).string() + secs);
       }
     }
   }
+  if (rank0) end_status_line();
   if (rank0 && trace_last >= trace_first) {
     const std::string path = (std::filesystem::path(cfg.train.run_dir) / "trace.json").string();
     atomic_write(path, nlohmann::json{{"traceEvents", trace_events}}.dump(), IoError::input);

@@ -16,6 +16,7 @@
 
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
+#include "strata/core/progress.h"
 #include "strata/core/safetensors.h"
 
 namespace strata::ckpt {
@@ -439,7 +440,11 @@ void export_hf(const ModelSpec& spec, const GlobalTensorFn& get, DType dtype,
   std::vector<float> canonical, part;
   std::vector<char> bytes;
   int loaded = -1;
-  for (const HfTensor& t : hf_tensors(spec)) {
+  const std::vector<HfTensor> tensors = hf_tensors(spec);
+  const ProgressTask progress("export to Hugging Face (tensors)", tensors.size(),
+                              ProgressTask::Unit::Items);
+  for (const HfTensor& t : tensors) {
+    progress_advance(1);
     const ParamSpec& p = spec.params[size_t(t.param)];
     if (t.param != loaded) {
       const std::vector<float> global = get(p);
@@ -476,7 +481,11 @@ std::map<std::string, std::vector<float>> import_hf(const std::string& path,
   }
   std::vector<float> part;
   int embedding = -1;
-  for (const HfTensor& t : hf_tensors(spec)) {
+  const std::vector<HfTensor> tensors = hf_tensors(spec);
+  const ProgressTask progress("import from Hugging Face (tensors)", tensors.size(),
+                              ProgressTask::Unit::Items);
+  for (const HfTensor& t : tensors) {
+    progress_advance(1);
     const ParamSpec& p = spec.params[size_t(t.param)];
     if (p.role == ParamRole::TokenEmbedding) embedding = t.param;
     const std::optional<SafetensorView> v = files.find(t.name, prefix);

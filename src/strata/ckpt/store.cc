@@ -16,6 +16,7 @@
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/crc32c.h"
+#include "strata/core/progress.h"
 #include "strata/core/safetensors.h"
 #include "strata/kernels/ops.h"
 
@@ -106,6 +107,8 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
     // a host block small enough to stay in the core's cache while its CRC is taken and written.
     constexpr int64_t kBlock = int64_t(1) << 18;  // floats: 1 MiB
     std::vector<float> stage;
+    const ProgressTask progress("checkpoint save (this rank's file)", uint64_t(off),
+                                ProgressTask::Unit::Bytes);
     for (PendingChunk& p : chunks) {
       p.meta.offset = at;
       const Tensor src(const_cast<float*>(p.data), DType::F32, {p.meta.numel}, device);
@@ -121,6 +124,7 @@ int64_t write_rank_file(const std::string& path, std::vector<PendingChunk>& chun
         }
         crc = crc32c(host, size_t(n) * 4, crc);
         write_fully(fd, host, size_t(n) * 4, path, IoError::runtime);
+        progress_advance(uint64_t(n) * 4);
       }
       p.meta.crc32c = crc;
       at += p.meta.numel * 4;
@@ -353,7 +357,11 @@ void Reader::run() {
     const Chunk &x = m_.chunks[a.chunk], &y = m_.chunks[b.chunk];
     return x.file != y.file ? x.file < y.file : x.offset < y.offset;
   });
+  uint64_t total = 0;
+  for (const Job& job : jobs_) total += uint64_t(m_.chunks[job.chunk].numel) * 4;
+  const ProgressTask progress("checkpoint load", total, ProgressTask::Unit::Bytes);
   for (const Job& job : jobs_) {
+    progress_advance(uint64_t(m_.chunks[job.chunk].numel) * 4);
     if (!job.direct) {
       load_chunk(job.chunk);
       for (const Piece& p : job.pieces) {

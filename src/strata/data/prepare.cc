@@ -14,6 +14,7 @@
 #include <system_error>
 
 #include "strata/core/check.h"
+#include "strata/core/progress.h"
 #include "strata/data/hf_tokenizer.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/megatron_dataset.h"
@@ -332,6 +333,9 @@ PrepareResult prepare_tokenizer(const std::vector<std::string>& inputs, const st
   std::vector<std::vector<int32_t>> ids;
   std::vector<std::exception_ptr> errors;
   std::vector<size_t> batch;  // indices into in.docs
+  uint64_t all_bytes = 0;
+  for (const Document& d : in.docs) all_bytes += uint64_t(d.bytes);
+  const ProgressTask progress("tokenizing", all_bytes, ProgressTask::Unit::Bytes);
   size_t next = 0;
   while (next < in.docs.size()) {
     batch.clear();
@@ -341,6 +345,7 @@ PrepareResult prepare_tokenizer(const std::vector<std::string>& inputs, const st
       batch.push_back(next++);
     }
     const int64_t n = int64_t(batch.size());
+    progress_advance(uint64_t(bytes));
     texts.resize(batch.size());
     std::vector<char> readable(batch.size());
     for (int64_t i = 0; i < n; ++i)

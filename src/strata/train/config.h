@@ -155,6 +155,14 @@ struct WandbConfig {
   std::string project = "deepspeed";
 };
 
+// DeepSpeed's comet block: read to note that it needs a network service strata does not reach.
+struct CometConfig {
+  bool enabled = false;
+  int64_t samples_log_interval = 100;
+  std::string project, workspace, api_key, experiment_name, experiment_key, mode;
+  bool online_set = false;  // online: DeepSpeed's default is None (Comet decides)
+};
+
 // DeepSpeed blocks and keys read only to check them: they change nothing in strata's training (a
 // printout, DeepSpeed's own data loader, NVMe I/O tuning, a check on a client optimizer strata
 // does not have), so config_notices names the ones set away from DeepSpeed's default. What would
@@ -208,6 +216,7 @@ struct Config {
   ElasticityConfig elasticity;
   MonitorConfig tensorboard, csv_monitor;
   WandbConfig wandb;
+  CometConfig comet;
   DeepSpeedExtrasConfig extras;
 
   ModelConfig model;  // no "model" block: the "demo" preset

@@ -615,6 +615,20 @@ void parse_runtime_blocks(const Block& top, Config& c) {
   w.get_string("group", c.wandb.group);
   w.get_string("team", c.wandb.team);
   w.get_string("project", c.wandb.project);
+  Block cm = top.child("comet", keys_of("comet"), true);
+  cm.nullable(
+      {"project", "workspace", "api_key", "experiment_name", "experiment_key", "online", "mode"});
+  CometConfig& co = c.comet;
+  cm.get_bool("enabled", co.enabled);
+  cm.get_int("samples_log_interval", co.samples_log_interval, 1);
+  for (const auto& [key, out] :
+       {std::pair{"project", &co.project}, std::pair{"workspace", &co.workspace},
+        std::pair{"api_key", &co.api_key}, std::pair{"experiment_name", &co.experiment_name},
+        std::pair{"experiment_key", &co.experiment_key}, std::pair{"mode", &co.mode}}) {
+    cm.get_string(key, *out);
+  }
+  bool online = false;
+  co.online_set = cm.get_bool("online", online);
 }
 
 void check_cross_block(Config& c) {

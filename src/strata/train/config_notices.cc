@@ -326,22 +326,30 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
         "writes its own file in parallel");
   }
 
-  const MonitorConfig dm;
-  for (const auto& [name, m] :
-       {std::pair{"tensorboard", &c.tensorboard}, std::pair{"csv_monitor", &c.csv_monitor}}) {
-    if (m->enabled) add(name, ".enabled has no effect: metrics go to train.run_dir only");
-    const std::string keys = keys_set(name, {{"output_path", m->output_path != dm.output_path},
-                                             {"job_name", m->job_name != dm.job_name}});
-    if (!keys.empty()) add(keys, has(keys), " no effect: metrics go to train.run_dir only");
-  }
   const WandbConfig dw;
   if (c.wandb.enabled)
     add("wandb.enabled has no effect: it needs a network service; metrics go to "
-        "train.run_dir only");
+        "train.run_dir, and to TensorBoard event files with tensorboard.enabled");
   const std::string wandb = keys_set("wandb", {{"group", c.wandb.group != dw.group},
                                                {"team", c.wandb.team != dw.team},
                                                {"project", c.wandb.project != dw.project}});
   if (!wandb.empty()) add(wandb, has(wandb), " no effect: metrics go to train.run_dir only");
+  const CometConfig dc;
+  const CometConfig& co = c.comet;
+  if (co.enabled) {
+    add("comet.enabled has no effect: it needs a network service; metrics go to "
+        "train.run_dir, and to TensorBoard event files with tensorboard.enabled");
+  }
+  const std::string comet = keys_set(
+      "comet", {{"samples_log_interval", co.samples_log_interval != dc.samples_log_interval},
+                {"project", !co.project.empty()},
+                {"workspace", !co.workspace.empty()},
+                {"api_key", !co.api_key.empty()},
+                {"experiment_name", !co.experiment_name.empty()},
+                {"experiment_key", !co.experiment_key.empty()},
+                {"online", co.online_set},
+                {"mode", !co.mode.empty()}});
+  if (!comet.empty()) add(comet, has(comet), " no effect: metrics go to train.run_dir only");
 
   // ---- DeepSpeed's printouts, its data loader, NVMe tuning ----
   const DeepSpeedExtrasConfig& x = c.extras;

@@ -36,6 +36,7 @@ const Keys kTop = {"train_batch_size",
                    "tensorboard",
                    "csv_monitor",
                    "wandb",
+                   "comet",
                    "flops_profiler",
                    "comms_logger",
                    "torch_autocast",
@@ -136,6 +137,8 @@ const Keys kAio = {"block_size",   "queue_depth",   "intra_op_parallelism",
 // random-LTD schedules) are DeepSpeed's to interpret and are taken as given.
 const Keys kDataEfficiency = {"enabled", "seed", "data_sampling", "data_routing"};
 const Keys kWandb = {"enabled", "group", "team", "project"};
+const Keys kComet = {"enabled",         "samples_log_interval", "project", "workspace", "api_key",
+                     "experiment_name", "experiment_key",       "online",  "mode"};
 const Keys kModel = {"preset",   "family",     "layers",  "hidden",  "heads",
                      "kv_heads", "ffn_hidden", "vocab",   "seq_len", "tied_embeddings",
                      "norm_eps", "rope_theta", "init_std"};
@@ -157,7 +160,6 @@ constexpr Unsupported kUnsupported[] = {
      "strata shards sequences over the tensor group: parallelism.sequence_parallel"},
     {"", "fp32_allreduce", "use communication_data_type"},
     {"", "vocabulary_size", "the vocabulary is model.vocab"},
-    {"", "comet", "strata's monitors are tensorboard, csv_monitor and wandb"},
     {"", "autotuning", "remove it"},
     {"", "sparse_attention", "remove it"},
     {"", "sparse_gradients", "remove it"},
@@ -224,6 +226,7 @@ const std::vector<BlockSchema>& schema() {
       {"tensorboard", &kMonitor},
       {"csv_monitor", &kMonitor},
       {"wandb", &kWandb},
+      {"comet", &kComet},
       {"flops_profiler", &kFlopsProfiler},
       {"comms_logger", &kCommsLogger},
       {"torch_autocast", &kTorchAutocast},

@@ -17,6 +17,7 @@
 
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
+#include "strata/core/progress.h"
 #include "strata/core/rng.h"
 #include "strata/kernels/cpu/cpu_features.h"
 #include "strata/kernels/ops.h"
@@ -206,7 +207,7 @@ std::string describe_peaks(const StepMetrics& s) {
 }
 
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
-                          bool breakdown) {
+                          bool breakdown, double eta_s) {
   size_t mem = 0;
   for (size_t v : s.peak_bytes) mem += v;
   char buf[256];
@@ -225,7 +226,32 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
                   format_bytes(size_t(s.comm_bytes)).c_str());
     line += buf;
   }
+  if (eta_s >= 0) line += " | ETA " + format_duration(eta_s);
   return line;
+}
+
+std::string live_line(const StepMetrics& s, int64_t total_steps, double peak_gflops, double eta_s) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "step %lld/%lld | loss %.4f | %.0f tok/s | MFU %.1f%%",
+                static_cast<long long>(s.step), static_cast<long long>(total_steps), s.loss,
+                s.tokens_per_s, 100.0 * s.flops / s.seconds / 1e9 / peak_gflops);
+  std::string line = buf;
+  if (eta_s >= 0) line += " | ETA " + format_duration(eta_s);
+  return line;
+}
+
+void EtaClock::step_done(int64_t step, double step_seconds) {
+  const auto now = std::chrono::steady_clock::now();
+  if (first_step_ < 0) first_step_ = step, first_seconds_ = step_seconds, first_end_ = now;
+  last_step_ = step, last_end_ = now;
+}
+
+double EtaClock::eta_s(int64_t total_steps) const {
+  if (first_step_ < 0 || last_step_ >= total_steps) return -1.0;
+  const double left = double(total_steps - last_step_);
+  if (last_step_ == first_step_) return first_seconds_ * left;
+  const double since = std::chrono::duration<double>(last_end_ - first_end_).count();
+  return since / double(last_step_ - first_step_) * left;
 }
 
 std::string val_line(int64_t step, double val_loss, double seconds) {

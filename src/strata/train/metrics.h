@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -33,8 +34,27 @@ MachinePeak measure_machine_peak(MPI_Comm world);
 // gradient communication and optimizer times.
 // The step's peak bytes per memory category, "params 1.2 MiB, grads ..." (non-zero ones).
 std::string describe_peaks(const StepMetrics& s);
+// eta_s >= 0 (before the last step) ends the line with "| ETA 4m05s".
 std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak_gflops,
-                          bool breakdown);
+                          bool breakdown, double eta_s = -1.0);
+// The terminal's live line (core/progress.h): "step 12/400 | loss 3.2101 | 51234 tok/s |
+// MFU 41.2% | ETA 4m10s".
+std::string live_line(const StepMetrics& s, int64_t total_steps, double peak_gflops, double eta_s);
+
+// The time left of a run from its pace so far: the wall time since this run's first step ended
+// (validation and checkpoints included) over the steps since, times the steps left; from the
+// first step alone until a second one ends. Negative when nothing is known or nothing is left.
+class EtaClock {
+ public:
+  // After each step: its number and wall time.
+  void step_done(int64_t step, double step_seconds);
+  double eta_s(int64_t total_steps) const;
+
+ private:
+  int64_t first_step_ = -1, last_step_ = -1;
+  double first_seconds_ = 0.0;
+  std::chrono::steady_clock::time_point first_end_, last_end_;
+};
 
 // "step 40 | val loss 3.2101 | val ppl 24.78 | 0.52 s" (exp of the loss is the perplexity).
 std::string val_line(int64_t step, double val_loss, double seconds);
