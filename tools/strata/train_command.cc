@@ -1,4 +1,6 @@
+#include <mpi.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -29,6 +31,7 @@
 #include "strata/train/engine.h"
 #include "strata/train/metrics.h"
 #include "strata/train/monitors.h"
+#include "strata/train/stragglers.h"
 #include "strata/train/weight_decay.h"
 #include "tools/strata/commands.h"
 
@@ -47,6 +50,7 @@ struct TrainArgs {
   std::string trace_steps;  // "A:B" (1-based, inclusive) or "A"
   std::string device;       // --device, when given
   std::string fault;        // "rank=R,step=S,action=N"
+  std::string slow;         // "R:SECONDS" or "R:SECONDS:FROM_STEP"
   std::string resume;       // "auto" (checkpoint.dir's latest) or a checkpoint path
 };
 
@@ -395,6 +399,35 @@ void run_train(const TrainArgs& a) {
     if (fault.action >= 0) engine.inject_fault(fault.step, size_t(fault.action));
     engine.inject_kill(fault.step, fault.phase);
   }
+  if (!a.slow.empty()) {
+    int r = -1;
+    double secs = -1.0;
+    long long from = 1;
+    char extra = 0;
+    const int n = std::sscanf(a.slow.c_str(), "%d:%lf:%lld%c", &r, &secs, &from, &extra);
+    STRATA_INPUT_CHECK((n == 2 || n == 3) && r >= 0 && secs >= 0 && secs <= 60 && from >= 1,
+                       "--slow ", a.slow,
+                       ": expected R:SECONDS or R:SECONDS:FROM_STEP (R >= 0, 0 <= SECONDS <= 60, "
+                       "FROM_STEP >= 1), e.g. --slow 1:0.05");
+    if (r == (comm::initialized() ? comm::world_rank() : 0)) engine.inject_slowness(from, secs);
+  }
+  // Stragglers: every rank takes part in each window's gather; rank 0 names the slow ones.
+  std::vector<std::string> rank_names;
+  if (groups) {
+    char host[64] = {};
+    gethostname(host, sizeof host - 1);
+    std::vector<char> hosts(rank0 ? size_t(world) * sizeof host : 0);
+    MPI_Gather(host, sizeof host, MPI_CHAR, hosts.data(), sizeof host, MPI_CHAR, 0, MPI_COMM_WORLD);
+    for (int r = 0; rank0 && r < world; ++r) {
+      const comm::GridCoord c = grid.coord(r);
+      rank_names.push_back("dp " + std::to_string(c.dp) + " tp " + std::to_string(c.tp) + " pp " +
+                           std::to_string(c.pp) + " on " +
+                           std::string(hosts.data() + size_t(r) * sizeof host));
+    }
+  }
+  StragglerWatch stragglers(
+      {cfg.train.straggler_interval, cfg.train.straggler_threshold, cfg.train.straggler_patience},
+      groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank_names);
   EtaClock eta;
   nlohmann::json trace_events = nlohmann::json::array();
   double trace_offset_us = 0.0;
@@ -420,8 +453,12 @@ void run_train(const TrainArgs& a) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rank0) log_line(val_line(s.step, *val_loss, secs));
     }
+    const std::optional<StragglerReport> window = stragglers.step_done(s);
     if (rank0) {
-      log->write(s, peak, val_loss);
+      log->write(s, peak, val_loss, window ? &window->stats : nullptr);
+      if (window) {
+        for (const std::string& line : window->named) log_line(line);
+      }
       monitors->write(s, engine.consumed_samples(), peak, val_loss);
       eta.step_done(s.step, s.seconds);
       const double left = eta.eta_s(steps);
@@ -497,6 +534,9 @@ void add_train_command(CLI::App& app) {
                   "rank=R,step=S,action=N: rank R fails before its action N of step S; "
                   "rank=R,step=S,phase=P: rank R is killed in phase P (forward, backward, reduce, "
                   "optimizer, save) of step S, or hangs before its reduction (hang) (tests)");
+  cmd->add_option("--slow", args->slow,
+                  "R:SECONDS[:FROM_STEP]: rank R computes SECONDS longer before each forward, "
+                  "from step FROM_STEP (default 1) on: a straggler on purpose (tests)");
   cmd->add_option("--trace-steps", args->trace_steps,
                   "A:B: write every rank's actions of steps A..B (1-based) as one Chrome trace, "
                   "<run_dir>/trace.json (opens in Perfetto)");

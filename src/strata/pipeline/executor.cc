@@ -143,6 +143,7 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
     Transformer& c = *chunks_[size_t(k)];
     const int64_t at = a.micro * mb * T;
     const auto t0 = clock::now();
+    faults_.delay(step, a);
     switch (a.op) {
       case Op::RecvActivation:
       case Op::RecvGradient: {
@@ -153,6 +154,7 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
                   peers_->recv(part.data, size_t(part.numel()), pt, a.peer,
                                tag(a.micro, g, act ? 0 : 1), act ? "an activation" : "a gradient"));
         if (part.data != in.data || part.numel() != in.numel()) tp_.all_gather(in, part);
+        out.recv_wait_s += std::chrono::duration<double>(clock::now() - t0).count();
         break;
       }
       case Op::SendActivation:

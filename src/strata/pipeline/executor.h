@@ -77,6 +77,7 @@ class Executor {
   struct Pass {
     double loss_sum = 0.0;  // summed token losses (the last stage's; 0 elsewhere)
     double forward_s = 0.0, backward_s = 0.0;
+    double recv_wait_s = 0.0;  // in receives: waiting for the neighbouring stages
   };
   // Runs this stage's actions for the step numbered `step` (1-based, for the fault injector):
   // inputs, targets (micro_batches × micro_batch, seq_len); each micro-batch's dlogits carry

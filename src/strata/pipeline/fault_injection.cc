@@ -21,6 +21,14 @@ void FaultInjector::before_action(int64_t step, size_t index, const Action& a, i
   }
 }
 
+void FaultInjector::delay(int64_t step, const Action& a) const {
+  if (a.op != Op::Forward || slow_step_ <= 0 || step < slow_step_) return;
+  // Busy, not asleep: the time counts as this rank's forward, as a slow chip's would.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(slow_s_);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
 void FaultInjector::at(KillPhase phase, int64_t step) const {
   const bool hang = kill_phase_ == KillPhase::Hang && phase == KillPhase::Reduce;
   if ((phase != kill_phase_ && !hang) || step != kill_step_) return;

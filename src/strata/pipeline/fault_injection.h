@@ -25,11 +25,16 @@ class FaultInjector {
   void throw_at(int64_t step, size_t action) { throw_step_ = step, throw_action_ = action; }
   // The step numbered `step` kills this process (SIGKILL) in `phase`. step 0 or None: none.
   void kill_at(int64_t step, KillPhase phase) { kill_step_ = step, kill_phase_ = phase; }
+  // Every forward of every step from `from_step` on is preceded by `seconds` of busy work on
+  // this rank: a straggler made on purpose (slower cores, a throttled chip).
+  void slow_from(int64_t from_step, double seconds) { slow_step_ = from_step, slow_s_ = seconds; }
 
   // Before action number `index` (a) of the step numbered `step`, on pipeline stage `stage`: a
   // Forward kills in the Forward phase, a Backward or BackwardInput in the Backward phase; then
   // the injected error is thrown.
   void before_action(int64_t step, size_t index, const Action& a, int stage) const;
+  // Inside action a's timing: a Forward's injected slowness (slow_from).
+  void delay(int64_t step, const Action& a) const;
   // At `phase` (Reduce, Optimizer or Save) of the step numbered `step`: kills, or hangs forever
   // (Hang, at Reduce).
   void at(KillPhase phase, int64_t step) const;
@@ -39,6 +44,8 @@ class FaultInjector {
   size_t throw_action_ = 0;
   int64_t kill_step_ = 0;
   KillPhase kill_phase_ = KillPhase::None;
+  int64_t slow_step_ = 0;
+  double slow_s_ = 0.0;
 };
 
 }  // namespace strata::pipeline

@@ -50,6 +50,12 @@ struct TrainConfig {
   // Where each rank computes: "cpu", or "cuda" (one GPU per rank: local rank modulo the visible
   // GPUs, so several ranks may share one).
   std::string device = "cpu";
+  // Stragglers (train/stragglers.h): every straggler_interval steps (0: never) each rank's phase
+  // times are gathered; a rank whose busy time per step exceeds the median's by more than
+  // straggler_threshold (a fraction) in straggler_patience windows in a row is named in the log.
+  int64_t straggler_interval = 20;
+  double straggler_threshold = 0.2;
+  int64_t straggler_patience = 2;
 };
 
 struct Bf16Config {

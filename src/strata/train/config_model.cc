@@ -298,6 +298,9 @@ void parse_layout_blocks(const Block& top, Config& c) {
   tb.get_int("steps", c.train.steps, 1);
   tb.get_int("eval_interval", c.train.eval_interval, 0);
   tb.get_int("eval_iters", c.train.eval_iters, 0);
+  tb.get_int("straggler_interval", c.train.straggler_interval, 0);
+  tb.get_number("straggler_threshold", c.train.straggler_threshold, 0.0, 100.0, true);
+  tb.get_int("straggler_patience", c.train.straggler_patience, 1);
   tb.get_uint64("seed", c.train.seed);
   tb.get_choice("device", c.train.device, {"cpu", "cuda"});
   if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {

@@ -146,7 +146,15 @@ const Keys kParallelism = {"tensor",    "pipeline",          "virtual_stages",
                            "schedule",  "sequence_parallel", "order",
                            "timeout_s", "partition",         "partition_blocks"};
 const Keys kData = {"path", "format", "val_path"};
-const Keys kTrain = {"steps", "seed", "run_dir", "eval_interval", "eval_iters", "device"};
+const Keys kTrain = {"steps",
+                     "seed",
+                     "run_dir",
+                     "eval_interval",
+                     "eval_iters",
+                     "device",
+                     "straggler_interval",
+                     "straggler_threshold",
+                     "straggler_patience"};
 
 // DeepSpeed keys strata does not implement, by block, with what to do instead.
 struct Unsupported {

@@ -363,6 +363,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.seconds = std::chrono::duration<double>(t1 - t0).count();
   s.forward_s = pass.forward_s;
   s.backward_s = pass.backward_s;
+  s.pipeline_wait_s = pass.recv_wait_s;
   s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
   s.comm_exposed_s = comm_exposed_s;
   s.tp_comm_s = tp_comm_s;

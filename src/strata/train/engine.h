@@ -57,6 +57,7 @@ struct StepMetrics {
   // activation_checkpointing.profile (this rank's blocks, others 0).
   double recompute_s = 0.0;
   std::span<const double> recompute_block_s;  // valid until the next step
+  double pipeline_wait_s = 0.0;  // waiting in pipeline receives for the neighbouring stages
   uint64_t comm_bytes =
       0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
   uint64_t cross_group_bytes = 0;  // of which across MiCS shard groups (the replica group)
@@ -129,6 +130,7 @@ class Engine {
   // written, the checkpoint not yet committed); Hang stops at the reduction without dying.
   using KillPhase = pipeline::KillPhase;
   void inject_kill(int64_t step, KillPhase phase) { faults_.kill_at(step, phase); }
+  void inject_slowness(int64_t from_step, double seconds) { faults_.slow_from(from_step, seconds); }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
   // flat buffers: not under ZeRO stages 2-3 (an error).

@@ -295,7 +295,8 @@ MetricsLog::MetricsLog(const std::string& run_dir, int64_t resumed_step) {
                      "; set train.run_dir (or --run-dir) to a writable path");
 }
 
-void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<double> val_loss) {
+void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<double> val_loss,
+                       const nlohmann::json* stragglers) {
   nlohmann::json j;
   j["step"] = s.step;
   j["loss"] = s.loss;
@@ -319,6 +320,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   j["tp_comm_s"] = s.tp_comm_s;
   j["tp_bytes"] = s.tp_bytes;
   j["recompute_s"] = s.recompute_s;
+  j["pipeline_wait_s"] = s.pipeline_wait_s;
   if (!s.recompute_block_s.empty()) {
     j["recompute_block_s"] =
         std::vector<double>(s.recompute_block_s.begin(), s.recompute_block_s.end());
@@ -333,6 +335,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   j["max_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;  // this process (rank 0), since it started
+  if (stragglers != nullptr) j["stragglers"] = *stragglers;
   out_ << j.dump() << '\n';
   out_.flush();
 }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -67,8 +68,10 @@ class MetricsLog {
   // rewritten atomically), so the file holds one row per step.
   explicit MetricsLog(const std::string& run_dir, int64_t resumed_step = 0);
   // val_loss: the step's validation loss (Engine::evaluate), written as val_loss and val_ppl.
+  // stragglers: the window's straggler statistics (train/stragglers.h), at a window's end.
   void write(const StepMetrics& s, double peak_gflops,
-             std::optional<double> val_loss = std::nullopt);
+             std::optional<double> val_loss = std::nullopt,
+             const nlohmann::json* stragglers = nullptr);
   const std::string& path() const { return path_; }
 
  private:
