@@ -425,9 +425,9 @@ void run_train(const TrainArgs& a) {
                            std::string(hosts.data() + size_t(r) * sizeof host));
     }
   }
-  StragglerWatch stragglers(
-      {cfg.train.straggler_interval, cfg.train.straggler_threshold, cfg.train.straggler_patience},
-      groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank_names);
+  StragglerWatch stragglers({cfg.train.straggler_interval, cfg.train.straggler_threshold,
+                             cfg.train.straggler_patience, cfg.parallelism.timeout_s},
+                            groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank_names);
   EtaClock eta;
   nlohmann::json trace_events = nlohmann::json::array();
   double trace_offset_us = 0.0;

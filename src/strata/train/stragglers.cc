@@ -1,7 +1,11 @@
 #include "strata/train/stragglers.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
+
+#include "strata/core/check.h"
 
 namespace strata {
 
@@ -43,7 +47,21 @@ std::optional<StragglerReport> StragglerWatch::step_done(const StepMetrics& s) {
   MPI_Comm_size(world_, &size);
   const int k = int(sums_.size());
   std::vector<double> all(rank == 0 ? size_t(size) * size_t(k) : 0);
-  MPI_Gather(sums_.data(), k, MPI_DOUBLE, all.data(), k, MPI_DOUBLE, 0, world_);
+  // Without blocking forever: a rank that never comes (hung, not dead) ends the job here with a
+  // message, as the communicator's watchdog would in a collective.
+  MPI_Request req;
+  MPI_Igather(sums_.data(), k, MPI_DOUBLE, all.data(), k, MPI_DOUBLE, 0, world_, &req);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o_.timeout_s);
+  for (int done = 0;;) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      STRATA_RUNTIME_FAIL("rank ", rank, " waited over parallelism.timeout_s = ", o_.timeout_s,
+                          " s for the other ranks' phase times after step ", s.step,
+                          " (train.straggler_interval): a rank has stopped");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   const int64_t steps = steps_;
   std::fill(sums_.begin(), sums_.end(), 0.0);
   steps_ = 0;
@@ -80,10 +98,10 @@ StragglerReport StragglerWatch::analyse(const std::vector<std::vector<double>>& 
   std::vector<int> slow;
   for (size_t q = 0; q < n; ++q) {
     const double b = per_rank[q][busy] / double(steps);
-    // A floor — 2% of the median step, 1 ms at least — keeps the noise of short steps and the
+    // A floor — 5% of the median step, 1 ms at least — keeps the noise of short steps and the
     // waits no phase counts (the tied embeddings' pipeline all-reduce) from naming anyone: what
-    // the floor hides costs the job under 2% of its time.
-    const bool is_slow = b - med[busy] > std::max({o_.threshold * med[busy], 0.02 * med[0], 1e-3});
+    // the floor hides costs the job under 5% of its time.
+    const bool is_slow = b - med[busy] > std::max({o_.threshold * med[busy], 0.05 * med[0], 1e-3});
     streak_[q] = is_slow ? streak_[q] + 1 : 0;
     if (is_slow) slow.push_back(int(q));
     if (!is_slow || streak_[q] < o_.patience) continue;

@@ -3,7 +3,7 @@
 // tensor-parallel collectives, pipeline receives, optimizer) is gathered on rank 0, which keeps
 // min / median / max and the slowest rank of each for metrics.jsonl. A rank is slow in a window
 // when its busy time per step (the step less the time it waited on others) exceeds the median's
-// by more than `threshold` of it (and by 2% of the median step and 1 ms at least); one slow in
+// by more than `threshold` of it (and by 5% of the median step and 1 ms at least); one slow in
 // `patience` windows in a row
 // is named in the log, with the phase where it loses the most.
 #pragma once
@@ -24,6 +24,7 @@ struct StragglerOptions {
   int64_t interval = 20;  // steps per window; 0: off
   double threshold = 0.2;
   int64_t patience = 2;
+  int timeout_s = 600;  // parallelism.timeout_s: the longest wait for the other ranks
 };
 
 // The phases gathered, in order; "busy_s" last (the step less its waits).
