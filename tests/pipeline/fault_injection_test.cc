@@ -4,6 +4,7 @@
 #include "strata/pipeline/fault_injection.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <string>
@@ -71,6 +72,27 @@ TEST(FaultInjection, HangFiresAtTheReductionOnly) {
   f.at(KillPhase::Optimizer, 1);
   f.at(KillPhase::Save, 1);
   f.at(KillPhase::Reduce, 2);
+}
+
+// HangForward and HangBackward stop alive (the child outlives them until its alarm) at the
+// step's first forward or backward action only.
+TEST(FaultInjection, HangForwardAndBackwardStopAtTheirActionOnly) {
+  for (KillPhase p : {KillPhase::HangForward, KillPhase::HangBackward}) {
+    FaultInjector f;
+    f.kill_at(2, p);
+    const Action& hit = p == KillPhase::HangForward ? kForward : kBackward;
+    const Action& other = p == KillPhase::HangForward ? kBackward : kForward;
+    f.before_action(1, 0, hit, 0);  // the step before
+    f.before_action(2, 0, other, 0);
+    f.before_action(2, 1, kRecv, 0);
+    for (KillPhase q : {KillPhase::Reduce, KillPhase::Optimizer, KillPhase::Save}) f.at(q, 2);
+    EXPECT_EXIT(
+        {
+          alarm(1);
+          f.before_action(2, 2, hit, 0);
+        },
+        testing::KilledBySignal(SIGALRM), "");
+  }
 }
 
 }  // namespace

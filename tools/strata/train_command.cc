@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -14,6 +15,7 @@
 
 #include "strata/ckpt/store.h"
 #include "strata/comm/communicator.h"
+#include "strata/comm/flight_recorder.h"
 #include "strata/comm/heartbeat.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/topology.h"
@@ -66,11 +68,17 @@ Fault parse_fault(const std::string& s) {
   if (s.empty()) return f;
   const char* usage =
       ": expected rank=R,step=S,action=N or rank=R,step=S,phase=P (R, N >= 0, S >= 1; P one of "
-      "forward, backward, reduce, optimizer, save, or hang: stop before the reduction, alive)";
+      "forward, backward, reduce, optimizer, save, or hang, hang-forward, hang-backward: stop "
+      "alive before the reduction, the first forward or the first backward)";
   const std::pair<const char*, Engine::KillPhase> phases[] = {
-      {"forward", Engine::KillPhase::Forward}, {"backward", Engine::KillPhase::Backward},
-      {"reduce", Engine::KillPhase::Reduce},   {"optimizer", Engine::KillPhase::Optimizer},
-      {"save", Engine::KillPhase::Save},       {"hang", Engine::KillPhase::Hang}};
+      {"forward", Engine::KillPhase::Forward},
+      {"backward", Engine::KillPhase::Backward},
+      {"reduce", Engine::KillPhase::Reduce},
+      {"optimizer", Engine::KillPhase::Optimizer},
+      {"save", Engine::KillPhase::Save},
+      {"hang", Engine::KillPhase::Hang},
+      {"hang-forward", Engine::KillPhase::HangForward},
+      {"hang-backward", Engine::KillPhase::HangBackward}};
   bool rank = false, step = false;
   for (size_t at = 0; at <= s.size();) {
     const size_t comma = std::min(s.find(',', at), s.size());
@@ -425,6 +433,27 @@ void run_train(const TrainArgs& a) {
                            std::string(hosts.data() + size_t(r) * sizeof host));
     }
   }
+  // Flight recorder: on a hang every rank's last operations go to <run_dir>/flight, for `strata
+  // doctor`; a previous run's records are kept beside it (flight.1, flight.2, ...).
+  struct FlightOff {
+    ~FlightOff() {
+      // On an error the recorder stays on: abort_job writes this rank's record.
+      if (std::uncaught_exceptions() == 0) comm::flight::disable();
+    }
+  } flight_off;
+  if (groups) {
+    const std::filesystem::path dir = std::filesystem::path(cfg.train.run_dir) / "flight";
+    std::error_code ec;
+    if (rank0 && !std::filesystem::is_empty(dir, ec) && !ec) {
+      int n = 1;
+      while (std::filesystem::exists(dir.string() + "." + std::to_string(n))) ++n;
+      std::filesystem::rename(dir, dir.string() + "." + std::to_string(n), ec);
+    }
+    const comm::GridCoord c = groups->coord();
+    comm::flight::enable(dir.string(), std::chrono::seconds(cfg.parallelism.timeout_s),
+                         "dp " + std::to_string(c.dp) + " tp " + std::to_string(c.tp) + " pp " +
+                             std::to_string(c.pp) + " on " + comm::host_name());
+  }
   StragglerWatch stragglers({cfg.train.straggler_interval, cfg.train.straggler_threshold,
                              cfg.train.straggler_patience, cfg.parallelism.timeout_s},
                             groups ? MPI_COMM_WORLD : MPI_COMM_NULL, rank_names);
@@ -533,7 +562,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--fault", args->fault,
                   "rank=R,step=S,action=N: rank R fails before its action N of step S; "
                   "rank=R,step=S,phase=P: rank R is killed in phase P (forward, backward, reduce, "
-                  "optimizer, save) of step S, or hangs before its reduction (hang) (tests)");
+                  "optimizer, save) of step S, or hangs alive before its reduction (hang), its "
+                  "first forward (hang-forward) or first backward (hang-backward) (tests)");
   cmd->add_option("--slow", args->slow,
                   "R:SECONDS[:FROM_STEP]: rank R computes SECONDS longer before each forward, "
                   "from step FROM_STEP (default 1) on: a straggler on purpose (tests)");

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <pthread.h>
 
+#include "strata/comm/flight_recorder.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
 
@@ -50,6 +51,7 @@ CommStream::~CommStream() {
 void CommStream::abort_stuck(int64_t timeout_s) {
   // The oldest unfinished operation is the one blocked in MPI.
   const Op& stuck = ring_[completed_.load() % kRingSize];
+  flight::mark_stuck(stuck.flight);
   abort_job(1, strata::detail::concat(describe_(stuck), " waited more than ", timeout_s,
                                       " s; a rank is stuck or dead"));
 }

@@ -44,6 +44,7 @@ struct Op {
   DType wire = DType::F32;
   int peer = 0;  // root, destination or source
   int tag = 0;
+  uint64_t flight = 0;  // its flight recorder entry (comm/flight_recorder.h); 0: not recorded
 };
 
 // Its sequence numbers are the events of the communication stream it plays (ops::Completion).

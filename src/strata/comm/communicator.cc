@@ -9,6 +9,7 @@
 #if STRATA_HAVE_NCCL
 #include "strata/comm/cuda/nccl_transport.h"
 #endif
+#include "strata/comm/flight_recorder.h"
 #include "strata/comm/mpi_runtime.h"
 #include "strata/comm/wire_reduce.h"
 #include "strata/core/check.h"
@@ -33,6 +34,7 @@ struct CommState {
   std::unique_ptr<nccl::Transport, void (*)(nccl::Transport*)> nccl{nullptr, nullptr};
   std::string nccl_note;
 #endif
+  int flight_group = 0;     // its id in the flight recorder
   uint64_t wire_bytes = 0;  // see Communicator::wire_bytes(); written by the issuing thread
   std::unique_ptr<CommStream> stream;
 };
@@ -306,9 +308,20 @@ Communicator::Communicator(MPI_Comm comm, std::string name) : s_(std::make_uniqu
 #if STRATA_HAVE_NCCL
   s_->nccl = nccl::open(s_->comm, s_->rank, s_->size, s_->name, &s_->nccl_note);
 #endif
+  s_->flight_group = flight::register_group(s_->name, s_->comm);
   CommState* st = s_.get();
   s_->stream = std::make_unique<detail::CommStream>(
-      "comm-" + s_->name, [st](const Op& op) { execute(*st, op); },
+      "comm-" + s_->name,
+      [st](const Op& op) {
+        flight::start(op.flight);
+        try {
+          execute(*st, op);
+        } catch (...) {
+          flight::complete(op.flight, true);
+          throw;
+        }
+        flight::complete(op.flight);
+      },
       [st](const Op& op) { return describe(*st, op); });
 }
 
@@ -426,13 +439,28 @@ uint64_t wire_bytes_of(const CommState& s, const Op& op) {
 
 }  // namespace
 
-Handle Communicator::enqueue(const detail::Op& op, const ops::Event& after) {
-  s_->wire_bytes += wire_bytes_of(*s_, op);
-  return Handle(s_->stream.get(), s_->stream->submit(op, after));
+namespace {
+
+// op with its flight recorder entry, issued now.
+Op recorded(const CommState& s, Op op) {
+  const flight::Kind kind = op.kind == OpKind::Send   ? flight::Kind::Send
+                            : op.kind == OpKind::Recv ? flight::Kind::Recv
+                                                      : flight::Kind::Collective;
+  const uint64_t bytes = std::max(extent(s, op).in, extent(s, op).out);
+  op.flight = flight::issue(s.flight_group, kind, detail::op_name(op.kind), op.peer, op.tag, bytes);
+  return op;
 }
 
-void Communicator::run(const detail::Op& op) {
+}  // namespace
+
+Handle Communicator::enqueue(const detail::Op& op, const ops::Event& after) {
   s_->wire_bytes += wire_bytes_of(*s_, op);
+  return Handle(s_->stream.get(), s_->stream->submit(recorded(*s_, op), after));
+}
+
+void Communicator::run(const detail::Op& op_in) {
+  s_->wire_bytes += wire_bytes_of(*s_, op_in);
+  const Op op = recorded(*s_, op_in);
   // A blocking call reads what compute wrote before it (the contract above): on a GPU, wait for
   // the compute stream's work so far.
   const void* buf = op.out != nullptr ? static_cast<const void*>(op.out) : op.in;

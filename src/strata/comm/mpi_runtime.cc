@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "strata/comm/flight_recorder.h"
 #include "strata/comm/heartbeat.h"
 #include "strata/comm/wire_reduce.h"
 
@@ -104,6 +105,7 @@ void abort_job(int exit_code, const std::string& why) {
   std::fflush(stdout);
   std::fputs(line.c_str(), stderr);
   std::fflush(stderr);
+  flight::dump("abort: " + why);
   heartbeat_fatal(exit_code, why);
   // MPI_Abort asks mpirun to end the job; with mpirun unreachable (a cut link) it may never
   // return, so the default action of SIGALRM ends this process regardless.

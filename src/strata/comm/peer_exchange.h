@@ -52,7 +52,7 @@ class PeerExchange {
   uint64_t bytes_sent() const { return bytes_; }
 
  private:
-  void wait(MPI_Request& r, const char* what, int peer, int tag);
+  void wait(MPI_Request& r, const char* what, int peer, int tag, uint64_t flight_id);
   void check_tag(int tag, const char* what) const;
   int tag_ub_ = 32767;  // the MPI standard's least guarantee, until the library says
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -64,7 +64,9 @@ class PeerExchange {
   size_t slot_bytes_;
   std::vector<MPI_Request> requests_;  // per slot; MPI_REQUEST_NULL when free
   std::vector<int> peer_of_, tag_of_;  // per slot, for error messages
-  size_t next_ = 0;                    // the oldest slot (sends are issued round robin)
+  std::vector<uint64_t> flight_of_;    // per slot, the send's flight recorder entry
+  int flight_group_ = 0;
+  size_t next_ = 0;  // the oldest slot (sends are issued round robin)
   uint64_t bytes_ = 0;
 };
 

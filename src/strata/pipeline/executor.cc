@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "strata/comm/communicator.h"
+#include "strata/comm/flight_recorder.h"
 #include "strata/comm/peer_exchange.h"
 #include "strata/core/check.h"
 #include "strata/kernels/ops.h"
@@ -138,6 +139,8 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
   Pass out;
   trace_.clear();
   for (const Action& a : schedule_) {
+    char label[64];
+    comm::flight::set_activity(step, format_action(label, sizeof label, a));
     faults_.before_action(step, size_t(&a - schedule_.data()), a, o_.stage);
     const int k = a.chunk, g = chunk_global_[size_t(k)];
     Transformer& c = *chunks_[size_t(k)];

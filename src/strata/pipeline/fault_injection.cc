@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "strata/comm/flight_recorder.h"
 #include "strata/comm/heartbeat.h"
 #include "strata/core/check.h"
 
@@ -30,14 +31,21 @@ void FaultInjector::delay(int64_t step, const Action& a) const {
 }
 
 void FaultInjector::at(KillPhase phase, int64_t step) const {
-  const bool hang = kill_phase_ == KillPhase::Hang && phase == KillPhase::Reduce;
+  const KillPhase hang_at = kill_phase_ == KillPhase::Hang           ? KillPhase::Reduce
+                            : kill_phase_ == KillPhase::HangForward  ? KillPhase::Forward
+                            : kill_phase_ == KillPhase::HangBackward ? KillPhase::Backward
+                                                                     : KillPhase::None;
+  const bool hang = hang_at != KillPhase::None && phase == hang_at;
   if ((phase != kill_phase_ && !hang) || step != kill_step_) return;
-  static constexpr const char* kNames[] = {"none",      "forward", "backward", "reduce",
-                                           "optimizer", "save",    "hang"};
+  static constexpr const char* kNames[] = {"none",   "forward",      "backward",
+                                           "reduce", "optimizer",    "save",
+                                           "hang",   "hang-forward", "hang-backward"};
   comm::heartbeat_fault(kNames[int(kill_phase_)]);
   std::fflush(stdout);
   std::fflush(stderr);
   if (hang) {
+    comm::flight::set_activity(step,
+                               std::string("injected hang (") + kNames[int(kill_phase_)] + ")");
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   ::kill(::getpid(), SIGKILL);

@@ -15,8 +15,19 @@ namespace strata::pipeline {
 // Where an injected kill stops the process: the step's first forward, its first backward, the
 // gradient reduction, the optimizer step, or the checkpoint save after it (this rank's data file
 // written, the checkpoint not yet committed). Hang stops where the reduction would start without
-// dying: the process lives on (its heartbeat too), so only the other ranks' watchdog can tell.
-enum class KillPhase { None, Forward, Backward, Reduce, Optimizer, Save, Hang };
+// dying: the process lives on (its heartbeat too), so only the other ranks' watchdog can tell;
+// HangForward and HangBackward stop so before the step's first forward or backward action.
+enum class KillPhase {
+  None,
+  Forward,
+  Backward,
+  Reduce,
+  Optimizer,
+  Save,
+  Hang,
+  HangForward,
+  HangBackward
+};
 
 class FaultInjector {
  public:
@@ -35,8 +46,8 @@ class FaultInjector {
   void before_action(int64_t step, size_t index, const Action& a, int stage) const;
   // Inside action a's timing: a Forward's injected slowness (slow_from).
   void delay(int64_t step, const Action& a) const;
-  // At `phase` (Reduce, Optimizer or Save) of the step numbered `step`: kills, or hangs forever
-  // (Hang, at Reduce).
+  // At `phase` (Forward, Backward, Reduce, Optimizer or Save) of the step numbered `step`: kills,
+  // or hangs forever (Hang at Reduce, HangForward at Forward, HangBackward at Backward).
   void at(KillPhase phase, int64_t step) const;
 
  private:

@@ -1,6 +1,7 @@
 #include "strata/pipeline/schedule.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "strata/core/check.h"
 
@@ -193,20 +194,26 @@ std::string compute_name(const Action& a, bool with_chunk) {
 
 }  // namespace
 
-std::string action_name(const Action& a) {
-  const std::string id = std::to_string(a.micro) + "." + std::to_string(a.chunk);
-  switch (a.op) {
-    case Op::SendActivation:
-      return "send-act " + id + " to " + std::to_string(a.peer);
-    case Op::RecvActivation:
-      return "recv-act " + id + " from " + std::to_string(a.peer);
-    case Op::SendGradient:
-      return "send-grad " + id + " to " + std::to_string(a.peer);
-    case Op::RecvGradient:
-      return "recv-grad " + id + " from " + std::to_string(a.peer);
-    default:
-      return compute_name(a, true);
+const char* format_action(char* buf, size_t n, const Action& a) {
+  const char* transfer = a.op == Op::SendActivation   ? "send-act"
+                         : a.op == Op::RecvActivation ? "recv-act"
+                         : a.op == Op::SendGradient   ? "send-grad"
+                         : a.op == Op::RecvGradient   ? "recv-grad"
+                                                      : nullptr;
+  if (transfer != nullptr) {
+    const bool send = a.op == Op::SendActivation || a.op == Op::SendGradient;
+    std::snprintf(buf, n, "%s %d.%d %s %d", transfer, a.micro, a.chunk, send ? "to" : "from",
+                  a.peer);
+  } else {
+    const char c = a.op == Op::Forward ? 'F' : a.op == Op::BackwardWeight ? 'W' : 'B';
+    std::snprintf(buf, n, "%c%d.%d", c, a.micro, a.chunk);
   }
+  return buf;
+}
+
+std::string action_name(const Action& a) {
+  char buf[64];
+  return format_action(buf, sizeof buf, a);
 }
 
 std::string describe(const std::vector<std::vector<Action>>& lists) {

@@ -91,6 +91,9 @@ inline int global_chunk(int chunk, int stage, int stages) {
 // "F3.1" (micro 3, local chunk 1) for compute actions: F forward, B backward (fused or input), W
 // weight; sends and receives as "send-act 3.1 to 2", "recv-grad 3.1 from 2".
 std::string action_name(const Action& a);
+// The same text written into buf (n bytes, cut to fit) without allocating, for the step's hot
+// path (the flight recorder's activity); returns buf.
+const char* format_action(char* buf, size_t n, const Action& a);
 const char* op_name(Op op);  // "Forward", "BackwardInput", ...
 
 // One line per stage, compute actions only (each receive comes right before and each send right

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "strata/comm/communicator.h"
+#include "strata/comm/flight_recorder.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
 #include "strata/data/token_dataset.h"
@@ -324,6 +325,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s_ : nullptr);
   }
   double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
+  comm::flight::set_activity(step_ + 1, "gradient reduction");
   faults_.at(KillPhase::Reduce, step_ + 1);
   if (sync_) {
     sync_->finish();
@@ -341,6 +343,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   const double sumsq = sync_ ? sync_->sum_squares(replicated_)
                              : clipper_.flat_sum_squares(
                                    Tensor(grads_.data(), grad_dtype_, {spec_.numel}), replicated_);
+  comm::flight::set_activity(step_, "optimizer");
   const ClipDecision clip = clipper_.decide(sumsq, scaler_.scale());
   const float lr = lr_of_step(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
   if (!clip.skipped) faults_.at(KillPhase::Optimizer, step_);

@@ -12,6 +12,7 @@
 #include "strata/ckpt/slices.h"
 #include "strata/ckpt/store.h"
 #include "strata/comm/communicator.h"
+#include "strata/comm/flight_recorder.h"
 #include "strata/core/check.h"
 #include "strata/kernels/ops.h"
 #include "strata/train/engine.h"
@@ -91,6 +92,7 @@ void on_every_rank(Engine& e, bool (Engine::*all_ok)(bool), const char* what, F&
 }  // namespace
 
 void Engine::save_checkpoint(const std::string& root) {
+  comm::flight::set_activity(step_, "checkpoint save");
   const std::string name = ckpt::step_dir_name(step_);
   const fs::path tmp = fs::path(root) / ("." + name + ".tmp");
   const int id = world_id();
@@ -202,6 +204,7 @@ void Engine::save_checkpoint(const std::string& root) {
 }
 
 Engine::Resumed Engine::load_checkpoint(const std::string& path) {
+  comm::flight::set_activity(step_, "checkpoint load");
   Resumed out;
   const auto t0 = std::chrono::steady_clock::now();
   on_every_rank(*this, &Engine::all_ok, "loading the checkpoint", [&] {

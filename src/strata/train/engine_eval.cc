@@ -1,6 +1,7 @@
 // Engine::evaluate: the validation loss, forward only, through the same chunks, tensor slices,
 // pipeline transfers and ZeRO gathers as a training step, so every layout gives the loss of one
 // process (DESIGN.md §1).
+#include "strata/comm/flight_recorder.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
 #include "strata/data/token_dataset.h"
@@ -24,6 +25,7 @@ int64_t Engine::val_windows() const {
 }
 
 double Engine::evaluate(int64_t iters) {
+  comm::flight::set_activity(step_, "validation");
   STRATA_CHECK(val_sampler_ != nullptr, "evaluate() needs set_validation() first");
   STRATA_CHECK(iters >= 1, "evaluate() over ", iters, " batches");
   const int64_t gbs = cfg_.train_batch_size, T = cfg_.model.seq_len;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "strata/comm/flight_recorder.h"
 #include "strata/core/check.h"
 
 namespace strata {
@@ -35,7 +36,9 @@ double median(std::vector<double> v) {
 
 StragglerWatch::StragglerWatch(const StragglerOptions& o, MPI_Comm world,
                                std::vector<std::string> rank_names)
-    : o_(o), world_(world), names_(std::move(rank_names)), sums_(straggler_phases().size(), 0.0) {}
+    : o_(o), world_(world), names_(std::move(rank_names)), sums_(straggler_phases().size(), 0.0) {
+  if (world_ != MPI_COMM_NULL) flight_group_ = comm::flight::register_group("stragglers", world_);
+}
 
 std::optional<StragglerReport> StragglerWatch::step_done(const StepMetrics& s) {
   if (o_.interval <= 0 || world_ == MPI_COMM_NULL) return std::nullopt;
@@ -50,18 +53,23 @@ std::optional<StragglerReport> StragglerWatch::step_done(const StepMetrics& s) {
   // Without blocking forever: a rank that never comes (hung, not dead) ends the job here with a
   // message, as the communicator's watchdog would in a collective.
   MPI_Request req;
+  const uint64_t id = comm::flight::issue(flight_group_, comm::flight::Kind::Collective, "gather",
+                                          0, 0, sums_.size() * sizeof(double));
+  comm::flight::start(id);
   MPI_Igather(sums_.data(), k, MPI_DOUBLE, all.data(), k, MPI_DOUBLE, 0, world_, &req);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o_.timeout_s);
   for (int done = 0;;) {
     MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     if (done) break;
     if (std::chrono::steady_clock::now() > deadline) {
+      comm::flight::mark_stuck(id);
       STRATA_RUNTIME_FAIL("rank ", rank, " waited over parallelism.timeout_s = ", o_.timeout_s,
                           " s for the other ranks' phase times after step ", s.step,
                           " (train.straggler_interval): a rank has stopped");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  comm::flight::complete(id);
   const int64_t steps = steps_;
   std::fill(sums_.begin(), sums_.end(), 0.0);
   steps_ = 0;

@@ -56,6 +56,7 @@ class StragglerWatch {
   std::vector<double> sums_;
   int64_t steps_ = 0;
   std::vector<int64_t> streak_;  // windows in a row each rank was slow
+  int flight_group_ = 0;         // the gather's group in the flight recorder
 };
 
 }  // namespace strata
