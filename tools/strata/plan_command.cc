@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,7 +25,7 @@ namespace {
 
 struct PlanArgs {
   std::string config, hostfile, device = "cpu", calibration, emit, explain_what;
-  int devices = 0, per_node = 0, top = 10, verify = 0, row = 1, verify_steps = 3;
+  int devices = 0, per_node = 0, top = 10, verify = 0, row = 1, verify_steps = 3, fit = 0;
   bool rejected = false;
 };
 
@@ -99,8 +100,11 @@ void run_plan(const PlanArgs& a) {
   STRATA_INPUT_CHECK(a.verify == 0 || !in.device.gpu,
                      "--verify runs the layouts here, on the CPU: plan with --device cpu (or a "
                      "CPU profile file) to verify");
+  STRATA_INPUT_CHECK(a.fit == 0 || !in.device.gpu,
+                     "--fit runs probe layouts here, on the CPU: plan with --device cpu (or a CPU "
+                     "profile file)");
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<planner::Row> rows = planner::plan(in);
+  std::vector<planner::Row> rows = planner::plan(in);
   const Config base = parse_config(in.base);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int valid = 0;
@@ -112,6 +116,17 @@ void run_plan(const PlanArgs& a) {
       static_cast<long long>(in.base["train_batch_size"].get<int64_t>()), in.cluster.devices,
       in.cluster.per_node, in.device.name.c_str(), in.device.source.c_str(), rows.size(), valid,
       rows.size() - size_t(valid), secs);
+  if (!in.device.gpu) {
+    const planner::StepFit* f = in.device.step_fit(in.cluster.per_node);
+    if (f != nullptr) {
+      std::printf("step fit at %d ranks per node: %s\n\n", f->ranks_per_node, f->source.c_str());
+    } else {
+      std::printf(
+          "no step fit at %d ranks per node: the model's step (strata plan --fit K measures "
+          "one)\n\n",
+          in.cluster.per_node);
+    }
+  }
   STRATA_INPUT_CHECK(valid > 0 || !a.explain_what.empty(),
                      "no layout of this model and batch fits ", in.cluster.devices, " ranks of ",
                      in.device.name, ": ",
@@ -143,6 +158,19 @@ void run_plan(const PlanArgs& a) {
     const planner::Row& r = rows[size_t(a.row - 1)];
     atomic_write(a.emit, planner::candidate_config(in.base, r.c).dump(2) + "\n", IoError::input);
     std::printf("\nwrote %s: row %d, %s\n", a.emit.c_str(), a.row, planner::describe(r.c).c_str());
+  }
+  if (a.fit > 0) {
+    const std::string path = a.device == "cpu" ? calib : a.device;
+    char when[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+    const std::string source = "strata plan --fit " + std::to_string(a.fit) + " on " + a.config +
+                               " at " + std::to_string(a.devices) + " ranks, " + when;
+    fit_plan(in, rows, a.fit, a.verify_steps, path, source);
+    in.device = planner::read_profile(path);
+    rows = planner::plan(in);
+    std::printf("\nwith the fit:\n");
+    print_table(rows, a.top);
   }
   if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps);
 }
@@ -180,7 +208,11 @@ void add_plan_command(CLI::App& app) {
                   "run the top K rows and a sample of others here and compare with the "
                   "prediction")
       ->check(CLI::Range(0, 1 << 20));
-  cmd->add_option("--verify-steps", args->verify_steps, "timed steps per verified row")
+  cmd->add_option("--fit", args->fit,
+                  "run K probe layouts here and fit the step's overheads at these ranks per node "
+                  "into the CPU profile (--calibration, or --device FILE)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--verify-steps", args->verify_steps, "timed steps per verified or probe row")
       ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   cmd->add_flag("--rejected", args->rejected, "list every refusal reason, not the 8 commonest");

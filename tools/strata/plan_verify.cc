@@ -15,6 +15,7 @@
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
+#include "strata/planner/step_fit.h"
 #include "tools/strata/launch.h"
 
 namespace strata::cli {
@@ -180,6 +181,70 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
       "lower bounds); the first choice measured %.4f s, the fastest %.4f s (%+.1f%%)\n",
       compared, 100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()),
       exact, compared, first, fastest, first > 0 ? 100.0 * (first - fastest) / fastest : 0.0);
+}
+
+planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows,
+                          int k, int steps, const std::string& profile_path,
+                          const std::string& source) {
+  STRATA_INPUT_CHECK(!in.device.gpu,
+                     "--fit runs probe layouts here, on the CPU: plan with --device cpu (or a CPU "
+                     "profile file)");
+  STRATA_INPUT_CHECK(k >= 4, "--fit ", k, ": a step fit has four terms; give at least 4 probes");
+  size_t valid = 0;
+  for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
+  STRATA_INPUT_CHECK(valid >= 4, "--fit needs at least 4 valid layouts to probe; this plan has ",
+                     valid);
+  std::vector<size_t> pick;
+  const size_t n = std::min(valid, size_t(k));
+  for (size_t i = 0; i < n; ++i) {
+    const size_t at = n == 1 ? 0 : (i * (valid - 1) + (n - 1) / 2) / (n - 1);
+    if (pick.empty() || pick.back() != at) pick.push_back(at);
+  }
+  char tmpl[] = "/tmp/strata_plan_fit_XXXXXX";
+  STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
+  const std::string dir = tmpl;
+  std::printf("\nfit: %zu probe layouts, %d timed steps each (configs and logs in %s)\n",
+              pick.size(), steps, dir.c_str());
+  std::vector<planner::StepSample> samples;
+  std::vector<size_t> used;
+  for (size_t i : pick) {
+    const planner::Row& r = rows[i];
+    const Measured m = run_one(in, r, dir, int(i + 1), steps);
+    if (!m.ok) {
+      std::printf("probe %zu %s failed: %s\n", i + 1, planner::describe(r.c).c_str(),
+                  m.error.c_str());
+      continue;
+    }
+    samples.push_back({r.p.model_step_s, r.p.collectives, r.p.messages, m.step_s});
+    used.push_back(i);
+  }
+  planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
+  f.source = source;
+  std::printf(
+      "| # | layout | collectives | messages | model s | fitted s | measured s | error |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  std::vector<double> errors;
+  for (size_t j = 0; j < samples.size(); ++j) {
+    const planner::StepSample& s = samples[j];
+    const double fit = planner::fitted_step(f, s);
+    errors.push_back(std::fabs(fit - s.measured_s) / s.measured_s);
+    std::printf("| %zu | %s | %.0f | %.0f | %.4f | %.4f | %.4f | %+.1f%% |\n", used[j] + 1,
+                planner::describe(rows[used[j]].c).c_str(), s.collectives, s.messages, s.model_s,
+                fit, s.measured_s, 100.0 * (fit - s.measured_s) / s.measured_s);
+  }
+  std::printf(
+      "fit at %d ranks per node: step = %.3f x model + %.1f us x collectives + %.1f us x messages "
+      "+ %.1f us; error on the probes median %.1f%%, worst %.1f%%\n",
+      f.ranks_per_node, f.model_scale, f.per_collective_s * 1e6, f.per_message_s * 1e6,
+      f.per_step_s * 1e6, 100.0 * median(errors),
+      100.0 * *std::max_element(errors.begin(), errors.end()));
+  planner::DeviceProfile p = planner::read_profile(profile_path);
+  std::erase_if(p.step_fits,
+                [&](const planner::StepFit& g) { return g.ranks_per_node == f.ranks_per_node; });
+  p.step_fits.push_back(f);
+  planner::write_profile(p, profile_path);
+  std::printf("wrote the fit into %s\n", profile_path.c_str());
+  return f;
 }
 
 }  // namespace strata::cli

@@ -1,6 +1,7 @@
 // strata plan --verify: the planner's predictions held against runs of the same layouts here.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "strata/planner/search.h"
@@ -14,5 +15,14 @@ namespace strata::cli {
 // measured. Rows whose run fails are listed with the failure.
 void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows, int k,
                  int steps);
+
+// Runs `k` probe rows spread over the valid ones (the first, the last and evenly between) the
+// same way, fits step = a·model + b·collectives + c·messages + d to them (planner/step_fit.h),
+// prints each probe's model, fitted and measured step, and writes the fit for the cluster's
+// ranks per node into the profile file `profile_path` (replacing an earlier one for that count).
+// Returns the fit.
+planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows,
+                          int k, int steps, const std::string& profile_path,
+                          const std::string& source);
 
 }  // namespace strata::cli

@@ -222,7 +222,38 @@ DeviceProfile read_profile(const std::string& path) {
   p.intra_node = read_link(j["intra_node"], path, "intra_node");
   p.inter_node =
       j.contains("inter_node") ? read_link(j["inter_node"], path, "inter_node") : p.intra_node;
+  if (j.contains("step_fits")) {
+    STRATA_INPUT_CHECK(j["step_fits"].is_array(), "device profile ", path,
+                       ": \"step_fits\" must be a list (strata plan --fit writes it)");
+    for (const json& f : j["step_fits"]) {
+      auto field = [&](const char* key, double lo) {
+        STRATA_INPUT_CHECK(
+            f.is_object() && f.contains(key) && f[key].is_number() && f[key].get<double>() >= lo,
+            "device profile ", path, ": each \"step_fits\" entry needs \"", key, "\" >= ", lo,
+            "; remove the entry and run strata plan --fit again");
+        return f[key].get<double>();
+      };
+      StepFit s;
+      s.ranks_per_node = int(field("ranks_per_node", 1));
+      s.model_scale = field("model_scale", 0);
+      s.per_collective_s = field("per_collective_us", 0) * 1e-6;
+      s.per_message_s = field("per_message_us", 0) * 1e-6;
+      s.per_step_s = field("per_step_us", 0) * 1e-6;
+      s.probes = int(f.value("probes", 0));
+      s.source = f.value("source", std::string());
+      STRATA_INPUT_CHECK(p.step_fit(s.ranks_per_node) == nullptr, "device profile ", path,
+                         ": two \"step_fits\" for ranks_per_node ", s.ranks_per_node);
+      p.step_fits.push_back(s);
+    }
+  }
   return p;
+}
+
+const StepFit* DeviceProfile::step_fit(int ranks_per_node) const {
+  for (const StepFit& f : step_fits) {
+    if (f.ranks_per_node == ranks_per_node) return &f;
+  }
+  return nullptr;
 }
 
 void write_profile(const DeviceProfile& p, const std::string& path) {
@@ -246,6 +277,19 @@ void write_profile(const DeviceProfile& p, const std::string& path) {
             {"op_overhead_us", p.op_overhead_s * 1e6},
             {"intra_node", link_json(p.intra_node)},
             {"inter_node", link_json(p.inter_node)}};
+  if (!p.step_fits.empty()) {
+    json fits = json::array();
+    for (const StepFit& f : p.step_fits) {
+      fits.push_back({{"ranks_per_node", f.ranks_per_node},
+                      {"model_scale", f.model_scale},
+                      {"per_collective_us", f.per_collective_s * 1e6},
+                      {"per_message_us", f.per_message_s * 1e6},
+                      {"per_step_us", f.per_step_s * 1e6},
+                      {"probes", f.probes},
+                      {"source", f.source}});
+    }
+    j["step_fits"] = fits;
+  }
   const std::filesystem::path dir = std::filesystem::path(path).parent_path();
   if (!dir.empty()) {
     std::error_code ec;

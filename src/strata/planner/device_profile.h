@@ -10,12 +10,20 @@
 //    "gemm_efficiency": [[flops_per_call, fraction_of_peak], ...],
 //    "memory_bandwidth_gbps": x, "op_overhead_us": x,
 //    "intra_node": {"alpha_us": a, "bandwidth_gbps": b},
-//    "inter_node": {"alpha_us": a, "bandwidth_gbps": b}}
+//    "inter_node": {"alpha_us": a, "bandwidth_gbps": b},
+//    "step_fits": [{"ranks_per_node": R, "model_scale": a, "per_collective_us": b,
+//                   "per_message_us": c, "per_step_us": d, "probes": K, "source": "..."}]}
 //
 // Rates are per device (a GPU) or per rank's share of a host's cores (a CPU; see cpu_share). A
 // GEMM of F FLOPs runs at gemm_tflops[dtype] × efficiency(F), the efficiency interpolated in log F
 // between the measured points (1 beyond the last). Collectives follow the α–β model: a message of
 // n bytes over a link costs alpha + n / bandwidth.
+//
+// A step fit corrects the model where it cannot see: what a step of R ranks on one node costs
+// beyond the α–β and FLOP model (the scheduler's slices between ranks that share cores, the
+// progress of MPI calls, thread wake-ups). `strata plan --fit K` measures K probe layouts of a
+// config at R ranks and fits step = a·model + b·collectives + c·messages + d (non-negative least
+// squares); plans of R ranks per node then use it, and say so.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +41,16 @@ struct Link {
   double seconds(double bytes) const { return alpha_s + bytes / bytes_per_s; }
 };
 
+struct StepFit {
+  int ranks_per_node = 0;         // the ranks sharing one node when it was measured
+  double model_scale = 1.0;       // a: of the modelled step
+  double per_collective_s = 0.0;  // b: per collective call on the critical rank
+  double per_message_s = 0.0;     // c: per pipeline send or receive
+  double per_step_s = 0.0;        // d: per step
+  int probes = 0;
+  std::string source;  // "strata plan --fit 12 on <config>, <date>"
+};
+
 struct DeviceProfile {
   std::string name;  // "h100", "cpu: Intel(R) Xeon(R) ..."
   bool gpu = false;
@@ -47,6 +65,10 @@ struct DeviceProfile {
   double memory_bytes_per_s = 0.0;  // elementwise ops: bytes read + written per second
   double op_overhead_s = 0.0;       // fixed cost of one kernel call (launch, threads' fork-join)
   Link intra_node, inter_node;
+  std::vector<StepFit> step_fits;  // by ranks_per_node (at most one each)
+
+  // The fit for ranks_per_node ranks on a node, or nullptr.
+  const StepFit* step_fit(int ranks_per_node) const;
 
   // The dense GEMM rate for dtype (fp16 falls back to bf16's where not given).
   double peak_flops(DType dtype) const;

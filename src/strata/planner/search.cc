@@ -153,6 +153,8 @@ struct StageCost {
   uint64_t tp_bytes = 0;
   int tp_collectives = 0;    // per micro-batch
   double forward_calls = 0;  // kernel calls per micro-batch forward
+  int units = 0;             // ZeRO's units held here
+  int gathered_units = 0;    // of which stage 3 gathers (above the persistence threshold)
 };
 
 }  // namespace
@@ -220,6 +222,11 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   const plan::MemoryPrediction m = plan::predict_memory(layout, spec, zero ? int(spec.align) : 0);
   s.bytes = m.bytes;
   s.numel = spec.numel;
+  for (const UnitSpec& u : spec.units) {
+    if (!u.held || u.numel == 0) continue;
+    ++s.units;
+    if (u.numel > cfg.zero.stage3_param_persistence_threshold) ++s.gathered_units;
+  }
   // The chunks this stage holds, with the slots its schedule asks for.
   const pipeline::ExecutorOptions o = executor_options(cfg, stage, c.pp);
   const pipeline::ScheduleSpec sched{o.schedule, c.pp, o.micro_batches, o.virtual_stages};
@@ -470,7 +477,38 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     // element it owns, and writes the parameter.
     const double owned = zero ? elems / shard : elems;
     p.optimizer_s = d.memory_seconds(owned * (4.0 * 4 * 2 + double(dtype_size(pt))), sharing);
-    p.step_s = span + p.dp_exposed_s + p.optimizer_s;
+    p.model_step_s = span + p.dp_exposed_s + p.optimizer_s;
+    // The calls the critical rank makes per step, which a step fit prices: tensor-parallel
+    // collectives per micro-batch; the data-parallel reductions (stage 0: buckets once; 1: a
+    // reduce-scatter per unit and the gather after the step; 2: a reduce-scatter per unit and
+    // micro-batch; 3: also a gather per gathered unit and pass); MiCS's replica sums; pipeline
+    // sends and receives.
+    double coll = c.tp > 1 ? double(m) * sc.tp_collectives : 0.0;
+    if (dpn > 1) {
+      const double units = sc.units;
+      if (!zero || cfg.zero.stage == 0) {
+        const int64_t bucket = cfg.zero.reduce_bucket_size;
+        coll += bucket > 0 ? std::ceil(double(sc.numel) / double(bucket)) : units;
+      } else if (cfg.zero.stage == 1) {
+        coll += 2.0 * units;
+      } else if (cfg.zero.stage == 2) {
+        coll += double(m) * units + units;
+      } else {
+        const double passes = 2.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0);
+        coll += double(m) * (passes * sc.gathered_units + units) + (units - sc.gathered_units);
+      }
+      if (zero && shard < dpn) coll += units;
+    }
+    p.collectives = coll;
+    if (c.pp > 1) {
+      const int v = c.virtual_stages;
+      p.messages = double(m) * v * (c.pp > 2 || v > 1 ? 4.0 : 2.0);
+    }
+    p.step_s = p.model_step_s;
+    if (const StepFit* f = d.gpu ? nullptr : d.step_fit(in.cluster.per_node)) {
+      p.step_s = f->model_scale * p.model_step_s + f->per_collective_s * p.collectives +
+                 f->per_message_s * p.messages + f->per_step_s;
+    }
     const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
     p.tokens_per_s = tokens / p.step_s;
     const double per_token = 6.0 * double(cache.at(cfg, 1, 1, 1, 1, 0).spec.global_param_numel) +
@@ -501,7 +539,7 @@ std::vector<Row> plan(const PlanInput& in) {
 
 std::string explain(const PlanInput& in, const Row& r) {
   std::string s = describe(r.c) + "\n";
-  char line[256];
+  char line[512];
   if (!r.valid()) return s + "refused: " + r.reason + "\n";
   const Prediction& p = r.p;
   std::snprintf(line, sizeof line, "memory per rank (stage %d, the largest):\n", p.worst_stage);
@@ -527,6 +565,15 @@ std::string explain(const PlanInput& in, const Row& r) {
                 p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.bubble_s,
                 100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s);
   s += line;
+  if (const StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {
+    std::snprintf(line, sizeof line,
+                  "fitted at %d ranks per node (%s): %.4f s = %.3f x the model's %.4f s + %.0f "
+                  "collectives x %.1f us + %.0f messages x %.1f us + %.1f us\n",
+                  f->ranks_per_node, f->source.c_str(), p.step_s, f->model_scale, p.model_step_s,
+                  p.collectives, f->per_collective_s * 1e6, p.messages, f->per_message_s * 1e6,
+                  f->per_step_s * 1e6);
+    s += line;
+  }
   std::snprintf(line, sizeof line, "%.0f tokens/s, MFU %.1f%% (device: %s)\n", p.tokens_per_s,
                 100.0 * p.mfu, in.device.name.c_str());
   s += line;

@@ -59,6 +59,11 @@ struct Prediction {
   double dp_comm_s = 0;        // data-parallel / ZeRO collectives
   double dp_exposed_s = 0;     // of which not hidden behind backward
   double optimizer_s = 0;
+  double model_step_s = 0;  // the sum of the above: the model's step
+  // Per step on the critical rank: collective calls and pipeline sends and receives.
+  double collectives = 0, messages = 0;
+  // The model's step, or where the device profile has a step fit for these ranks per node, the
+  // fit's (device_profile.h).
   double step_s = 0;
   double tokens_per_s = 0, mfu = 0;
 };

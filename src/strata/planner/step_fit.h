@@ -1,0 +1,25 @@
+// Fitting a step fit (device_profile.h: StepFit) to measured steps: non-negative least squares of
+// step = a·model + b·collectives + c·messages + d over probe layouts, each probe's residual
+// weighted by 1/measured (relative error is what the planner is judged by).
+#pragma once
+
+#include <vector>
+
+#include "strata/planner/device_profile.h"
+
+namespace strata::planner {
+
+struct StepSample {
+  double model_s = 0, collectives = 0, messages = 0;  // the planner's, for the probe
+  double measured_s = 0;                              // its measured step
+};
+
+// The fit with the least weighted squared residual among those with every coefficient >= 0
+// (every subset of the four terms solved exactly; 4 terms make 16). At least 4 samples with a
+// measured step > 0 (an InputError otherwise).
+StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node);
+
+// The fit's step for a sample.
+double fitted_step(const StepFit& f, const StepSample& s);
+
+}  // namespace strata::planner

@@ -1,0 +1,130 @@
+// Step fits (planner/step_fit.h, device_profile.h): the fit recovers the overheads that made a
+// set of steps, keeps every term non-negative, round-trips through a profile file, and is what
+// the planner's step time becomes at the ranks per node it was measured at (and only there).
+#include "strata/planner/step_fit.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <vector>
+
+#include "strata/core/check.h"
+#include "strata/planner/search.h"
+#include "tests/temp_dir_test.h"
+
+namespace strata::planner {
+namespace {
+
+std::vector<StepSample> made(double a, double b, double c, double d) {
+  std::vector<StepSample> s;
+  const double model[] = {0.008, 0.009, 0.0087, 0.0095, 0.0101, 0.0078, 0.0120, 0.0091};
+  const double coll[] = {40, 120, 260, 75, 300, 18, 150, 90};
+  const double msg[] = {0, 0, 0, 16, 32, 0, 8, 64};
+  for (int i = 0; i < 8; ++i) {
+    s.push_back({model[i], coll[i], msg[i], a * model[i] + b * coll[i] + c * msg[i] + d});
+  }
+  return s;
+}
+
+TEST(StepFit, RecoversTheTermsThatMadeTheSteps) {
+  const StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3), 4);
+  EXPECT_NEAR(f.model_scale, 2.5, 1e-6);
+  EXPECT_NEAR(f.per_collective_s, 4e-4, 1e-9);
+  EXPECT_NEAR(f.per_message_s, 1.5e-4, 1e-9);
+  EXPECT_NEAR(f.per_step_s, 3e-3, 1e-8);
+  EXPECT_EQ(f.ranks_per_node, 4);
+  EXPECT_EQ(f.probes, 8);
+}
+
+TEST(StepFit, NoTermGoesNegative) {
+  // Steps that fall as collectives grow: the best non-negative fit drops the collective term.
+  std::vector<StepSample> s = made(2.0, 0, 0, 0.01);
+  for (StepSample& x : s) x.measured_s -= 1e-5 * x.collectives;
+  const StepFit f = fit_step(s, 8);
+  EXPECT_GE(f.model_scale, 0);
+  EXPECT_EQ(f.per_collective_s, 0.0);
+  EXPECT_GE(f.per_message_s, 0);
+  EXPECT_GE(f.per_step_s, 0);
+  for (const StepSample& x : s) {
+    EXPECT_LT(std::fabs(fitted_step(f, x) - x.measured_s) / x.measured_s, 0.2);
+  }
+}
+
+TEST(StepFit, FewerThanFourProbesIsAnInputError) {
+  std::vector<StepSample> s = made(1, 0, 0, 0);
+  s.resize(3);
+  EXPECT_THROW(fit_step(s, 4), InputError);
+}
+
+class StepFitProfile : public strata::test::TempDirTest {};
+
+DeviceProfile cpu_profile() {
+  DeviceProfile p;
+  p.name = "cpu: test";
+  p.source = "written by the test";
+  p.memory_bytes = p.host_memory_bytes = uint64_t(16) << 30;
+  p.devices_per_node = 0;
+  p.cores = 2;
+  p.fp32_flops = 2e11, p.bf16_flops = 1e12;
+  p.memory_bytes_per_s = 2e10;
+  p.op_overhead_s = 1e-6;
+  p.intra_node = p.inter_node = {2e-7, 6e9};
+  return p;
+}
+
+TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
+  DeviceProfile p = cpu_profile();
+  StepFit f;
+  f.ranks_per_node = 4, f.model_scale = 2.0, f.per_collective_s = 5e-4, f.per_message_s = 2e-4;
+  f.per_step_s = 1e-3, f.probes = 12, f.source = "strata plan --fit 12 (test)";
+  p.step_fits.push_back(f);
+  write_profile(p, path("cpu.json"));
+  const DeviceProfile q = read_profile(path("cpu.json"));
+  ASSERT_NE(q.step_fit(4), nullptr);
+  EXPECT_EQ(q.step_fit(8), nullptr);
+  EXPECT_DOUBLE_EQ(q.step_fit(4)->per_collective_s, 5e-4);
+  EXPECT_EQ(q.step_fit(4)->source, f.source);
+
+  PlanInput in;
+  in.base = {{"train_batch_size", 8},
+             {"bf16", {{"enabled", true}}},
+             {"model", {{"preset", "gpt2-tiny"}, {"layers", 4}}}};
+  in.device = q;
+  Candidate c;
+  c.dp = 2, c.tp = 2, c.zero = 2, c.micro_batch = 2, c.accumulation = 2;
+  in.cluster = uniform_cluster(4, 4);
+  const Row fitted = evaluate(in, c);
+  ASSERT_TRUE(fitted.valid()) << fitted.reason;
+  const Prediction& p4 = fitted.p;
+  EXPECT_GT(p4.collectives, 0);
+  EXPECT_EQ(p4.messages, 0);
+  EXPECT_DOUBLE_EQ(p4.step_s, 2.0 * p4.model_step_s + 5e-4 * p4.collectives + 1e-3);
+  // Four ranks on nodes of two: no fit for that, the model's step.
+  in.cluster = uniform_cluster(4, 2);
+  const Row plain = evaluate(in, c);
+  ASSERT_TRUE(plain.valid()) << plain.reason;
+  EXPECT_DOUBLE_EQ(plain.p.step_s, plain.p.model_step_s);
+  // A pipeline's sends and receives are counted.
+  c.dp = 1, c.pp = 2, c.zero = 1, c.micro_batch = 2, c.accumulation = 4;
+  in.cluster = uniform_cluster(4, 4);
+  const Row piped = evaluate(in, c);
+  ASSERT_TRUE(piped.valid()) << piped.reason;
+  EXPECT_EQ(piped.p.messages, 4 * 2.0);
+}
+
+TEST_F(StepFitProfile, ABadFitEntryNamesTheKey) {
+  std::ofstream(path("bad.json")) << R"({"strata_device_profile": 1, "kind": "cpu",
+    "memory_bytes": 1e9, "gemm_tflops": {"fp32": 0.2}, "memory_bandwidth_gbps": 20,
+    "intra_node": {"alpha_us": 0.2, "bandwidth_gbps": 6},
+    "step_fits": [{"ranks_per_node": 4, "model_scale": -1}]})";
+  try {
+    read_profile(path("bad.json"));
+    FAIL() << "read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"model_scale\" >= 0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace strata::planner
