@@ -332,9 +332,13 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
     comm_exposed_s = sync_->reduce_wait_seconds();
     gather_exposed_s = sync_->gather_wait_seconds();
   }
+  // The tied embedding's gradient and the loss are summed over the stages: under a pipeline a
+  // wait for the other stages to finish their schedule, counted with the pipeline's receives.
+  const auto w0 = clock::now();
   sum_tied_embeddings();
   const double loss_sum = sum_over_pp_dp(pass.loss_sum);  // only the last stage has the loss
   auto o0 = clock::now();
+  const double stage_sum_s = pp_comm_ ? std::chrono::duration<double>(o0 - w0).count() : 0.0;
   consumed_samples_ += gbs;
   ++step_;
 
@@ -366,7 +370,7 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   s.seconds = std::chrono::duration<double>(t1 - t0).count();
   s.forward_s = pass.forward_s;
   s.backward_s = pass.backward_s;
-  s.pipeline_wait_s = pass.recv_wait_s;
+  s.pipeline_wait_s = pass.recv_wait_s + stage_sum_s;
   s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
   s.comm_exposed_s = comm_exposed_s;
   s.tp_comm_s = tp_comm_s;

@@ -57,7 +57,9 @@ struct StepMetrics {
   // activation_checkpointing.profile (this rank's blocks, others 0).
   double recompute_s = 0.0;
   std::span<const double> recompute_block_s;  // valid until the next step
-  double pipeline_wait_s = 0.0;  // waiting in pipeline receives for the neighbouring stages
+  // Waiting for the other pipeline stages: in receives, and in the sums over stages after the
+  // schedule (tied embedding gradients, the loss).
+  double pipeline_wait_s = 0.0;
   uint64_t comm_bytes =
       0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
   uint64_t cross_group_bytes = 0;  // of which across MiCS shard groups (the replica group)
