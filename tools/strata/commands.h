@@ -4,8 +4,14 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace strata::cli {
+
+// The process's command line as main received it, before MPI_Init sees it (run.json records
+// train's).
+void set_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line();
 
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
