@@ -23,6 +23,7 @@ void add_topology_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
 void add_elastic_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 // strata bench --calibrate: measures this machine (every rank of the job takes part) and rank 0
 // writes its device profile (planner/device_profile.h) to `output`. `model`: a preset whose GEMM

@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
   strata::cli::add_bench_command(app);
   strata::cli::add_plan_command(app);
   strata::cli::add_ckpt_command(app);
+  strata::cli::add_report_command(app);
   try {
     if (launched_by_mpi()) strata::comm::init(&argc, &argv);
     // Rank 0 draws progress live where a person watches a terminal (core/progress.h).
