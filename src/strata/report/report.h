@@ -2,13 +2,13 @@
 //
 // Figures, each a PNG beside index.html: loss.png (training loss per step, and the validation
 // loss where the run evaluated), lr.png, grad_norm.png, throughput.png (tokens/s and MFU),
-// memory.png (rank 0's tracked peak bytes per category, stacked, in MiB or GiB) and rank_times.png (each
-// rank's step time and busy time per straggler window; over 16 ranks the min–max band, the median
-// and the slowest rank; a single-process run says so in the figure). index.html is self-contained
-// (inline CSS, relative links to the PNGs): a summary table (run, model, layout, CPU, steps, final
-// and best losses, median tokens/s, MFU and step time, peak memory), the figures, the config as
-// JSON and the command line, every string HTML-escaped. Without run.json the page says that the
-// config and layout are unknown.
+// memory.png (rank 0's tracked peak bytes per category, stacked, in MiB or GiB) and rank_times.png
+// (each rank's step time and busy time per straggler window; over 16 ranks the min–max band, the
+// median and the slowest rank; a single-process run says so in the figure). index.html is
+// self-contained (inline CSS, relative links to the PNGs): a summary table (run, model, layout,
+// CPU, steps, final and best losses, median tokens/s, MFU and step time, peak memory), the figures,
+// the config as JSON and the command line, every string HTML-escaped. Without run.json the page
+// says that the config and layout are unknown.
 #pragma once
 
 #include <string>
