@@ -227,6 +227,7 @@ figure img { max-width: 100%; border: 1px solid #e4e4e4; }
 figcaption { font-size: 13px; color: #555; margin-top: 4px; }
 pre { background: #f6f6f6; border: 1px solid #e4e4e4; padding: 10px; font-size: 12px;
       overflow-x: auto; }
+pre.command { white-space: pre-wrap; overflow-wrap: anywhere; }
 code { font-size: 13px; }
 .muted { color: #777; font-size: 13px; }
 )";
@@ -270,7 +271,7 @@ std::string make_html(const RunData& run, const std::vector<FigureFile>& figures
         const bool quote = s.empty() || s.find_first_of(" \t\"'$\\") != std::string::npos;
         line += (line.empty() ? "" : " ") + (quote ? "'" + s + "'" : s);
       }
-      h += "<h2>Command line</h2>\n<pre>" + html_escape(line) + "</pre>\n";
+      h += "<h2>Command line</h2>\n<pre class=\"command\">" + html_escape(line) + "</pre>\n";
     }
   } else {
     h += "<div class=\"note\">The config and layout of this run are unknown: it has no run.json "
