@@ -21,7 +21,9 @@
 #     zlib, ...) and what a one-host build and test do not use (openssh-client, hwloc's optional
 #     plugins and their X11/libxml2/ICU, the InfiniBand providers, debconf, perl, PAM).
 # Left out on purpose from scripts/packages.sh: cmake, g++, make, python3, python3-venv and
-# iproute2 (the GPU machine's own are used). gpu_check.sh drops any bundled library whose soname
+# iproute2 (the GPU machine's own are used); libcairo2-dev and pkg-config (strata report, which
+# gpu_check.sh configures out with -DSTRATA_REPORT=OFF: cairo's X11, fontconfig and freetype
+# stack would not fit the bundle, and a report is made wherever the run directory is copied). gpu_check.sh drops any bundled library whose soname
 # the machine already resolves, so that its own newer copy wins.
 #
 # Each .deb is then slimmed: usr/share/{doc,man,info,lintian,locale} and the documentation
@@ -40,9 +42,10 @@ max_mib=${GPU_BUNDLE_MAX_MIB:-60}
 
 # scripts/packages.sh's list, sorted into what the bundle takes and what the GPU machine brings.
 given=(cmake g++ make iproute2 python3 python3-venv)
+not_bundled=(libcairo2-dev pkg-config)  # strata report's; configured out on the GPU machine
 dev_only=()
 for p in "${strata_packages[@]}"; do
-  case " ${given[*]} " in *" $p "*) continue ;; esac
+  case " ${given[*]} ${not_bundled[*]} " in *" $p "*) continue ;; esac
   case $p in
     openmpi-bin) ;;            # a runtime root below
     *) dev_only+=("$p") ;;

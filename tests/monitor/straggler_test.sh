@@ -2,7 +2,8 @@
 # Stragglers (train/stragglers.h): one rank made slow on purpose (--slow: busy work before each
 # of its forwards) under data, tensor and pipeline parallelism at 4 ranks. The log must name that
 # rank, and no other, with its grid place and the forward as the phase it loses in; every window's
-# metrics.jsonl row must carry the per-phase statistics with that rank slowest in busy time.
+# metrics.jsonl row must carry the per-phase statistics with that rank slowest in busy time, and
+# every rank's step and busy time (per_rank) with that rank's the largest.
 #
 #   tests/monitor/straggler_test.sh STRATA_BINARY
 set -euo pipefail
@@ -42,6 +43,10 @@ for r in windows:
     assert set(st["per_step"]) >= {"forward_s", "backward_s", "comm_exposed_s",
                                    "pipeline_wait_s", "optimizer_s", "busy_s"}, st
     assert int(sys.argv[2]) in st["slow_ranks"], st
+    per_rank = st["per_rank"]
+    assert len(per_rank["step_time_s"]) == 4 and len(per_rank["busy_s"]) == 4, per_rank
+    assert max(range(4), key=lambda q: per_rank["busy_s"][q]) == int(sys.argv[2]), per_rank
+    assert abs(max(per_rank["busy_s"]) - busy["max"]) < 1e-12, (per_rank, busy)
 PY
   echo "$name: rank $slow named"
 }

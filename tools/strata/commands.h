@@ -4,8 +4,14 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 namespace strata::cli {
+
+// The process's command line as main received it, before MPI_Init sees it (run.json records
+// train's).
+void set_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line();
 
 void add_train_command(CLI::App& app);
 void add_data_command(CLI::App& app);
@@ -18,6 +24,7 @@ void add_schedule_command(CLI::App& app);
 void add_elastic_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_doctor_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 // strata bench --calibrate: measures this machine (every rank of the job takes part) and rank 0
 // writes its device profile (planner/device_profile.h) to `output`. `model`: a preset whose GEMM

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "strata/comm/heartbeat.h"
 #include "strata/comm/mpi_runtime.h"
@@ -62,9 +63,23 @@ std::string version_text() {
          ", OpenMP); CUDA: not built into this binary\nMPI: " + mpi_line;
 }
 
+std::vector<std::string>& saved_command_line() {
+  static std::vector<std::string> args;
+  return args;
+}
+
 }  // namespace
 
+void strata::cli::set_command_line(int argc, char** argv) {
+  saved_command_line().assign(argv, argv + argc);
+}
+
+const std::vector<std::string>& strata::cli::command_line() {
+  return saved_command_line();
+}
+
 int main(int argc, char** argv) {
+  strata::cli::set_command_line(argc, argv);
   CLI::App app{"strata: distributed training of Transformer models", "strata"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_text());
@@ -79,6 +94,7 @@ int main(int argc, char** argv) {
   strata::cli::add_plan_command(app);
   strata::cli::add_ckpt_command(app);
   strata::cli::add_doctor_command(app);
+  strata::cli::add_report_command(app);
   try {
     if (launched_by_mpi()) strata::comm::init(&argc, &argv);
     // Rank 0 draws progress live where a person watches a terminal (core/progress.h).

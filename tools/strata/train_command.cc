@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -260,7 +261,93 @@ void print_data(const data::DataSplits& d, const Config& cfg, const Engine& engi
   }
 }
 
+// What <run_dir>/run.json records of a run besides its metrics (strata report shows it).
+struct RunRecord {
+  const Config& cfg;
+  const comm::RankGrid& grid;
+  const Engine& engine;
+  std::string model_line, cpu, peak;
+  nlohmann::json resumed;
+  std::vector<std::string> rank_names;
+  std::string config_path, started;
+  nlohmann::json config, data;
+};
+
+// "2026-12-05T06:10:37Z"
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Rank 0 writes <run_dir>/run.json whole (core/atomic_file.h) once the run is set up: a resumed
+// or restarted run rewrites it with its own layout and the step it resumed at.
+void write_run_json(const RunRecord& r) {
+  const Config& c = r.cfg;
+  const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
+  std::string recompute = ac.enabled ? ac.recompute_granularity : "none";
+  if (recompute == "full" && ac.number_checkpoints) {
+    recompute += " (" + std::to_string(*ac.number_checkpoints) + " of " +
+                 std::to_string(c.model.layers) + " blocks, " + ac.recompute_method + ")";
+  }
+  if (recompute != "none" && ac.cpu_checkpointing) recompute += ", checkpoints in host memory";
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  nlohmann::json j;
+  j["strata_version"] = STRATA_VERSION;
+  j["command"] = command_line();
+  j["started"] = r.started;
+  j["host"] = host;
+  if (!r.resumed.is_null()) j["resumed"] = r.resumed;
+  j["config_file"] = r.config_path;
+  j["config_origin"] =
+      "The config file " + r.config_path +
+      " with the command line's overrides applied (--set, --steps, --run-dir, --data, --device, "
+      "and a checkpoint's model where the file has none), as given: keys it leaves out take "
+      "their defaults (\"layout\" and \"model\" hold what was resolved from it).";
+  j["config"] = r.config;
+  j["steps"] = c.train.steps;
+  j["layout"] = {{"world_size", r.grid.world()},
+                 {"dp", r.grid.dp()},
+                 {"tp", r.grid.tp()},
+                 {"pp", r.grid.pp()},
+                 {"virtual_stages", c.parallelism.virtual_stages},
+                 {"schedule", c.parallelism.schedule},
+                 {"order", c.parallelism.order},
+                 {"zero_stage", c.zero.stage},
+                 {"mics_shard_size", c.zero.mics_shard_size},
+                 {"train_batch_size", c.train_batch_size},
+                 {"micro_batch", c.train_micro_batch_size_per_gpu},
+                 {"gradient_accumulation", c.gradient_accumulation_steps},
+                 {"sequence_parallel", c.parallelism.sequence_parallel},
+                 {"recompute", recompute},
+                 {"device", c.train.device}};
+  const ModelConfig& m = c.model;
+  j["model"] = {{"name", m.preset.empty() ? m.family : m.preset},
+                {"family", m.family},
+                {"parameters", r.engine.spec().global_param_numel},
+                {"layers", m.layers},
+                {"hidden", m.hidden},
+                {"heads", m.heads},
+                {"kv_heads", m.kv_heads},
+                {"ffn_hidden", m.ffn_hidden},
+                {"vocab", m.vocab},
+                {"seq_len", m.seq_len},
+                {"dtype", dtype_name(c.param_dtype())}};
+  j["data"] = r.data;
+  j["cpu"] = r.cpu;
+  j["peak"] = r.peak;
+  j["model_line"] = r.model_line;  // as train printed it
+  if (!r.rank_names.empty()) j["ranks"] = r.rank_names;
+  const std::string path = (std::filesystem::path(c.train.run_dir) / "run.json").string();
+  atomic_write(path, j.dump(2) + "\n", IoError::input);
+}
+
 void run_train(const TrainArgs& a) {
+  const std::string started = utc_now();
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = !comm::initialized() || comm::world_rank() == 0;
   split_cores_between_local_ranks();
@@ -342,9 +429,11 @@ void run_train(const TrainArgs& a) {
   const int64_t eval_iters = splits.val ? cfg.train.eval_iters : 0;
   if (eval_iters > 0) engine.set_validation(*splits.val);
   if (rank0) print_data(splits, cfg, engine);
+  nlohmann::json resumed;  // {"step", "from"} when this run continues a checkpoint
   if (!resume.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     const Engine::Resumed r = engine.load_checkpoint(resume);
+    resumed = {{"step", r.step}, {"from", r.dir}};
     if (rank0) {
       std::printf(
           "resumed from %s: step %lld, %lld samples consumed (saved as %s) (read %.2f s) "
@@ -372,18 +461,21 @@ void run_train(const TrainArgs& a) {
   const DType pt = cfg.param_dtype();
   const MachinePeak machine = measure_machine_peak(groups ? MPI_COMM_WORLD : MPI_COMM_NULL);
   const double peak = machine.gflops();
+  const std::string model_name = cfg.model.preset.empty() ? cfg.model.family : cfg.model.preset;
+  std::string model_line(512 + dataset.source().size(), '\0');
+  model_line.resize(size_t(std::snprintf(
+      model_line.data(), model_line.size(),
+      "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
+      "accumulation %lld x dp %d (tp %d, pp %d) | data %s (%lld tokens)",
+      model_name.c_str(), static_cast<long long>(engine.spec().global_param_numel), dtype_name(pt),
+      cfg.model.layers, cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
+      static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
+      static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), grid.tp(), grid.pp(),
+      dataset.source().c_str(), static_cast<long long>(dataset.num_tokens()))));
+  const std::string cpu = kernels::describe_cpu();
   if (rank0) {
-    std::printf(
-        "model %s: %lld parameters (%s), %d layers, hidden %d | batch %lld = micro %lld x "
-        "accumulation %lld x dp %d (tp %d, pp %d) | data %s (%lld tokens)\n",
-        cfg.model.preset.empty() ? cfg.model.family.c_str() : cfg.model.preset.c_str(),
-        static_cast<long long>(engine.spec().global_param_numel), dtype_name(pt), cfg.model.layers,
-        cfg.model.hidden, static_cast<long long>(cfg.train_batch_size),
-        static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-        static_cast<long long>(cfg.gradient_accumulation_steps), grid.dp(), grid.tp(), grid.pp(),
-        dataset.source().c_str(), static_cast<long long>(dataset.num_tokens()));
-    std::printf("cpu: %s\nMFU against the machine's %s\n", kernels::describe_cpu().c_str(),
-                machine.describe().c_str());
+    std::printf("%s\n", model_line.c_str());
+    std::printf("cpu: %s\nMFU against the machine's %s\n", cpu.c_str(), machine.describe().c_str());
   }
   // Model-state memory per rank, predicted from the layout (ZeRO formula + buffers); the step
   // lines and metrics.jsonl give the measured peaks.
@@ -453,6 +545,24 @@ void run_train(const TrainArgs& a) {
     comm::flight::enable(dir.string(), std::chrono::seconds(cfg.parallelism.timeout_s),
                          "dp " + std::to_string(c.dp) + " tp " + std::to_string(c.tp) + " pp " +
                              std::to_string(c.pp) + " on " + comm::host_name());
+  }
+  if (rank0) {
+    nlohmann::json data = {{"train", list_files(splits.train_files)},
+                           {"tokens", dataset.num_tokens()}};
+    if (eval_iters > 0) data["val"] = list_files(splits.val_files);
+    const RunRecord rec{cfg,
+                        grid,
+                        engine,
+                        model_line,
+                        cpu,
+                        machine.describe(),
+                        resumed,
+                        rank_names,
+                        a.config,
+                        started,
+                        apply_overrides(read_config_json(a.config), overrides),
+                        data};
+    write_run_json(rec);
   }
   StragglerWatch stragglers({cfg.train.straggler_interval, cfg.train.straggler_threshold,
                              cfg.train.straggler_patience, cfg.parallelism.timeout_s},

@@ -46,6 +46,12 @@ Config parse_config(const nlohmann::json& j, const std::vector<std::string>& ove
   return c;
 }
 
+nlohmann::json apply_overrides(nlohmann::json j, const std::vector<std::string>& overrides) {
+  if (j.is_null()) j = nlohmann::json::object();
+  for (const std::string& o : overrides) config_detail::apply_override(j, o);
+  return j;
+}
+
 nlohmann::json read_config_json(const std::string& path) {
   std::error_code ec;
   STRATA_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "the config file ", path,

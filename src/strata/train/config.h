@@ -251,6 +251,9 @@ nlohmann::json read_config_json(const std::string& path);
 // before validation (value parsed as JSON, else taken as a string). Throws InputError.
 Config parse_config(const nlohmann::json& j, const std::vector<std::string>& overrides = {});
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The JSON parse_config reads for (j, overrides): j with each "a.b.c=value" applied, as given
+// (keys not given stay absent; nothing resolved). train records it in <run_dir>/run.json.
+nlohmann::json apply_overrides(nlohmann::json j, const std::vector<std::string>& overrides);
 // Parses JSON text strictly: a duplicate key anywhere is an InputError naming its path; invalid
 // JSON names the line and column; nesting deeper than kMaxConfigDepth (objects and arrays) is
 // refused before it is built. `origin` (a file name) starts the messages.

@@ -103,6 +103,13 @@ StragglerReport StragglerWatch::analyse(const std::vector<std::vector<double>>& 
   }
   j["per_step"] = ph;
   const size_t busy = phases.size() - 1;
+  // Each rank's step and busy seconds per step, by rank (strata report plots them).
+  std::vector<double> step_s(n), busy_s(n);
+  for (size_t q = 0; q < n; ++q) {
+    step_s[q] = per_rank[q][0] / double(steps);
+    busy_s[q] = per_rank[q][busy] / double(steps);
+  }
+  j["per_rank"] = {{"step_time_s", step_s}, {"busy_s", busy_s}};
   std::vector<int> slow;
   for (size_t q = 0; q < n; ++q) {
     const double b = per_rank[q][busy] / double(steps);

@@ -45,7 +45,10 @@ class StragglerWatch {
   std::optional<StragglerReport> step_done(const StepMetrics& s);
 
   // The report of one window from per-rank phase seconds (rows: ranks; columns:
-  // straggler_phases()) over `steps` steps, updating the slow streaks.
+  // straggler_phases()) over `steps` steps, updating the slow streaks. stats: "steps" [first,
+  // last]; "per_step": per phase min, median, max (seconds per step) and slowest_rank;
+  // "per_rank": "step_time_s" and "busy_s", each rank's seconds per step, indexed by rank;
+  // "slow_ranks".
   StragglerReport analyse(const std::vector<std::vector<double>>& per_rank, int64_t steps,
                           int64_t last_step);
 
