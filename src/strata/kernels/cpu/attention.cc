@@ -1,8 +1,11 @@
 #include "strata/kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/common.h"
@@ -192,7 +195,41 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
   }
 }
 
+// Unset STRATA_ATTENTION: tiled from this T on, materialized below it.
+constexpr int kTiledFromT = 0;
+
+AttentionPath env_path() {
+  const char* env = std::getenv("STRATA_ATTENTION");
+  if (env == nullptr || *env == '\0') return AttentionPath(-1);
+  if (std::strcmp(env, "tiled") == 0) return AttentionPath::Tiled;
+  if (std::strcmp(env, "materialized") == 0) return AttentionPath::Materialized;
+  STRATA_INPUT_FAIL("STRATA_ATTENTION=", env,
+                    " is not an attention path; use tiled, materialized, or leave it unset for the "
+                    "default by sequence length");
+}
+
+std::atomic<int>& forced_path() {
+  static std::atomic<int> p{-1};
+  return p;
+}
+
 }  // namespace
+
+AttentionPath attention_path(int T) {
+  static const AttentionPath env = env_path();
+  const int forced = forced_path().load(std::memory_order_relaxed);
+  if (forced >= 0) return AttentionPath(forced);
+  if (int(env) >= 0) return env;
+  return T >= kTiledFromT ? AttentionPath::Tiled : AttentionPath::Materialized;
+}
+
+void set_attention_path(std::optional<AttentionPath> path) {
+  forced_path().store(path ? int(*path) : -1, std::memory_order_relaxed);
+}
+
+const char* attention_path_name(AttentionPath path) {
+  return path == AttentionPath::Tiled ? "tiled" : "materialized";
+}
 
 size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) {
   size_t dscores = size_t(B) * NH * T * T;
