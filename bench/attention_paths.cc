@@ -1,15 +1,18 @@
 // Times the CPU's two attention paths (kernels/cpu/attention.h: materialized; attention_tiled.h:
-// tiled) on one shape, forward and backward, fp32 and bf16, and prints the minimum of --reps runs
-// in milliseconds with the bytes each keeps for backward.
+// tiled) on one shape, forward and backward, fp32, bf16 and fp16, and prints the minimum of --reps
+// runs in milliseconds (the four calls interleaved in each round) with the bytes each keeps for
+// backward.
 //   build/attention_paths [B NH KVH hd] [T ...] [--reps n]
 // Defaults: bench-23M's attention (B 8, 8 heads, hd 64) at T 64, 128, 256, 512, 1024.
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,16 +31,22 @@ double seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-template <typename F>
-double min_ms(int reps, F&& f) {
-  f();  // workspaces and page faults out of the timing
-  double best = 1e30;
+// Minimum milliseconds of each of fs over reps rounds, the functions interleaved within a round so
+// that a busy moment of a shared machine falls on all of them alike.
+template <size_t N>
+std::array<double, N> min_ms(int reps, const std::array<std::function<void()>, N>& fs) {
+  for (const auto& f : fs) f();  // workspaces and page faults out of the timing
+  std::array<double, N> best;
+  best.fill(1e30);
   for (int i = 0; i < reps; ++i) {
-    const double t0 = seconds();
-    f();
-    best = std::min(best, seconds() - t0);
+    for (size_t k = 0; k < N; ++k) {
+      const double t0 = seconds();
+      fs[k]();
+      best[k] = std::min(best[k], seconds() - t0);
+    }
   }
-  return best * 1e3;
+  for (double& b : best) b *= 1e3;
+  return best;
 }
 
 template <typename S>
@@ -54,18 +63,18 @@ void run(int B, int T, int NH, int KVH, int hd, int reps) {
   std::vector<S> att(static_cast<size_t>(att_n));
   std::vector<float> scratch(attention_backward_scratch_floats(B, T, NH, KVH, hd));
   std::vector<float> lse(static_cast<size_t>(lse_n));
-  const double mf = min_ms(
-      reps, [&] { attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, hd); });
-  const double mb = min_ms(reps, [&] {
-    attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T, NH,
-                       KVH, hd);
-  });
-  const double tf = min_ms(reps, [&] {
-    attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hd);
-  });
-  const double tb = min_ms(reps, [&] {
-    attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), lse.data(), B, T, NH, KVH, hd);
-  });
+  const auto [mf, mb, tf, tb] = min_ms<4>(
+      reps,
+      {[&] { attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, hd); },
+       [&] {
+         attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T,
+                            NH, KVH, hd);
+       },
+       [&] { attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hd); },
+       [&] {
+         attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), lse.data(), B, T, NH, KVH,
+                                  hd);
+       }});
   const double m_saved = double(att_n) * sizeof(S) / 1048576.0;
   const double t_saved = double(lse_n) * sizeof(float) / 1048576.0;
   std::printf("%-5s %5d  %9.2f %9.2f %9.2f  %9.2f %9.2f %9.2f  %6.2f  %8.2f %7.3f\n",
@@ -99,5 +108,6 @@ int main(int argc, char** argv) {
               "lse MiB");
   for (int T : Ts) run<float>(B, T, NH, KVH, hd, reps);
   for (int T : Ts) run<bf16>(B, T, NH, KVH, hd, reps);
+  for (int T : Ts) run<f16>(B, T, NH, KVH, hd, reps);
   return 0;
 }

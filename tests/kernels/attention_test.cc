@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <cstdlib>
+
 #include "kernel_test_util.h"
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/attention_tiled.h"
@@ -328,7 +330,7 @@ TEST(AttentionTiled, SavedStateIsLinearInT) {
       const ops::AttentionSaved a = ops::attention_saved(Device::CPU, DType::BF16, s);
       EXPECT_EQ(a.dtype, tiled ? DType::F32 : DType::BF16);
       EXPECT_EQ(a.numel, tiled ? 2 * 6 * int64_t(T) : 2 * 6 * int64_t(T) * T);
-      EXPECT_EQ(ops::attention_backward_scratch_floats(Device::CPU, s) == 0, tiled);
+      EXPECT_EQ(ops::attention_backward_scratch_floats(Device::CPU, DType::BF16, s) == 0, tiled);
     }
   }
   set_attention_path(std::nullopt);
@@ -338,6 +340,26 @@ TEST(AttentionTiled, SavedStateIsLinearInT) {
   const size_t w4 = attention_tiled_workspace_floats(256, 64);
   EXPECT_EQ(w4 - w2, 2 * (w2 - w1));
   EXPECT_EQ(w2 - w1, size_t(5 * 64 * 64 + 2 * 64 * 64));
+}
+
+// Unforced, the path is the faster one measured (attention.cc): tiled for half storage at every T
+// and for fp32 from T 128 on; the materialized path for fp32 below it.
+TEST(AttentionTiled, DefaultIsTheMeasuredFasterPath) {
+  if (const char* env = std::getenv("STRATA_ATTENTION"); env != nullptr && *env != '\0') {
+    GTEST_SKIP() << "STRATA_ATTENTION=" << env << " decides every call";
+  }
+  EXPECT_EQ(attention_path(64, DType::F32), AttentionPath::Materialized);
+  EXPECT_EQ(attention_path(127, DType::F32), AttentionPath::Materialized);
+  EXPECT_EQ(attention_path(128, DType::F32), AttentionPath::Tiled);
+  EXPECT_EQ(attention_path(4096, DType::F32), AttentionPath::Tiled);
+  for (DType t : {DType::BF16, DType::F16}) {
+    EXPECT_EQ(attention_path(1, t), AttentionPath::Tiled);
+    EXPECT_EQ(attention_path(64, t), AttentionPath::Tiled);
+  }
+  set_attention_path(AttentionPath::Materialized);
+  EXPECT_EQ(attention_path(4096, DType::BF16), AttentionPath::Materialized);
+  set_attention_path(std::nullopt);
+  EXPECT_EQ(attention_path(4096, DType::BF16), AttentionPath::Tiled);
 }
 
 // The op layer runs the chosen path end to end: att sized by attention_saved on each path gives
@@ -354,7 +376,7 @@ TEST(AttentionTiled, OpsFollowThePath) {
     std::vector<float> att(size_t(a.numel)), out(static_cast<size_t>(out_n)),
         dqkv(static_cast<size_t>(qkv_n));
     std::vector<float> scratch(
-        std::max<size_t>(1, ops::attention_backward_scratch_floats(Device::CPU, s)));
+        std::max<size_t>(1, ops::attention_backward_scratch_floats(Device::CPU, DType::F32, s)));
     const Tensor tq(qkv.data(), DType::F32, {qkv_n}), to(out.data(), DType::F32, {out_n});
     const Tensor ta(att.data(), DType::F32, {a.numel});
     ops::attention_forward(to, ta, tq, s);

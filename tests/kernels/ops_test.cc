@@ -112,7 +112,7 @@ TEST(OpsAttention, GroupedBackwardMatchesFiniteDifferences) {
     };
     loss();
     std::vector<float> dqkv(qkv.size(), 99.0f),
-        scratch(std::max<size_t>(1, attention_backward_scratch_floats(Device::CPU, s)));
+        scratch(std::max<size_t>(1, attention_backward_scratch_floats(Device::CPU, DType::F32, s)));
     attention_backward(view(dqkv, {s.B * s.T, row}), view(scratch, {int64_t(scratch.size())}),
                        view(w, {s.B * s.T, NH * s.hd}), view(qkv, {s.B * s.T, row}),
                        view(att, {int64_t(att.size())}), s);

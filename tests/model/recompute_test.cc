@@ -214,7 +214,7 @@ Bytes formula(const ModelSpec& spec, DType t, int B, const ChunkOptions& o) {
   const int64_t V = spec.tp.vocab_rows;
   // A block's attention state in bytes: on the tiled path a fp32 log-sum-exp per query row, on
   // the materialized path the probabilities (B,heads,T,T) in t.
-  const bool tiled = kernels::attention_path(m.seq_len) == kernels::AttentionPath::Tiled;
+  const bool tiled = kernels::attention_path(m.seq_len, t) == kernels::AttentionPath::Tiled;
   const int64_t att = tiled ? 4 * int64_t(B) * m.heads * m.seq_len
                             : e * int64_t(B) * m.heads * m.seq_len * m.seq_len;
   const int64_t slots = o.slots, inputs = o.input_slots > 0 ? o.input_slots : o.slots;
@@ -301,7 +301,7 @@ TEST(RecomputeMemory, FullRecomputeKeepsAFractionOfTheBlocks) {
   sel.recompute.selective = true;
   const Bytes n = formula(spec, DType::F32, 2, none), f = formula(spec, DType::F32, 2, full);
   const Bytes s = formula(spec, DType::F32, 2, sel);
-  const bool tiled = kernels::attention_path(16) == kernels::AttentionPath::Tiled;
+  const bool tiled = kernels::attention_path(16, DType::F32) == kernels::AttentionPath::Tiled;
   const int64_t NC = 4 * 32 * 32, att = 4 * 2 * 4 * 16 * (tiled ? 1 : 16);
   EXPECT_EQ(n.activations - s.activations, 12 * att - att);
   EXPECT_EQ(f.checkpoints, 12 * NC);

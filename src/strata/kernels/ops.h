@@ -136,7 +136,7 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape&
 // What `att` holds is the backend's: CUDA, and the CPU on its tiled path, keep flash-style each
 // query row's log-sum-exp of its scaled scores (B, heads, T) in fp32, and their backward
 // recomputes the probabilities from it; the CPU's materialized path keeps the probabilities
-// (B, heads, T, T) in the activations' dtype. The CPU's path is kernels::attention_path(T)
+// (B, heads, T, T) in the activations' dtype. The CPU's path is kernels::attention_path(T, act)
 // (STRATA_ATTENTION). Callers size and type `att` by this.
 struct AttentionSaved {
   DType dtype = DType::F32;
@@ -146,7 +146,7 @@ AttentionSaved attention_saved(Device device, DType act, const AttentionShape& s
 // fp32 scratch attention_backward needs on `device` (the CPU's materialized path: the
 // probabilities' gradients; CUDA and the CPU's tiled path: none, their backward recomputes tile
 // by tile).
-size_t attention_backward_scratch_floats(Device device, const AttentionShape& s);
+size_t attention_backward_scratch_floats(Device device, DType act, const AttentionShape& s);
 // dqkv (overwritten) from dout.
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s);

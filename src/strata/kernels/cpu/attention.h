@@ -16,11 +16,11 @@ namespace strata::kernels {
 // memory linear in T) and materialized (this file: keeps the probabilities (B,NH,T,T)).
 enum class AttentionPath { Tiled, Materialized };
 
-// The path every CPU attention call of sequence length T takes; what ops::attention_saved sizes
-// and what the forward and backward run both follow it. STRATA_ATTENTION=tiled|materialized in
-// the environment decides for every T; unset, the default is by T (attention.cc says where the
-// crossover was measured).
-AttentionPath attention_path(int T);
+// The path every CPU attention call of sequence length T on storage type `act` takes; what
+// ops::attention_saved sizes and what the forward and backward run all follow it.
+// STRATA_ATTENTION=tiled|materialized in the environment decides for every call; unset, the
+// default is the faster path as measured (attention.cc gives the numbers).
+AttentionPath attention_path(int T, DType act);
 // Forces a path for this process from now on (tests); nullopt goes back to the environment's or
 // the default. Buffers sized before the change no longer match (the ops' checks say so).
 void set_attention_path(std::optional<AttentionPath> path);
