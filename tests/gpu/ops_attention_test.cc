@@ -127,7 +127,7 @@ TEST_P(GpuAttention, BackwardAgainstCpu) {
     const auto qkv = attention_input(s, 5), dout = random(BT * NH * s.hd, 6);
     auto run = [&](Device d) {
       const ops::AttentionSaved a = ops::attention_saved(d, dt, s);
-      const auto scratch_floats = int64_t(ops::attention_backward_scratch_floats(d, s));
+      const auto scratch_floats = int64_t(ops::attention_backward_scratch_floats(d, dt, s));
       auto q = make(d, dt, {BT, row}, qkv), dy = make(d, dt, {BT, NH * s.hd}, dout);
       auto out = make(d, dt, {BT, NH * s.hd}, std::vector<float>(BT * NH * s.hd));
       auto att = make(d, a.dtype, {a.numel}, std::vector<float>(size_t(a.numel)));

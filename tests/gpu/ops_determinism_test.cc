@@ -54,7 +54,7 @@ TEST_P(GpuDeterminism, Attention) {
                 width = int64_t(s.groups) * s.rep * s.hd;
   const auto qkv = random(BT * row, 2, 1.5f), dout = random(BT * width, 3);
   const ops::AttentionSaved a = ops::attention_saved(kGpu, dt, s);
-  const auto scratch_floats = int64_t(ops::attention_backward_scratch_floats(kGpu, s));
+  const auto scratch_floats = int64_t(ops::attention_backward_scratch_floats(kGpu, dt, s));
   expect_same_bits_twice([&] {
     auto q = make(kGpu, dt, {BT, row}, qkv), dy = make(kGpu, dt, {BT, width}, dout);
     auto out = make(kGpu, dt, {BT, width}, std::vector<float>(BT * width));

@@ -9,6 +9,7 @@
 #include "strata/core/check.h"
 #include "strata/core/device.h"
 #include "strata/core/memory.h"
+#include "strata/kernels/cpu/attention.h"
 #include "strata/kernels/ops.h"
 
 namespace strata {
@@ -84,14 +85,21 @@ TEST(DeviceSelect, HostMemoryIsTheCpus) {
 
 TEST(DeviceSelect, WhatAttentionKeepsAndNeedsIsTheBackends) {
   const ops::AttentionShape s{2, 16, 3, 2, 8};  // B, T, groups, rep, hd: 6 query heads
+  kernels::set_attention_path(kernels::AttentionPath::Materialized);
   const ops::AttentionSaved cpu = ops::attention_saved(Device::CPU, DType::BF16, s);
   EXPECT_EQ(cpu.dtype, DType::BF16);
   EXPECT_EQ(cpu.numel, 2 * 6 * 16 * 16);  // the probabilities
+  EXPECT_GT(ops::attention_backward_scratch_floats(Device::CPU, DType::BF16, s), 0u);
+  kernels::set_attention_path(kernels::AttentionPath::Tiled);
+  const ops::AttentionSaved tiled = ops::attention_saved(Device::CPU, DType::BF16, s);
+  EXPECT_EQ(tiled.dtype, DType::F32);
+  EXPECT_EQ(tiled.numel, 2 * 6 * 16);  // a log-sum-exp per query row, as the GPU's
+  EXPECT_EQ(ops::attention_backward_scratch_floats(Device::CPU, DType::BF16, s), 0u);
+  kernels::set_attention_path(std::nullopt);
   const ops::AttentionSaved gpu = ops::attention_saved(Device::CUDA, DType::BF16, s);
   EXPECT_EQ(gpu.dtype, DType::F32);
   EXPECT_EQ(gpu.numel, 2 * 6 * 16);  // a log-sum-exp per query row
-  EXPECT_GT(ops::attention_backward_scratch_floats(Device::CPU, s), 0u);
-  EXPECT_EQ(ops::attention_backward_scratch_floats(Device::CUDA, s), 0u);
+  EXPECT_EQ(ops::attention_backward_scratch_floats(Device::CUDA, DType::BF16, s), 0u);
 }
 
 TEST(DeviceSelect, AGpuProductNeverWidensItsOperands) {

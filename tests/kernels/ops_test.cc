@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include "kernel_test_util.h"
 #include "strata/core/check.h"
+#include "strata/kernels/cpu/attention.h"
 
 namespace strata::ops {
 namespace {
@@ -67,37 +69,55 @@ std::vector<double> attention_reference(const std::vector<float>& qkv, const Att
 const AttentionShape kAttention[] = {
     {2, 5, 3, 1, 8}, {2, 6, 2, 2, 8}, {1, 9, 2, 4, 4}, {2, 7, 1, 4, 8}, {1, 70, 1, 2, 4}};
 
-TEST(OpsAttention, GroupedForwardAgainstReference) {
-  for (const AttentionShape& s : kAttention) {
-    SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " groups=" << s.groups
-                                    << " rep=" << s.rep << " hd=" << s.hd);
-    const int64_t NH = s.groups * s.rep;
-    auto qkv = test::randn(size_t(s.B) * s.T * s.groups * (s.rep + 2) * s.hd, "qkv");
-    std::vector<float> out(size_t(s.B) * s.T * NH * s.hd), att(size_t(s.B) * NH * s.T * s.T);
-    attention_forward(view(out, {s.B * s.T, NH * s.hd}), view(att, {s.B, NH, s.T, s.T}),
-                      view(qkv, {s.B * s.T, int64_t(qkv.size()) / (s.B * s.T)}), s);
-    EXPECT_LT(rel_err(out, attention_reference(qkv, s)), 1e-5);
+// att sized by attention_saved, on each of the CPU's paths.
+template <typename F>
+void on_each_attention_path(F&& f) {
+  for (kernels::AttentionPath path :
+       {kernels::AttentionPath::Tiled, kernels::AttentionPath::Materialized}) {
+    SCOPED_TRACE(kernels::attention_path_name(path));
+    kernels::set_attention_path(path);
+    f();
   }
+  kernels::set_attention_path(std::nullopt);
+}
+
+TEST(OpsAttention, GroupedForwardAgainstReference) {
+  on_each_attention_path([] {
+    for (const AttentionShape& s : kAttention) {
+      SCOPED_TRACE(testing::Message() << "B=" << s.B << " T=" << s.T << " groups=" << s.groups
+                                      << " rep=" << s.rep << " hd=" << s.hd);
+      const int64_t NH = s.groups * s.rep;
+      auto qkv = test::randn(size_t(s.B) * s.T * s.groups * (s.rep + 2) * s.hd, "qkv");
+      const int64_t att_n = attention_saved(Device::CPU, DType::F32, s).numel;
+      std::vector<float> out(size_t(s.B) * s.T * NH * s.hd), att(static_cast<size_t>(att_n));
+      attention_forward(view(out, {s.B * s.T, NH * s.hd}), view(att, {att_n}),
+                        view(qkv, {s.B * s.T, int64_t(qkv.size()) / (s.B * s.T)}), s);
+      EXPECT_LT(rel_err(out, attention_reference(qkv, s)), 1e-5);
+    }
+  });
 }
 
 TEST(OpsAttention, GroupedBackwardMatchesFiniteDifferences) {
-  const AttentionShape s{1, 6, 2, 2, 4};
-  const int64_t NH = s.groups * s.rep, row = s.groups * (s.rep + 2) * s.hd;
-  auto qkv = test::randn(size_t(s.B) * s.T * row, "qkv");
-  auto w = test::randn(size_t(s.B) * s.T * NH * s.hd, "w");
-  std::vector<float> out(w.size()), att(size_t(s.B) * NH * s.T * s.T);
-  auto loss = [&] {
-    attention_forward(view(out, {s.B * s.T, NH * s.hd}), view(att, {int64_t(att.size())}),
-                      view(qkv, {s.B * s.T, row}), s);
-    return test::weighted_sum(w, out.data(), out.size());
-  };
-  loss();
-  std::vector<float> dqkv(qkv.size(), 99.0f),
-      scratch(attention_backward_scratch_floats(Device::CPU, s));
-  attention_backward(view(dqkv, {s.B * s.T, row}), view(scratch, {int64_t(scratch.size())}),
-                     view(w, {s.B * s.T, NH * s.hd}), view(qkv, {s.B * s.T, row}),
-                     view(att, {int64_t(att.size())}), s);
-  EXPECT_LT(rel_err(dqkv, test::numeric_grad(qkv, loss, 1e-3f)), 1e-2);
+  on_each_attention_path([] {
+    const AttentionShape s{1, 6, 2, 2, 4};
+    const int64_t NH = s.groups * s.rep, row = s.groups * (s.rep + 2) * s.hd;
+    auto qkv = test::randn(size_t(s.B) * s.T * row, "qkv");
+    auto w = test::randn(size_t(s.B) * s.T * NH * s.hd, "w");
+    std::vector<float> out(w.size());
+    std::vector<float> att(static_cast<size_t>(attention_saved(Device::CPU, DType::F32, s).numel));
+    auto loss = [&] {
+      attention_forward(view(out, {s.B * s.T, NH * s.hd}), view(att, {int64_t(att.size())}),
+                        view(qkv, {s.B * s.T, row}), s);
+      return test::weighted_sum(w, out.data(), out.size());
+    };
+    loss();
+    std::vector<float> dqkv(qkv.size(), 99.0f),
+        scratch(std::max<size_t>(1, attention_backward_scratch_floats(Device::CPU, DType::F32, s)));
+    attention_backward(view(dqkv, {s.B * s.T, row}), view(scratch, {int64_t(scratch.size())}),
+                       view(w, {s.B * s.T, NH * s.hd}), view(qkv, {s.B * s.T, row}),
+                       view(att, {int64_t(att.size())}), s);
+    EXPECT_LT(rel_err(dqkv, test::numeric_grad(qkv, loss, 1e-3f)), 1e-2);
+  });
 }
 
 // --- rope on the grouped layout

@@ -11,6 +11,7 @@
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
 #include "strata/core/rng.h"
+#include "strata/kernels/cpu/attention.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
 #include "tests/model/tiny_model.h"
@@ -210,7 +211,12 @@ Bytes formula(const ModelSpec& spec, DType t, int B, const ChunkOptions& o) {
   const int64_t hd = C / m.heads, H = int64_t(m.heads) * hd;
   const int64_t QKV = int64_t(m.heads + 2 * m.kv_heads) * hd;
   const int64_t F = m.ffn_hidden, FCH = m.family == "gpt2" ? F : 2 * F;
-  const int64_t V = spec.tp.vocab_rows, att = int64_t(B) * m.heads * m.seq_len * m.seq_len;
+  const int64_t V = spec.tp.vocab_rows;
+  // A block's attention state in bytes: on the tiled path a fp32 log-sum-exp per query row, on
+  // the materialized path the probabilities (B,heads,T,T) in t.
+  const bool tiled = kernels::attention_path(m.seq_len, t) == kernels::AttentionPath::Tiled;
+  const int64_t att = tiled ? 4 * int64_t(B) * m.heads * m.seq_len
+                            : e * int64_t(B) * m.heads * m.seq_len * m.seq_len;
   const int64_t slots = o.slots, inputs = o.input_slots > 0 ? o.input_slots : o.slots;
   const RecomputeOptions& rc = o.recompute;
   const int L = m.layers;
@@ -224,12 +230,12 @@ Bytes formula(const ModelSpec& spec, DType t, int B, const ChunkOptions& o) {
     (rc.is_full(l) ? ckpt_per_slot : per_slot) += e * N * C;
     if (rc.is_full(l)) continue;
     per_slot += e * N * (3 * C + H + F) + 4 * N * 4;  // ln1, res2, ln2, atty, fch_act; norms' stats
-    per_input += e * N * (QKV + FCH) + (rc.selective ? 0 : e * att);
+    per_input += e * N * (QKV + FCH) + (rc.selective ? 0 : att);
   }
   per_slot += e * N * C;  // the last block's output
   b.activations = slots * per_slot + inputs * per_input;
   if (rc.any_full()) b.activations += e * N * (3 * C + H + QKV + FCH + F) + 4 * N * 4;
-  if (rc.any_full() || rc.selective) b.activations += e * att;
+  if (rc.any_full() || rc.selective) b.activations += att;
   if (o.defer_weight) {
     b.activations += slots * (e * L * N * (2 * C + QKV + C + FCH + C) + 2 * e * N * C);
   }
@@ -246,27 +252,33 @@ TEST_P(RecomputeMemory, ActivationBytesEqualTheFormula) {
   std::vector<Policy> ps = policies(m);
   ps.insert(ps.begin(), Policy{"none", {}});
   const MemoryTracker& mt = MemoryTracker::instance();
-  for (int variant = 0; variant < 3; ++variant) {
-    for (const Policy& p : ps) {
-      ChunkOptions o;
-      o.recompute = p.rc;
-      if (variant >= 1) o.slots = 3, o.defer_weight = variant == 2;
-      if (variant == 2) o.input_slots = 2;
-      const size_t a0 = mt.current(MemCategory::Activations);
-      const size_t c0 = mt.current(MemCategory::CheckpointedActivations);
-      const size_t h0 = mt.current(MemCategory::HostCheckpoints);
-      auto model = make_transformer(spec, t, DType::F32, nullptr, nullptr, 2, m.seq_len, o);
-      const Bytes want = formula(spec, t, 2, o);
-      const std::string at = p.name + ", variant " + std::to_string(variant);
-      EXPECT_EQ(int64_t(mt.current(MemCategory::Activations) - a0), want.activations) << at;
-      const MemCategory pool =
-          p.rc.host ? MemCategory::HostCheckpoints : MemCategory::CheckpointedActivations;
-      const MemCategory other =
-          p.rc.host ? MemCategory::CheckpointedActivations : MemCategory::HostCheckpoints;
-      EXPECT_EQ(int64_t(mt.current(pool) - (p.rc.host ? h0 : c0)), want.checkpoints) << at;
-      EXPECT_EQ(mt.current(other), p.rc.host ? c0 : h0) << at;
+  for (kernels::AttentionPath path :
+       {kernels::AttentionPath::Tiled, kernels::AttentionPath::Materialized}) {
+    kernels::set_attention_path(path);
+    for (int variant = 0; variant < 3; ++variant) {
+      for (const Policy& p : ps) {
+        ChunkOptions o;
+        o.recompute = p.rc;
+        if (variant >= 1) o.slots = 3, o.defer_weight = variant == 2;
+        if (variant == 2) o.input_slots = 2;
+        const size_t a0 = mt.current(MemCategory::Activations);
+        const size_t c0 = mt.current(MemCategory::CheckpointedActivations);
+        const size_t h0 = mt.current(MemCategory::HostCheckpoints);
+        auto model = make_transformer(spec, t, DType::F32, nullptr, nullptr, 2, m.seq_len, o);
+        const Bytes want = formula(spec, t, 2, o);
+        const std::string at = p.name + ", variant " + std::to_string(variant) + ", " +
+                               kernels::attention_path_name(path);
+        EXPECT_EQ(int64_t(mt.current(MemCategory::Activations) - a0), want.activations) << at;
+        const MemCategory pool =
+            p.rc.host ? MemCategory::HostCheckpoints : MemCategory::CheckpointedActivations;
+        const MemCategory other =
+            p.rc.host ? MemCategory::CheckpointedActivations : MemCategory::HostCheckpoints;
+        EXPECT_EQ(int64_t(mt.current(pool) - (p.rc.host ? h0 : c0)), want.checkpoints) << at;
+        EXPECT_EQ(mt.current(other), p.rc.host ? c0 : h0) << at;
+      }
     }
   }
+  kernels::set_attention_path(std::nullopt);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, RecomputeMemory,
@@ -278,8 +290,9 @@ INSTANTIATE_TEST_SUITE_P(Families, RecomputeMemory,
                          });
 
 TEST(RecomputeMemory, FullRecomputeKeepsAFractionOfTheBlocks) {
-  // Per block and micro-batch: 16·N·C + B·h·T² elements kept (GPT-2 widths), N·C with full
-  // recompute; selective drops the B·h·T² term.
+  // Per block and micro-batch: 16·N·C elements and the attention state kept (GPT-2 widths), N·C
+  // with full recompute; selective drops the attention state (B·h·T² elements materialized, B·h·T
+  // floats tiled).
   ModelConfig m = tiny("gpt2");
   m.layers = 12;
   const ModelSpec spec = build_model_spec(m);
@@ -288,7 +301,8 @@ TEST(RecomputeMemory, FullRecomputeKeepsAFractionOfTheBlocks) {
   sel.recompute.selective = true;
   const Bytes n = formula(spec, DType::F32, 2, none), f = formula(spec, DType::F32, 2, full);
   const Bytes s = formula(spec, DType::F32, 2, sel);
-  const int64_t NC = 4 * 32 * 32, att = 4 * 2 * 4 * 16 * 16;
+  const bool tiled = kernels::attention_path(16, DType::F32) == kernels::AttentionPath::Tiled;
+  const int64_t NC = 4 * 32 * 32, att = 4 * 2 * 4 * 16 * (tiled ? 1 : 16);
   EXPECT_EQ(n.activations - s.activations, 12 * att - att);
   EXPECT_EQ(f.checkpoints, 12 * NC);
   EXPECT_LT(f.activations + f.checkpoints, n.activations / 2);

@@ -127,25 +127,26 @@ void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Ten
 
 // --- attention --------------------------------------------------------------------------------
 // Causal self-attention over the grouped QKV layout above. qkv (B·T, groups·(rep+2)·hd);
-// out (B·T, groups·rep·hd) with heads in order (g, r); att (B, groups·rep, T, T) the softmax
-// probabilities saved for backward (an empty out: the probabilities only, as selective
-// recompute needs them).
+// out (B·T, groups·rep·hd) with heads in order (g, r); att what backward needs (attention_saved
+// below; an empty out: att only, as selective recompute needs it).
 struct AttentionShape {
   int B = 0, T = 0, groups = 0, rep = 0, hd = 0;
 };
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
-// What `att` holds is the backend's: the CPU keeps the probabilities (B, heads, T, T) in the
-// activations' dtype; CUDA keeps, flash-style, each query row's log-sum-exp of its scaled scores
-// (B, heads, T) in fp32, and its backward recomputes the probabilities from it. Callers size and
-// type `att` by this.
+// What `att` holds is the backend's: CUDA, and the CPU on its tiled path, keep flash-style each
+// query row's log-sum-exp of its scaled scores (B, heads, T) in fp32, and their backward
+// recomputes the probabilities from it; the CPU's materialized path keeps the probabilities
+// (B, heads, T, T) in the activations' dtype. The CPU's path is kernels::attention_path(T, act)
+// (STRATA_ATTENTION). Callers size and type `att` by this.
 struct AttentionSaved {
   DType dtype = DType::F32;
   int64_t numel = 0;
 };
 AttentionSaved attention_saved(Device device, DType act, const AttentionShape& s);
-// fp32 scratch attention_backward needs on `device` (the CPU: the probabilities' gradients;
-// CUDA: none, its backward recomputes tile by tile).
-size_t attention_backward_scratch_floats(Device device, const AttentionShape& s);
+// fp32 scratch attention_backward needs on `device` (the CPU's materialized path: the
+// probabilities' gradients; CUDA and the CPU's tiled path: none, their backward recomputes tile
+// by tile).
+size_t attention_backward_scratch_floats(Device device, DType act, const AttentionShape& s);
 // dqkv (overwritten) from dout.
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s);

@@ -2,6 +2,7 @@
 // dispatch.h).
 #include "strata/kernels/cpu/activation.h"
 #include "strata/kernels/cpu/attention.h"
+#include "strata/kernels/cpu/attention_tiled.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/embedding.h"
 #include "strata/kernels/cpu/norm.h"
@@ -215,8 +216,11 @@ void expect_saved(const char* op, const Tensor& att, const Tensor& qkv, const At
 
 AttentionSaved attention_saved(Device device, DType act, const AttentionShape& s) {
   const int64_t rows = int64_t(s.B) * s.groups * s.rep * s.T;
-  if (device == Device::CUDA) return {DType::F32, rows};  // the log-sum-exp of each query row
-  return {act, rows * s.T};                               // the probabilities
+  if (device == Device::CUDA ||
+      kernels::attention_path(s.T, act) == kernels::AttentionPath::Tiled) {
+    return {DType::F32, rows};  // the log-sum-exp of each query row
+  }
+  return {act, rows * s.T};  // the probabilities
 }
 
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s) {
@@ -231,12 +235,21 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape&
   STRATA_ON_CUDA(access, attention_forward(out, att, qkv, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
-    kernels::attention_forward(p<S>(out), p<S>(att), p<const S>(qkv), s.B, s.T, NH, s.groups, s.hd);
+    if (kernels::attention_path(s.T, qkv.dtype) == kernels::AttentionPath::Tiled) {
+      kernels::attention_tiled_forward(p<S>(out), p<float>(att), p<const S>(qkv), s.B, s.T, NH,
+                                       s.groups, s.hd);
+    } else {
+      kernels::attention_forward(p<S>(out), p<S>(att), p<const S>(qkv), s.B, s.T, NH, s.groups,
+                                 s.hd);
+    }
   });
 }
 
-size_t attention_backward_scratch_floats(Device device, const AttentionShape& s) {
-  if (device == Device::CUDA) return 0;
+size_t attention_backward_scratch_floats(Device device, DType act, const AttentionShape& s) {
+  if (device == Device::CUDA ||
+      kernels::attention_path(s.T, act) == kernels::AttentionPath::Tiled) {
+    return 0;  // recomputed tile by tile (the CPU's tiles are the kernel's own workspace)
+  }
   return kernels::attention_backward_scratch_floats(s.B, s.T, s.groups * s.rep, s.groups, s.hd);
 }
 
@@ -252,13 +265,18 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
   expect_numel(op, "dout", dout, int64_t(s.B) * s.T * NH * s.hd);
   expect_saved(op, att, qkv, s);
   expect_f32(op, "scratch", scratch);
-  const size_t need = attention_backward_scratch_floats(qkv.device, s);
+  const size_t need = attention_backward_scratch_floats(qkv.device, qkv.dtype, s);
   STRATA_CHECK(need == 0 || (scratch.data != nullptr && size_t(scratch.numel()) >= need), op,
                ": scratch ", scratch.shape_str(),
                " is smaller than attention_backward_scratch_floats");
   STRATA_ON_CUDA(access, attention_backward(dqkv, scratch, dout, qkv, att, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
+    if (kernels::attention_path(s.T, qkv.dtype) == kernels::AttentionPath::Tiled) {
+      kernels::attention_tiled_backward(p<S>(dqkv), p<const S>(dout), p<const S>(qkv),
+                                        p<const float>(att), s.B, s.T, NH, s.groups, s.hd);
+      return;
+    }
     kernels::attention_backward(p<S>(dqkv), p<float>(scratch), p<const S>(dout), p<const S>(qkv),
                                 p<const S>(att), s.B, s.T, NH, s.groups, s.hd);
   });

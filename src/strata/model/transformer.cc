@@ -233,7 +233,7 @@ void TransformerImpl::layout() {
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
   norm_scratch_ = static_cast<float*>(wk(int64_t(ops::norm_backward_scratch_floats(N, C)), f4));
   att_scratch_ =
-      static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(dev_, ash_)), f4));
+      static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(dev_, pt_, ash_)), f4));
   if (has_head_ && tp_->size() > 1) ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
   if (has_head_) {
     // Each unit's dlogits feed two products: of N rows (dlnf) and of the unit's rows (dW).

@@ -399,8 +399,8 @@ void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hoo
   const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
   if (chunk_.recompute.selective && !full_recompute(l)) recompute_attention(a, l);
   ops::attention_backward(
-      dqkv, f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(dev_, ash_))), d_atty,
-      mat(a.qkv, pt_, N_, QKVl_), att_view(a.att), ash_);
+      dqkv, f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(dev_, pt_, ash_))),
+      d_atty, mat(a.qkv, pt_, N_, QKVl_), att_view(a.att), ash_);
   if (!gpt2_) ops::rope_backward(dqkv, ash_, cfg_.rope_theta);
   void* dln1 = fuse ? dc_ : st.dln1;
   column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, a.ln1, dln1, fuse);

@@ -1,8 +1,11 @@
 #include "strata/kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/common.h"
@@ -192,7 +195,48 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
   }
 }
 
+// Unset STRATA_ATTENTION: half storage always tiled; fp32 tiled from this T on, materialized
+// below it. Measured with bench/attention_paths on bench-23M's attention (B 8, 8 heads, hd 64;
+// forward + backward, minimum of interleaved runs, 2 threads) on an Intel Xeon with AVX-512,
+// AVX512_BF16 and AMX (bench/results_attention_2026-12-05.txt), materialized/tiled ms:
+// fp32 1.22/1.34 at T 64, 3.73/3.63 at 128, 12.8/11.2 at 256, 68/42 at 512, 336/172 at 1024;
+// bf16 1.74/1.31 at 64, 48.9/16.1 at 256; fp16 2.19/1.64 at 64, 24.1/15.4 at 256. At T 64 in
+// fp32 the tiled backward's recomputed scores (five products to the materialized path's four)
+// cost more than its saved softmax passes.
+constexpr int kTiledFromT = 128;
+
+AttentionPath env_path() {
+  const char* env = std::getenv("STRATA_ATTENTION");
+  if (env == nullptr || *env == '\0') return AttentionPath(-1);
+  if (std::strcmp(env, "tiled") == 0) return AttentionPath::Tiled;
+  if (std::strcmp(env, "materialized") == 0) return AttentionPath::Materialized;
+  STRATA_INPUT_FAIL("STRATA_ATTENTION=", env,
+                    " is not an attention path; use tiled, materialized, or leave it unset for the "
+                    "measured default");
+}
+
+std::atomic<int>& forced_path() {
+  static std::atomic<int> p{-1};
+  return p;
+}
+
 }  // namespace
+
+AttentionPath attention_path(int T, DType act) {
+  static const AttentionPath env = env_path();
+  const int forced = forced_path().load(std::memory_order_relaxed);
+  if (forced >= 0) return AttentionPath(forced);
+  if (int(env) >= 0) return env;
+  return act != DType::F32 || T >= kTiledFromT ? AttentionPath::Tiled : AttentionPath::Materialized;
+}
+
+void set_attention_path(std::optional<AttentionPath> path) {
+  forced_path().store(path ? int(*path) : -1, std::memory_order_relaxed);
+}
+
+const char* attention_path_name(AttentionPath path) {
+  return path == AttentionPath::Tiled ? "tiled" : "materialized";
+}
 
 size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) {
   size_t dscores = size_t(B) * NH * T * T;

@@ -6,10 +6,25 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
 #include "strata/core/dtype.h"
 
 namespace strata::kernels {
+
+// The CPU's two attention paths: tiled (attention_tiled.h: keeps each query row's log-sum-exp,
+// memory linear in T) and materialized (this file: keeps the probabilities (B,NH,T,T)).
+enum class AttentionPath { Tiled, Materialized };
+
+// The path every CPU attention call of sequence length T on storage type `act` takes; what
+// ops::attention_saved sizes and what the forward and backward run all follow it.
+// STRATA_ATTENTION=tiled|materialized in the environment decides for every call; unset, the
+// default is the faster path as measured (attention.cc gives the numbers).
+AttentionPath attention_path(int T, DType act);
+// Forces a path for this process from now on (tests); nullopt goes back to the environment's or
+// the default. Buffers sized before the change no longer match (the ops' checks say so).
+void set_attention_path(std::optional<AttentionPath> path);
+const char* attention_path_name(AttentionPath path);  // "tiled" | "materialized"
 
 // qkv (B,T,KVH·(rep+2)·hd) in the grouped layout, rep = NH/KVH query heads per kv head: per row,
 // for each kv group g, the group's rep query heads, then its key head, then its value head.

@@ -1,0 +1,113 @@
+// Times the CPU's two attention paths (kernels/cpu/attention.h: materialized; attention_tiled.h:
+// tiled) on one shape, forward and backward, fp32, bf16 and fp16, and prints the minimum of --reps
+// runs in milliseconds (the four calls interleaved in each round) with the bytes each keeps for
+// backward.
+//   build/attention_paths [B NH KVH hd] [T ...] [--reps n]
+// Defaults: bench-23M's attention (B 8, 8 heads, hd 64) at T 64, 128, 256, 512, 1024.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/core/rng.h"
+#include "strata/kernels/cpu/attention.h"
+#include "strata/kernels/cpu/attention_tiled.h"
+#include "strata/kernels/cpu/cpu_features.h"
+
+using namespace strata;
+using namespace strata::kernels;
+
+namespace {
+
+double seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Minimum milliseconds of each of fs over reps rounds, the functions interleaved within a round so
+// that a busy moment of a shared machine falls on all of them alike.
+template <size_t N>
+std::array<double, N> min_ms(int reps, const std::array<std::function<void()>, N>& fs) {
+  for (const auto& f : fs) f();  // workspaces and page faults out of the timing
+  std::array<double, N> best;
+  best.fill(1e30);
+  for (int i = 0; i < reps; ++i) {
+    for (size_t k = 0; k < N; ++k) {
+      const double t0 = seconds();
+      fs[k]();
+      best[k] = std::min(best[k], seconds() - t0);
+    }
+  }
+  for (double& b : best) b *= 1e3;
+  return best;
+}
+
+template <typename S>
+void run(int B, int T, int NH, int KVH, int hd, int reps) {
+  const int64_t qkv_n = int64_t(B) * T * (NH + 2 * KVH) * hd, out_n = int64_t(B) * T * NH * hd;
+  const int64_t att_n = int64_t(B) * NH * T * T, lse_n = int64_t(B) * NH * T;
+  std::vector<S> qkv(static_cast<size_t>(qkv_n)), dy(static_cast<size_t>(out_n)),
+      out(static_cast<size_t>(out_n)), dqkv(static_cast<size_t>(qkv_n));
+  const uint64_t key = rng_key(7, "attention_paths");
+  for (int64_t i = 0; i < qkv_n; ++i) qkv[size_t(i)] = from_f32<S>(rng_normal(key, uint64_t(i)));
+  for (int64_t i = 0; i < out_n; ++i) {
+    dy[size_t(i)] = from_f32<S>(rng_normal(key, uint64_t(qkv_n + i)));
+  }
+  std::vector<S> att(static_cast<size_t>(att_n));
+  std::vector<float> scratch(attention_backward_scratch_floats(B, T, NH, KVH, hd));
+  std::vector<float> lse(static_cast<size_t>(lse_n));
+  const auto [mf, mb, tf, tb] = min_ms<4>(
+      reps,
+      {[&] { attention_forward(out.data(), att.data(), qkv.data(), B, T, NH, KVH, hd); },
+       [&] {
+         attention_backward(dqkv.data(), scratch.data(), dy.data(), qkv.data(), att.data(), B, T,
+                            NH, KVH, hd);
+       },
+       [&] { attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hd); },
+       [&] {
+         attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), lse.data(), B, T, NH, KVH,
+                                  hd);
+       }});
+  const double m_saved = double(att_n) * sizeof(S) / 1048576.0;
+  const double t_saved = double(lse_n) * sizeof(float) / 1048576.0;
+  std::printf("%-5s %5d  %9.2f %9.2f %9.2f  %9.2f %9.2f %9.2f  %6.2f  %8.2f %7.3f\n",
+              dtype_name(dtype_of<S>()), T, mf, mb, mf + mb, tf, tb, tf + tb, (tf + tb) / (mf + mb),
+              m_saved, t_saved);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 5;
+  std::vector<int> args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+    } else {
+      args.push_back(std::atoi(argv[i]));
+    }
+  }
+  int B = 8, NH = 8, KVH = 8, hd = 64;
+  std::vector<int> Ts = {64, 128, 256, 512, 1024};
+  if (args.size() >= 4) {
+    B = args[0], NH = args[1], KVH = args[2], hd = args[3];
+    if (args.size() > 4) Ts.assign(args.begin() + 4, args.end());
+  }
+  const CpuFeatures& f = cpu_features();
+  std::printf("# %s; %s; %d threads; B %d, heads %d, kv heads %d, hd %d; min of %d runs, ms\n",
+              f.model.c_str(), f.flags().c_str(), omp_get_max_threads(), B, NH, KVH, hd, reps);
+  std::printf("%-5s %5s  %9s %9s %9s  %9s %9s %9s  %6s  %8s %7s\n", "dtype", "T", "mat fwd",
+              "mat bwd", "mat f+b", "tile fwd", "tile bwd", "tile f+b", "ratio", "mat MiB",
+              "lse MiB");
+  for (int T : Ts) run<float>(B, T, NH, KVH, hd, reps);
+  for (int T : Ts) run<bf16>(B, T, NH, KVH, hd, reps);
+  for (int T : Ts) run<f16>(B, T, NH, KVH, hd, reps);
+  return 0;
+}
