@@ -238,6 +238,8 @@ DeviceProfile read_profile(const std::string& path) {
       s.model_scale = field("model_scale", 0);
       s.per_collective_s = field("per_collective_us", 0) * 1e-6;
       s.per_message_s = field("per_message_us", 0) * 1e-6;
+      s.per_call_s = f.contains("per_call_us") ? field("per_call_us", 0) * 1e-6 : 0.0;
+      s.per_gather_s = f.contains("per_gather_us") ? field("per_gather_us", 0) * 1e-6 : 0.0;
       s.per_step_s = field("per_step_us", 0) * 1e-6;
       s.probes = int(f.value("probes", 0));
       s.source = f.value("source", std::string());
@@ -284,6 +286,8 @@ void write_profile(const DeviceProfile& p, const std::string& path) {
                       {"model_scale", f.model_scale},
                       {"per_collective_us", f.per_collective_s * 1e6},
                       {"per_message_us", f.per_message_s * 1e6},
+                      {"per_call_us", f.per_call_s * 1e6},
+                      {"per_gather_us", f.per_gather_s * 1e6},
                       {"per_step_us", f.per_step_s * 1e6},
                       {"probes", f.probes},
                       {"source", f.source}});

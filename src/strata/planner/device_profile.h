@@ -12,7 +12,9 @@
 //    "intra_node": {"alpha_us": a, "bandwidth_gbps": b},
 //    "inter_node": {"alpha_us": a, "bandwidth_gbps": b},
 //    "step_fits": [{"ranks_per_node": R, "model_scale": a, "per_collective_us": b,
-//                   "per_message_us": c, "per_step_us": d, "probes": K, "source": "..."}]}
+//                   "per_gather_us": g, "per_message_us": c, "per_call_us": e,
+//                   "per_step_us": d, "probes": K,
+//                   "source": "..."}]}
 //
 // Rates are per device (a GPU) or per rank's share of a host's cores (a CPU; see cpu_share). A
 // GEMM of F FLOPs runs at gemm_tflops[dtype] × efficiency(F), the efficiency interpolated in log F
@@ -22,8 +24,9 @@
 // A step fit corrects the model where it cannot see: what a step of R ranks on one node costs
 // beyond the α–β and FLOP model (the scheduler's slices between ranks that share cores, the
 // progress of MPI calls, thread wake-ups). `strata plan --fit K` measures K probe layouts of a
-// config at R ranks and fits step = a·model + b·collectives + c·messages + d (non-negative least
-// squares); plans of R ranks per node then use it, and say so.
+// config at R ranks and fits step = a·model + b·collectives + g·ZeRO-3 gathers + c·messages +
+// e·kernel calls + d
+// (non-negative least squares); plans of R ranks per node then use it, and say so.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +49,8 @@ struct StepFit {
   double model_scale = 1.0;       // a: of the modelled step
   double per_collective_s = 0.0;  // b: per collective call on the critical rank
   double per_message_s = 0.0;     // c: per pipeline send or receive
+  double per_call_s = 0.0;        // e: per kernel call
+  double per_gather_s = 0.0;      // g: per ZeRO-3 parameter gather
   double per_step_s = 0.0;        // d: per step
   int probes = 0;
   std::string source;  // "strata plan --fit 12 on <config>, <date>"

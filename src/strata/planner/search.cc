@@ -482,9 +482,9 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     // collectives per micro-batch; the data-parallel reductions (stage 0: buckets once; 1: a
     // reduce-scatter per unit and the gather after the step; 2: a reduce-scatter per unit and
     // micro-batch; 3: also a gather per gathered unit and pass); MiCS's replica sums; pipeline
-    // sends and receives.
+    // sends and receives. Stage 3's parameter gathers are counted apart: the compute waits on them.
     double coll = c.tp > 1 ? double(m) * sc.tp_collectives : 0.0;
-    if (dpn > 1) {
+    if (dpn > 1 || zero) {  // ZeRO on a group of one still runs its reductions
       const double units = sc.units;
       if (!zero || cfg.zero.stage == 0) {
         const int64_t bucket = cfg.zero.reduce_bucket_size;
@@ -495,11 +495,14 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
         coll += double(m) * units + units;
       } else {
         const double passes = 2.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0);
-        coll += double(m) * (passes * sc.gathered_units + units) + (units - sc.gathered_units);
+        p.gathers = double(m) * passes * sc.gathered_units;
+        coll += double(m) * units + (units - sc.gathered_units);
       }
       if (zero && shard < dpn) coll += units;
     }
     p.collectives = coll;
+    // Kernel calls: a backward makes about two of each forward call, a full recompute one more.
+    p.kernel_calls = double(m) * sc.forward_calls * (3.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0));
     if (c.pp > 1) {
       const int v = c.virtual_stages;
       p.messages = double(m) * v * (c.pp > 2 || v > 1 ? 4.0 : 2.0);
@@ -507,7 +510,8 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     p.step_s = p.model_step_s;
     if (const StepFit* f = d.gpu ? nullptr : d.step_fit(in.cluster.per_node)) {
       p.step_s = f->model_scale * p.model_step_s + f->per_collective_s * p.collectives +
-                 f->per_message_s * p.messages + f->per_step_s;
+                 f->per_message_s * p.messages + f->per_call_s * p.kernel_calls +
+                 f->per_gather_s * p.gathers + f->per_step_s;
     }
     const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
     p.tokens_per_s = tokens / p.step_s;
@@ -566,12 +570,14 @@ std::string explain(const PlanInput& in, const Row& r) {
                 100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s);
   s += line;
   if (const StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {
-    std::snprintf(line, sizeof line,
-                  "fitted at %d ranks per node (%s): %.4f s = %.3f x the model's %.4f s + %.0f "
-                  "collectives x %.1f us + %.0f messages x %.1f us + %.1f us\n",
-                  f->ranks_per_node, f->source.c_str(), p.step_s, f->model_scale, p.model_step_s,
-                  p.collectives, f->per_collective_s * 1e6, p.messages, f->per_message_s * 1e6,
-                  f->per_step_s * 1e6);
+    std::snprintf(
+        line, sizeof line,
+        "fitted at %d ranks per node (%s): %.4f s = %.3f x the model's %.4f s + %.0f "
+        "collectives x %.1f us + %.0f ZeRO-3 gathers x %.1f us + %.0f messages x %.1f us + "
+        "%.0f kernel calls x %.2f us + %.1f us\n",
+        f->ranks_per_node, f->source.c_str(), p.step_s, f->model_scale, p.model_step_s,
+        p.collectives, f->per_collective_s * 1e6, p.gathers, f->per_gather_s * 1e6, p.messages,
+        f->per_message_s * 1e6, p.kernel_calls, f->per_call_s * 1e6, f->per_step_s * 1e6);
     s += line;
   }
   std::snprintf(line, sizeof line, "%.0f tokens/s, MFU %.1f%% (device: %s)\n", p.tokens_per_s,

@@ -60,8 +60,9 @@ struct Prediction {
   double dp_exposed_s = 0;     // of which not hidden behind backward
   double optimizer_s = 0;
   double model_step_s = 0;  // the sum of the above: the model's step
-  // Per step on the critical rank: collective calls and pipeline sends and receives.
-  double collectives = 0, messages = 0;
+  // Per step on the critical rank: collective calls (but for stage 3's parameter gathers, counted
+  // apart), pipeline sends and receives, kernel calls.
+  double collectives = 0, gathers = 0, messages = 0, kernel_calls = 0;
   // The model's step, or where the device profile has a step fit for these ranks per node, the
   // fit's (device_profile.h).
   double step_s = 0;

@@ -10,10 +10,10 @@ namespace strata::planner {
 
 namespace {
 
-constexpr int kTerms = 4;
+constexpr int kTerms = 6;
 
 std::array<double, kTerms> features(const StepSample& s) {
-  return {s.model_s, s.collectives, s.messages, 1.0};
+  return {s.model_s, s.collectives, s.messages, s.calls, s.gathers, 1.0};
 }
 
 // Least squares over the terms in `mask` (the others 0), by the normal equations with partial
@@ -60,7 +60,8 @@ bool solve(const std::vector<StepSample>& samples, unsigned mask, std::array<dou
 
 double fitted_step(const StepFit& f, const StepSample& s) {
   return f.model_scale * s.model_s + f.per_collective_s * s.collectives +
-         f.per_message_s * s.messages + f.per_step_s;
+         f.per_message_s * s.messages + f.per_call_s * s.calls + f.per_gather_s * s.gathers +
+         f.per_step_s;
 }
 
 StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
@@ -93,7 +94,9 @@ StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
   f.model_scale = best_x[0];
   f.per_collective_s = best_x[1];
   f.per_message_s = best_x[2];
-  f.per_step_s = best_x[3];
+  f.per_call_s = best_x[3];
+  f.per_gather_s = best_x[4];
+  f.per_step_s = best_x[5];
   f.probes = int(samples.size());
   return f;
 }
