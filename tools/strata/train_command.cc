@@ -6,8 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
