@@ -16,27 +16,31 @@
 namespace strata::planner {
 namespace {
 
-std::vector<StepSample> made(double a, double b, double c, double d, double e = 0, double g = 0) {
+std::vector<StepSample> made(double a, double b, double c, double d, double e = 0, double g = 0,
+                             double h = 0) {
   std::vector<StepSample> s;
   const double model[] = {0.008, 0.009, 0.0087, 0.0095, 0.0101, 0.0078, 0.0120, 0.0091};
   const double coll[] = {40, 120, 260, 75, 300, 18, 150, 90};
   const double msg[] = {0, 0, 0, 16, 32, 0, 8, 64};
   const double calls[] = {180, 400, 230, 900, 350, 700, 120, 520};
   const double gathers[] = {0, 60, 0, 24, 120, 0, 36, 0};
+  const double beside[] = {0, 0, 130, 20, 0, 0, 90, 60};
   for (int i = 0; i < 8; ++i) {
-    s.push_back({model[i], coll[i], msg[i], calls[i], gathers[i],
-                 a * model[i] + b * coll[i] + c * msg[i] + e * calls[i] + g * gathers[i] + d});
+    s.push_back({model[i], coll[i], msg[i], calls[i], gathers[i], beside[i],
+                 a * model[i] + b * coll[i] + c * msg[i] + e * calls[i] + g * gathers[i] +
+                     h * beside[i] + d});
   }
   return s;
 }
 
 TEST(StepFit, RecoversTheTermsThatMadeTheSteps) {
-  const StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3, 6e-6, 9e-4), 4);
+  const StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3, 6e-6, 9e-4, 2e-4), 4);
   EXPECT_NEAR(f.model_scale, 2.5, 1e-6);
   EXPECT_NEAR(f.per_collective_s, 4e-4, 1e-9);
   EXPECT_NEAR(f.per_message_s, 1.5e-4, 1e-9);
   EXPECT_NEAR(f.per_call_s, 6e-6, 1e-10);
   EXPECT_NEAR(f.per_gather_s, 9e-4, 1e-9);
+  EXPECT_NEAR(f.per_tp_beside_s, 2e-4, 1e-9);
   EXPECT_NEAR(f.per_step_s, 3e-3, 1e-8);
   EXPECT_EQ(f.ranks_per_node, 4);
   EXPECT_EQ(f.probes, 8);
@@ -58,7 +62,7 @@ TEST(StepFit, NoTermGoesNegative) {
 
 TEST(StepFit, FewerProbesThanTermsIsAnInputError) {
   std::vector<StepSample> s = made(1, 0, 0, 0);
-  s.resize(5);
+  s.resize(6);
   EXPECT_THROW(fit_step(s, 4), InputError);
 }
 
@@ -82,8 +86,8 @@ TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
   DeviceProfile p = cpu_profile();
   StepFit f;
   f.ranks_per_node = 4, f.model_scale = 2.0, f.per_collective_s = 5e-4, f.per_message_s = 2e-4;
-  f.per_call_s = 1e-6, f.per_gather_s = 3e-4, f.per_step_s = 1e-3, f.probes = 12,
-  f.source = "strata plan --fit 12 (test)";
+  f.per_call_s = 1e-6, f.per_gather_s = 3e-4, f.per_tp_beside_s = 7e-4, f.per_step_s = 1e-3,
+  f.probes = 12, f.source = "strata plan --fit 12 (test)";
   p.step_fits.push_back(f);
   write_profile(p, path("cpu.json"));
   const DeviceProfile q = read_profile(path("cpu.json"));
@@ -92,6 +96,7 @@ TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_collective_s, 5e-4);
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_call_s, 1e-6);
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_gather_s, 3e-4);
+  EXPECT_DOUBLE_EQ(q.step_fit(4)->per_tp_beside_s, 7e-4);
   EXPECT_EQ(q.step_fit(4)->source, f.source);
 
   PlanInput in;
@@ -111,16 +116,21 @@ TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
   EXPECT_EQ(p4.messages, 0);
   EXPECT_GT(p4.kernel_calls, 0);
   EXPECT_EQ(p4.gathers, 0);  // stage 2
-  EXPECT_DOUBLE_EQ(p4.step_s,
-                   2.0 * p4.model_step_s + 5e-4 * p4.collectives + 1e-6 * p4.kernel_calls + 1e-3);
+  // overlap_comm is off by default below stage 3 (DeepSpeed's default): nothing runs beside.
+  EXPECT_EQ(p4.tp_beside_reductions, 0);
+  EXPECT_DOUBLE_EQ(p4.step_s, 2.0 * p4.model_step_s + 5e-4 * p4.collectives +
+                                  1e-6 * p4.kernel_calls + 7e-4 * p4.tp_beside_reductions + 1e-3);
   // Stage 3 gathers each unit above the persistence threshold in forward and backward.
   c.zero = 3;
   const Row z3 = evaluate(in, c);
   ASSERT_TRUE(z3.valid()) << z3.reason;
   EXPECT_GT(z3.p.gathers, 0);
+  // Stage 3 overlaps by default: every tp collective runs beside the reductions.
+  EXPECT_GT(z3.p.tp_beside_reductions, 0);
   EXPECT_EQ(std::fmod(z3.p.gathers, 2.0 * c.accumulation), 0.0);
   EXPECT_DOUBLE_EQ(z3.p.step_s, 2.0 * z3.p.model_step_s + 5e-4 * z3.p.collectives +
-                                    3e-4 * z3.p.gathers + 1e-6 * z3.p.kernel_calls + 1e-3);
+                                    3e-4 * z3.p.gathers + 1e-6 * z3.p.kernel_calls +
+                                    7e-4 * z3.p.tp_beside_reductions + 1e-3);
   c.zero = 2;
   // Four ranks on nodes of two: no fit for that, the model's step.
   in.cluster = uniform_cluster(4, 2);

@@ -189,10 +189,10 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   STRATA_INPUT_CHECK(!in.device.gpu,
                      "--fit runs probe layouts here, on the CPU: plan with --device cpu (or a CPU "
                      "profile file)");
-  STRATA_INPUT_CHECK(k >= 6, "--fit ", k, ": a step fit has six terms; give at least 6 probes");
+  STRATA_INPUT_CHECK(k >= 7, "--fit ", k, ": a step fit has seven terms; give at least 7 probes");
   size_t valid = 0;
   for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
-  STRATA_INPUT_CHECK(valid >= 6, "--fit needs at least 6 valid layouts to probe; this plan has ",
+  STRATA_INPUT_CHECK(valid >= 7, "--fit needs at least 7 valid layouts to probe; this plan has ",
                      valid);
   std::vector<size_t> pick;
   const size_t n = std::min(valid, size_t(k));
@@ -215,32 +215,32 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
                   m.error.c_str());
       continue;
     }
-    samples.push_back(
-        {r.p.model_step_s, r.p.collectives, r.p.messages, r.p.kernel_calls, r.p.gathers, m.step_s});
+    samples.push_back({r.p.model_step_s, r.p.collectives, r.p.messages, r.p.kernel_calls,
+                       r.p.gathers, r.p.tp_beside_reductions, m.step_s});
     used.push_back(i);
   }
   planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
   f.source = source;
   std::printf(
-      "| # | layout | collectives | gathers | messages | kernel calls | model s | fitted s | "
-      "measured s | error |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "| # | layout | collectives | gathers | messages | kernel calls | tp beside reductions | "
+      "model s | fitted s | measured s | error |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<double> errors;
   for (size_t j = 0; j < samples.size(); ++j) {
     const planner::StepSample& s = samples[j];
     const double fit = planner::fitted_step(f, s);
     errors.push_back(std::fabs(fit - s.measured_s) / s.measured_s);
-    std::printf("| %zu | %s | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | %+.1f%% |\n",
+    std::printf("| %zu | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | %+.1f%% |\n",
                 used[j] + 1, planner::describe(rows[used[j]].c).c_str(), s.collectives, s.gathers,
-                s.messages, s.calls, s.model_s, fit, s.measured_s,
+                s.messages, s.calls, s.tp_beside, s.model_s, fit, s.measured_s,
                 100.0 * (fit - s.measured_s) / s.measured_s);
   }
   std::printf(
       "fit at %d ranks per node: step = %.3f x model + %.1f us x collectives + %.1f us x messages "
-      "+ %.2f us x kernel calls + %.1f us x ZeRO-3 gathers + %.1f us; error on the probes median "
-      "%.1f%%, worst %.1f%%\n",
+      "+ %.2f us x kernel calls + %.1f us x ZeRO-3 gathers + %.1f us x tp collectives beside "
+      "reductions + %.1f us; error on the probes median %.1f%%, worst %.1f%%\n",
       f.ranks_per_node, f.model_scale, f.per_collective_s * 1e6, f.per_message_s * 1e6,
-      f.per_call_s * 1e6, f.per_gather_s * 1e6, f.per_step_s * 1e6, 100.0 * median(errors),
-      100.0 * *std::max_element(errors.begin(), errors.end()));
+      f.per_call_s * 1e6, f.per_gather_s * 1e6, f.per_tp_beside_s * 1e6, f.per_step_s * 1e6,
+      100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()));
   planner::DeviceProfile p = planner::read_profile(profile_path);
   std::erase_if(p.step_fits,
                 [&](const planner::StepFit& g) { return g.ranks_per_node == f.ranks_per_node; });

@@ -13,6 +13,7 @@
 //    "inter_node": {"alpha_us": a, "bandwidth_gbps": b},
 //    "step_fits": [{"ranks_per_node": R, "model_scale": a, "per_collective_us": b,
 //                   "per_gather_us": g, "per_message_us": c, "per_call_us": e,
+//                   "per_tp_beside_reductions_us": h,
 //                   "per_step_us": d, "probes": K,
 //                   "source": "..."}]}
 //
@@ -25,7 +26,7 @@
 // beyond the α–β and FLOP model (the scheduler's slices between ranks that share cores, the
 // progress of MPI calls, thread wake-ups). `strata plan --fit K` measures K probe layouts of a
 // config at R ranks and fits step = a·model + b·collectives + g·ZeRO-3 gathers + c·messages +
-// e·kernel calls + d
+// e·kernel calls + h·tensor-parallel collectives beside background reductions + d
 // (non-negative least squares); plans of R ranks per node then use it, and say so.
 #pragma once
 
@@ -51,6 +52,7 @@ struct StepFit {
   double per_message_s = 0.0;     // c: per pipeline send or receive
   double per_call_s = 0.0;        // e: per kernel call
   double per_gather_s = 0.0;      // g: per ZeRO-3 parameter gather
+  double per_tp_beside_s = 0.0;   // h: per tp collective beside overlap_comm's reductions
   double per_step_s = 0.0;        // d: per step
   int probes = 0;
   std::string source;  // "strata plan --fit 12 on <config>, <date>"

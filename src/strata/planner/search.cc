@@ -501,6 +501,12 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       if (zero && shard < dpn) coll += units;
     }
     p.collectives = coll;
+    // Tensor-parallel collectives that run while overlap_comm's data-parallel reductions are in
+    // flight on the communication thread: on cores the ranks share, each waits for a peer the
+    // reductions' thread competes with.
+    if (c.tp > 1 && overlap && (dpn > 1 || zero)) {
+      p.tp_beside_reductions = double(m) * sc.tp_collectives;
+    }
     // Kernel calls: a backward makes about two of each forward call, a full recompute one more.
     p.kernel_calls = double(m) * sc.forward_calls * (3.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0));
     if (c.pp > 1) {
@@ -511,7 +517,8 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     if (const StepFit* f = d.gpu ? nullptr : d.step_fit(in.cluster.per_node)) {
       p.step_s = f->model_scale * p.model_step_s + f->per_collective_s * p.collectives +
                  f->per_message_s * p.messages + f->per_call_s * p.kernel_calls +
-                 f->per_gather_s * p.gathers + f->per_step_s;
+                 f->per_gather_s * p.gathers + f->per_tp_beside_s * p.tp_beside_reductions +
+                 f->per_step_s;
     }
     const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
     p.tokens_per_s = tokens / p.step_s;

@@ -63,6 +63,8 @@ struct Prediction {
   // Per step on the critical rank: collective calls (but for stage 3's parameter gathers, counted
   // apart), pipeline sends and receives, kernel calls.
   double collectives = 0, gathers = 0, messages = 0, kernel_calls = 0;
+  // Of the tensor-parallel collectives, those beside overlap_comm's background reductions.
+  double tp_beside_reductions = 0;
   // The model's step, or where the device profile has a step fit for these ranks per node, the
   // fit's (device_profile.h).
   double step_s = 0;
