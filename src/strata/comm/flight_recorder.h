@@ -8,8 +8,9 @@
 // numbered within its group (the n-th collective issued on that communicator: the same on every
 // member, since every member issues the same collectives in the same order); a point-to-point
 // message by peer and direction (the n-th message sent to, or received from, that peer on the
-// group). The ring keeps the last kEntries operations; the per-group counts are kept whole, so
-// they still say how far each rank got after the ring has wrapped.
+// group). The ring keeps the last kEntries operations; the per-group counts of issued operations
+// are kept whole, so they still say how far each rank got after the ring has wrapped (a
+// completion whose entry the ring has already dropped is not counted as completed).
 //
 // Recording is always on (a mutex and a few stores per operation). The file is written, once
 // `enable` has named a directory: by abort_job (comm/mpi_runtime.h) before it ends the job, after
