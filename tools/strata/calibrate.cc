@@ -358,15 +358,6 @@ Links measure_links(MPI_Comm world, double memory_bytes_per_s) {
   return l;
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char s[32];
-  std::strftime(s, sizeof s, "%Y-%m-%d %H:%M UTC", &tm);
-  return s;
-}
-
 void print_summary(const planner::DeviceProfile& p, const ComputeNotes& notes, const Links& l,
                    const std::string& output, double seconds) {
   std::printf("calibrated %s in %.1f s: %d cores, %d threads per rank\n", p.name.c_str(), seconds,
@@ -430,13 +421,22 @@ void run_calibrate(const std::string& output, const std::string& model, const st
   const Links links = measure_links(world, p.memory_bytes_per_s);
   on_rank0(world, [&] {
     p.intra_node = links.intra, p.inter_node = links.inter;
-    p.source = "measured by strata bench --calibrate on " + utc_now() + ", " +
+    p.source = "measured by strata bench --calibrate on " + utc_now(kUtcMinute) + ", " +
                std::to_string(ranks) + (ranks == 1 ? " rank x " : " ranks x ") +
                std::to_string(p.threads_per_rank) + " threads; " + links.how + "; " +
                kernels::describe_cpu();
     planner::write_profile(p, output);
     print_summary(p, notes, links, output, seconds_since(start));
   });
+}
+
+std::string utc_now(const char* format) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char s[64];
+  std::strftime(s, sizeof s, format, &tm);
+  return s;
 }
 
 }  // namespace strata::cli

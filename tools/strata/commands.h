@@ -37,4 +37,9 @@ void run_calibrate(const std::string& output, const std::string& model, const st
 // visible GPU on rank 0. No GPU for "cuda" is an InputError.
 void select_device(const std::string& device, bool rank0);
 
+// The time now in UTC, as strftime writes `format` (at most 63 bytes), e.g. kUtcMinute:
+// "2026-12-05 07:25 UTC".
+inline constexpr const char* kUtcMinute = "%Y-%m-%d %H:%M UTC";
+std::string utc_now(const char* format);
+
 }  // namespace strata::cli

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <map>
 #include <memory>
 #include <string>
@@ -161,11 +160,9 @@ void run_plan(const PlanArgs& a) {
   }
   if (a.fit > 0) {
     const std::string path = a.device == "cpu" ? calib : a.device;
-    char when[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
     const std::string source = "strata plan --fit " + std::to_string(a.fit) + " on " + a.config +
-                               " at " + std::to_string(a.devices) + " ranks, " + when;
+                               " at " + std::to_string(a.devices) + " ranks, " +
+                               utc_now(kUtcMinute);
     fit_plan(in, rows, a.fit, a.verify_steps, path, source);
     in.device = planner::read_profile(path);
     rows = planner::plan(in);

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -273,16 +272,6 @@ struct RunRecord {
   nlohmann::json config, data;
 };
 
-// "2026-12-05T06:10:37Z"
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
 // Rank 0 writes <run_dir>/run.json whole (core/atomic_file.h) once the run is set up: a resumed
 // or restarted run rewrites it with its own layout and the step it resumed at.
 void write_run_json(const RunRecord& r) {
@@ -347,7 +336,7 @@ void write_run_json(const RunRecord& r) {
 }
 
 void run_train(const TrainArgs& a) {
-  const std::string started = utc_now();
+  const std::string started = utc_now("%Y-%m-%dT%H:%M:%SZ");  // ISO 8601
   const int world = comm::initialized() ? comm::world_size() : 1;
   const bool rank0 = !comm::initialized() || comm::world_rank() == 0;
   split_cores_between_local_ranks();
