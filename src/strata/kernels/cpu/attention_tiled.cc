@@ -1,121 +1,41 @@
 #include "strata/kernels/cpu/attention_tiled.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
+#include "strata/kernels/cpu/attention_tiled_kernels.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/cpu_features.h"
-#include "strata/kernels/cpu/vec.h"
 
 namespace strata::kernels {
 
+namespace tile {
+
 namespace {
 
-// Query and key tile: 64 rows. Head dim and tile widths are padded to 16 floats (the widest
-// vector) so that every row the products read or write is whole vectors.
-constexpr int kTile = 64;
-constexpr int kPad = 16;
-
-int round_up(int x, int m) {
-  return (x + m - 1) / m * m;
+std::atomic<bool>& forced_avx2() {
+  static std::atomic<bool> f{false};
+  return f;
 }
 
-// The products' micro-kernels, one struct per instruction set (as pack_gemm's), written once as a
-// macro because each function needs its set's target attribute:
-//   block<R, NV>: c (R, NV·W) (+)= a (R, K) · b (K, NV·W), a[r·ars + k·acs], b's row k at
-//     b + k·ldb. Each element is the fp32 fused-multiply-add chain over k in order, from 0 or
-//     from c (add): its value does not depend on the block it is computed in;
-//   gemm: c (M, N) (+)= a (M, K) · b (K, N), N a multiple of W, in blocks of 6 rows.
-#define STRATA_TILE_KERNEL(NAME, TARGET, VEC, W_, NV_, LOAD, STORE, SET1, FMA, ZERO)               \
-  struct NAME {                                                                                    \
-    static constexpr int W = W_;                                                                   \
-    template <int R, int NV>                                                                       \
-    __attribute__((target(TARGET), always_inline)) static inline void block(                       \
-        float* c, int64_t ldc, const float* a, int64_t ars, int64_t acs, const float* b,           \
-        int64_t ldb, int K, bool add) {                                                            \
-      VEC acc[R][NV];                                                                              \
-      _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                                        \
-        _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                     \
-          acc[r][v] = add ? LOAD(c + r * ldc + v * W) : ZERO();                                    \
-        }                                                                                          \
-      }                                                                                            \
-      for (int k = 0; k < K; ++k) {                                                                \
-        VEC bv[NV];                                                                                \
-        _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                     \
-          bv[v] = LOAD(b + k * ldb + v * W);                                                       \
-        }                                                                                          \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                                      \
-          const VEC ar = SET1(a[r * ars + k * acs]);                                               \
-          _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                   \
-            acc[r][v] = FMA(ar, bv[v], acc[r][v]);                                                 \
-          }                                                                                        \
-        }                                                                                          \
-      }                                                                                            \
-      _Pragma("GCC unroll 8") for (int r = 0; r < R; ++r) {                                        \
-        _Pragma("GCC unroll 4") for (int v = 0; v < NV; ++v) {                                     \
-          STORE(c + r * ldc + v * W, acc[r][v]);                                                   \
-        }                                                                                          \
-      }                                                                                            \
-    }                                                                                              \
-    template <int NV>                                                                              \
-    __attribute__((target(TARGET))) static void rows(float* c, int64_t ldc, const float* a,        \
-                                                     int64_t ars, int64_t acs, const float* b,     \
-                                                     int64_t ldb, int M, int K, bool add) {        \
-      int i = 0;                                                                                   \
-      for (; i + 6 <= M; i += 6) {                                                                 \
-        block<6, NV>(c + i * ldc, ldc, a + i * ars, ars, acs, b, ldb, K, add);                     \
-      }                                                                                            \
-      c += i * ldc, a += i * ars;                                                                  \
-      switch (M - i) {                                                                             \
-        case 5:                                                                                    \
-          block<5, NV>(c, ldc, a, ars, acs, b, ldb, K, add);                                       \
-          break;                                                                                   \
-        case 4:                                                                                    \
-          block<4, NV>(c, ldc, a, ars, acs, b, ldb, K, add);                                       \
-          break;                                                                                   \
-        case 3:                                                                                    \
-          block<3, NV>(c, ldc, a, ars, acs, b, ldb, K, add);                                       \
-          break;                                                                                   \
-        case 2:                                                                                    \
-          block<2, NV>(c, ldc, a, ars, acs, b, ldb, K, add);                                       \
-          break;                                                                                   \
-        case 1:                                                                                    \
-          block<1, NV>(c, ldc, a, ars, acs, b, ldb, K, add);                                       \
-          break;                                                                                   \
-        default:                                                                                   \
-          break;                                                                                   \
-      }                                                                                            \
-    }                                                                                              \
-    __attribute__((target(TARGET))) static void gemm(float* c, int64_t ldc, const float* a,        \
-                                                     int64_t ars, int64_t acs, const float* b,     \
-                                                     int64_t ldb, int M, int N, int K, bool add) { \
-      int n = 0;                                                                                   \
-      for (; n + NV_ * W <= N; n += NV_ * W) {                                                     \
-        rows<NV_>(c + n, ldc, a, ars, acs, b + n, ldb, M, K, add);                                 \
-      }                                                                                            \
-      for (; n < N; n += W) rows<1>(c + n, ldc, a, ars, acs, b + n, ldb, M, K, add);               \
-    }                                                                                              \
-  };
+}  // namespace
 
-// GCC 12's AVX-512 intrinsics start their results from _mm512_undefined_*(), which its
-// -Wmaybe-uninitialized reports as a use of an uninitialised value.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-// Blocks of 6 x 64 (24 of the 32 zmm registers) and of 6 x 16 (12 of the 16 ymm registers).
-STRATA_TILE_KERNEL(Avx512, "avx512f", __m512, 16, 4, _mm512_loadu_ps, _mm512_storeu_ps,
-                   _mm512_set1_ps, _mm512_fmadd_ps, _mm512_setzero_ps)
-STRATA_TILE_KERNEL(Avx2, "avx2,fma", __m256, 8, 2, _mm256_loadu_ps, _mm256_storeu_ps,
-                   _mm256_set1_ps, _mm256_fmadd_ps, _mm256_setzero_ps)
-#pragma GCC diagnostic pop
-#undef STRATA_TILE_KERNEL
+bool wide() {
+  static const bool w = cpu_features().avx512f;
+  return w && !forced_avx2().load(std::memory_order_relaxed);
+}
+
+}  // namespace tile
+
+namespace {
+
+using namespace tile;
 
 // Sizes and column offsets of one call. Query head h = g·rep + r.
 struct Geom {
@@ -138,51 +58,6 @@ struct Geom {
   int tiles() const { return (T + kTile - 1) / kTile; }
 };
 
-// One thread's workspace, carved from attention_tiled_workspace_floats floats.
-struct Tiles {
-  float *K, *Kt, *Vt, *dK, *dV;  // (Tp, hdp), (hdp, Tp), (hdp, Tp), (Tp, hdp), (Tp, hdp)
-  float *Q, *dO, *dQ;            // (kTile, hdp) each
-  float *P, *dP;                 // (kTile, Tp) each
-  float* stats;                  // (2·kTile)
-  Tiles(float* w, const Geom& s) {
-    const int64_t big = int64_t(s.Tp) * s.hdp, tile = int64_t(kTile) * s.hdp;
-    const int64_t panel = int64_t(kTile) * s.Tp;
-    K = w, Kt = K + big, Vt = Kt + big, dK = Vt + big, dV = dK + big;
-    Q = dV + big, dO = Q + tile, dQ = dO + tile;
-    P = dQ + tile, dP = P + panel, stats = dP + panel;
-  }
-};
-
-// dst (rows_p, ld): rows [0, rows) of src (row stride lds, hd columns) widened; columns [hd, ld)
-// and rows [rows, rows_p) zero.
-template <typename S>
-void pack_rows(float* dst, int64_t ld, const S* src, int64_t lds, int rows, int rows_p, int hd) {
-  for (int r = 0; r < rows; ++r) {
-    float* d = dst + r * ld;
-    const S* s = src + r * lds;
-#pragma omp simd
-    for (int c = 0; c < hd; ++c) d[c] = load(s[c]);
-    for (int64_t c = hd; c < ld; ++c) d[c] = 0.0f;
-  }
-  for (int r = rows; r < rows_p; ++r) std::fill(dst + r * ld, dst + (r + 1) * ld, 0.0f);
-}
-
-// dst (hd, ld) = the first `rows` rows of src (row stride lds, hd columns) transposed and
-// widened; columns [rows, cols_p) zero. In blocks of 16 rows so each read row and written
-// column stays in cache.
-template <typename S>
-void pack_transposed(float* dst, int64_t ld, const S* src, int64_t lds, int rows, int cols_p,
-                     int hd) {
-  for (int r0 = 0; r0 < rows; r0 += 16) {
-    const int r1 = std::min(rows, r0 + 16);
-    for (int d = 0; d < hd; ++d) {
-      float* o = dst + d * ld;
-      for (int r = r0; r < r1; ++r) o[r] = load(src[r * lds + d]);
-    }
-  }
-  for (int d = 0; d < hd; ++d) std::fill(dst + d * ld + rows, dst + d * ld + cols_p, 0.0f);
-}
-
 // Forward of query tile `it` of kv group g of batch row b, for the group's rep heads: keys and
 // values [0, i1) packed once, then per head an online softmax over the key tiles.
 template <class Kern, typename S>
@@ -203,43 +78,8 @@ inline __attribute__((always_inline)) void forward_task(S* out, float* lse, cons
   for (int r = 0; r < s.rep; ++r) {
     const int h = g * s.rep + r;
     pack_rows(w.Q, s.hdp, base + i0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
-    std::fill(m, m + mq, -INFINITY);
-    std::fill(l, l + mq, 0.0f);
-    for (int j0 = 0; j0 < i1; j0 += kTile) {
-      const int jn = std::min(i1, j0 + kTile) - j0, nw = round_up(jn, W);
-      Kern::gemm(Sc, kTile, w.Q, s.hdp, 1, Kt + j0, s.Tp, mq, nw, s.hd, false);
-      for (int i = 0; i < mq; ++i) {
-        float* x = Sc + i * kTile;                    // (nw)
-        const int n = std::min(jn, i0 + i + 1 - j0);  // keys of row i0 + i in this tile, ≥ 1
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int j = 0; j < nw; ++j) {
-          const float v = x[j] * s.scale;
-          x[j] = v;
-          mx = std::max(mx, select_f32(j < n, v, -INFINITY));
-        }
-        const float mn = std::max(m[i], mx);
-        const float alpha = exp_approx(m[i] - mn);  // 0 on the first tile (m = -inf)
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < nw; ++j) {
-          const float p = select_f32(j < n, exp_approx(x[j] - mn), 0.0f);
-          x[j] = p;
-          sum += p;
-        }
-        l[i] = l[i] * alpha + sum;
-        m[i] = mn;
-        if (out != nullptr && j0 > 0) {
-          float* o = acc + i * s.hdp;
-#pragma omp simd
-          for (int d = 0; d < s.hdp; ++d) o[d] *= alpha;
-        }
-      }
-      if (out != nullptr) {
-        Kern::gemm(acc, s.hdp, Sc, kTile, 1, Vv + int64_t(j0) * s.hdp, s.hdp, mq, s.hdp, nw,
-                   j0 > 0);
-      }
-    }
+    forward_tile<Kern>(out != nullptr ? acc : nullptr, m, l, Sc, w.Q, Kt, s.Tp, Vv, s.hdp, s.hd, mq,
+                       i1, i0, s.scale);
     float* row_lse = lse + s.stat(b, h) + i0;
     for (int i = 0; i < mq; ++i) row_lse[i] = m[i] + std::log(l[i]);
     if (out == nullptr) continue;
@@ -260,7 +100,6 @@ template <class Kern, typename S>
 inline __attribute__((always_inline)) void backward_task(S* dqkv, const S* dout, const S* qkv,
                                                          const float* lse, const Geom& s, int b,
                                                          int g, const Tiles& w) {
-  constexpr int W = Kern::W;
   const S* base = qkv + int64_t(b) * s.T * s.qkv_row;  // (T, qkv_row)
   S* dbase = dqkv + int64_t(b) * s.T * s.qkv_row;
   const int64_t big = int64_t(s.Tp) * s.hdp;
@@ -272,43 +111,11 @@ inline __attribute__((always_inline)) void backward_task(S* dqkv, const S* dout,
     const int h = g * s.rep + r;
     for (int it = 0; it < s.tiles(); ++it) {
       const int i0 = it * kTile, i1 = std::min(s.T, i0 + kTile), mq = i1 - i0;
-      const int nkp = round_up(i1, W);  // panel columns: keys [0, i1), zeros past i1
       pack_rows(w.Q, s.hdp, base + i0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
       pack_rows(w.dO, s.hdp, dout + (int64_t(b) * s.T + i0) * s.out_row + int64_t(h) * s.hd,
                 s.out_row, mq, mq, s.hd);
-      // Raw scores and dP = dO·Vᵀ for every key the tile's rows see.
-      for (int j0 = 0; j0 < i1; j0 += kTile) {
-        const int nw = round_up(std::min(i1, j0 + kTile) - j0, W);
-        Kern::gemm(w.P + j0, s.Tp, w.Q, s.hdp, 1, w.Kt + j0, s.Tp, mq, nw, s.hd, false);
-        Kern::gemm(w.dP + j0, s.Tp, w.dO, s.hdp, 1, w.Vt + j0, s.Tp, mq, nw, s.hd, false);
-      }
-      // P = exp(scale·score − lse) as the forward computed it; D_i = Σ_j P_ij dP_ij;
-      // dS = P ⊙ (dP − D), into dP.
-      const float* row_lse = lse + s.stat(b, h) + i0;
-      for (int i = 0; i < mq; ++i) {
-        float *p = w.P + int64_t(i) * s.Tp, *dp = w.dP + int64_t(i) * s.Tp;
-        const int n = i0 + i + 1;
-        const float li = row_lse[i];
-        float D = 0.0f;
-#pragma omp simd reduction(+ : D)
-        for (int j = 0; j < nkp; ++j) {
-          const float pj = select_f32(j < n, exp_approx(p[j] * s.scale - li), 0.0f);
-          p[j] = pj;
-          D += pj * dp[j];
-        }
-#pragma omp simd
-        for (int j = 0; j < nkp; ++j) dp[j] = p[j] * (dp[j] - D);
-      }
-      // dV_j += Pᵀ dO, dK_j += dSᵀ Q (scaled once at the end), per key tile.
-      for (int j0 = 0; j0 < i1; j0 += kTile) {
-        const int nw = round_up(std::min(i1, j0 + kTile) - j0, W);
-        Kern::gemm(w.dV + int64_t(j0) * s.hdp, s.hdp, w.P + j0, 1, s.Tp, w.dO, s.hdp, nw, s.hdp, mq,
-                   true);
-        Kern::gemm(w.dK + int64_t(j0) * s.hdp, s.hdp, w.dP + j0, 1, s.Tp, w.Q, s.hdp, nw, s.hdp, mq,
-                   true);
-      }
-      // dQ = scale · dS K over keys [0, i1).
-      Kern::gemm(w.dQ, s.hdp, w.dP, s.Tp, 1, w.K, s.hdp, mq, s.hdp, i1, false);
+      backward_tile<Kern>(w.dQ, w.dK, w.dV, w.P, w.dP, w.Q, w.dO, w.K, w.Kt, w.Vt, s.Tp,
+                          lse + s.stat(b, h) + i0, nullptr, s.hdp, s.hd, mq, i1, i0, s.scale);
       S* dq = dbase + i0 * s.qkv_row + s.q_col(g, r);
       for (int i = 0; i < mq; ++i) {
         const float* a = w.dQ + i * s.hdp;
@@ -351,17 +158,6 @@ void backward_task256(S* dqkv, const S* dout, const S* qkv, const float* lse, co
   backward_task<Avx2>(dqkv, dout, qkv, lse, s, b, g, w);
 }
 
-std::atomic<bool>& forced_avx2() {
-  static std::atomic<bool> f{false};
-  return f;
-}
-
-// The vector width is the CPU's, never the thread count's: AVX-512F where present.
-bool wide() {
-  static const bool w = cpu_features().avx512f;
-  return w && !forced_avx2().load(std::memory_order_relaxed);
-}
-
 // Each thread's tiles: one workspace of threads × attention_tiled_workspace_floats, grown to the
 // largest call's and reused (not reentrant, as the kernels' other workspaces).
 float* workspace(const Geom& s, int threads) {
@@ -373,12 +169,11 @@ float* workspace(const Geom& s, int threads) {
 }  // namespace
 
 void attention_tiled_force_avx2(bool on) {
-  forced_avx2().store(on, std::memory_order_relaxed);
+  tile::forced_avx2().store(on, std::memory_order_relaxed);
 }
 
 size_t attention_tiled_workspace_floats(int T, int hd) {
-  const size_t Tp = size_t(round_up(T, kTile)), hdp = size_t(round_up(hd, kPad));
-  return 5 * Tp * hdp + 3 * size_t(kTile) * hdp + 2 * size_t(kTile) * Tp + 2 * kTile;
+  return tiles_floats(T, hd);
 }
 
 template <typename S>
@@ -396,7 +191,7 @@ void attention_tiled_forward(S* out, float* lse, const S* qkv, int B, int T, int
   for (int64_t task = 0; task < tasks; ++task) {
     const int it = nt - 1 - int(task / (int64_t(B) * KVH));
     const int b = int(task % (int64_t(B) * KVH)) / KVH, g = int(task % KVH);
-    const Tiles w(ws + omp_get_thread_num() * per, s);
+    const Tiles w(ws + omp_get_thread_num() * per, s.Tp, s.hdp);
     if (avx512) {
       forward_task512(out, lse, qkv, s, b, g, it, w);
     } else {
@@ -417,7 +212,7 @@ void attention_tiled_backward(S* dqkv, const S* dout, const S* qkv, const float*
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (tasks > 1)
   for (int64_t task = 0; task < tasks; ++task) {
     const int b = int(task / KVH), g = int(task % KVH);
-    const Tiles w(ws + omp_get_thread_num() * per, s);
+    const Tiles w(ws + omp_get_thread_num() * per, s.Tp, s.hdp);
     if (avx512) {
       backward_task512(dqkv, dout, qkv, lse, s, b, g, w);
     } else {
