@@ -1,0 +1,282 @@
+#include "strata/kernels/cpu/attention_ring.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "strata/core/check.h"
+#include "strata/core/memory.h"
+#include "strata/kernels/cpu/attention_tiled_kernels.h"
+#include "strata/kernels/cpu/common.h"
+
+namespace strata::kernels {
+
+namespace {
+
+using namespace tile;
+
+// Sizes and offsets of one block: query rows [q0, q0+Tq) of qkv (Tl rows per batch row) against
+// key/value rows [k0, k0+Tk) of kv (Tkl rows per batch row). Query head h = g·rep + r.
+struct Block {
+  int B, Tl, q0, Tq, Tkl, k0, Tk, NH, KVH, hd, rep;
+  bool causal;
+  int hdp, Tp;  // hd rounded up to kPad, Tk to kTile
+  int64_t qkv_row, kv_row, out_row;
+  float scale;
+  Block(int Tl_, int q0_, int Tq_, int Tkl_, int k0_, int Tk_, int B_, int NH_, int KVH_, int hd_,
+        bool causal_)
+      : B(B_),
+        Tl(Tl_),
+        q0(q0_),
+        Tq(Tq_),
+        Tkl(Tkl_),
+        k0(k0_),
+        Tk(Tk_),
+        NH(NH_),
+        KVH(KVH_),
+        hd(hd_),
+        rep(KVH_ > 0 ? NH_ / KVH_ : 0),
+        causal(causal_) {
+    STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
+                 ") to be a multiple of kv heads (", KVH, ")");
+    STRATA_CHECK(B > 0 && hd > 0, "attention block: empty shape B=", B, " hd=", hd);
+    STRATA_CHECK(q0 >= 0 && Tq >= 0 && q0 + Tq <= Tl, "attention block: query rows [", q0, ", ",
+                 q0 + Tq, ") are not inside the ", Tl, " local rows");
+    STRATA_CHECK(k0 >= 0 && Tk >= 0 && k0 + Tk <= Tkl, "attention block: key rows [", k0, ", ",
+                 k0 + Tk, ") are not inside the ", Tkl, " rows of kv");
+    STRATA_CHECK(!causal || Tq == Tk, "attention block: a causal block is diagonal (the same ",
+                 "positions), but has ", Tq, " query rows and ", Tk, " key rows");
+    hdp = round_up(hd, kPad), Tp = round_up(std::max(Tk, 1), kTile);
+    qkv_row = int64_t(KVH) * (rep + 2) * hd, kv_row = int64_t(KVH) * 2 * hd;
+    out_row = int64_t(NH) * hd;
+    scale = 1.0f / std::sqrt(float(hd));
+  }
+  bool empty() const { return Tq == 0 || Tk == 0; }
+  int64_t q_col(int g, int r) const { return (int64_t(g) * (rep + 2) + r) * hd; }
+  int64_t stat(int b, int h) const { return (int64_t(b) * NH + h) * Tl + q0; }  // row q0
+  int tiles() const { return (Tq + kTile - 1) / kTile; }
+  // Keys of query tile [i0, i1): [0, nk), row i seeing keys j <= diag + i (forward_tile's).
+  int nk(int i1) const { return causal ? i1 : Tk; }
+  int diag(int i0) const { return causal ? i0 : Tk; }
+};
+
+// Forward of query tile `it` of kv group g of batch row b, for the group's rep heads: the tile's
+// keys and values packed once, then per head an online softmax over the key tiles, merged into
+// o and lse.
+template <class Kern, typename S>
+inline __attribute__((always_inline)) void forward_task(float* o, float* lse, const S* qkv,
+                                                        const S* kv, const Block& s, int b, int g,
+                                                        int it, const Tiles& w) {
+  constexpr int W = Kern::W;
+  const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0, nk = s.nk(i1);
+  const S* keys = kv + (int64_t(b) * s.Tkl + s.k0) * s.kv_row + int64_t(g) * 2 * s.hd;
+  const S* queries = qkv + (int64_t(b) * s.Tl + s.q0 + i0) * s.qkv_row;  // (mq, qkv_row)
+  float *Kt = w.Kt, *Vv = w.K;  // (hd, Tp) and (Tp, hdp): keys and values [0, nk)
+  float *acc = w.dQ, *m = w.stats, *l = w.stats + kTile;
+  pack_transposed(Kt, s.Tp, keys, s.kv_row, nk, round_up(nk, W), s.hd);
+  pack_rows(Vv, s.hdp, keys + s.hd, s.kv_row, nk, round_up(nk, W), s.hd);
+  for (int r = 0; r < s.rep; ++r) {
+    const int h = g * s.rep + r;
+    pack_rows(w.Q, s.hdp, queries + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
+    forward_tile<Kern>(acc, m, l, w.P, w.Q, Kt, s.Tp, Vv, s.hdp, s.hd, mq, nk, s.diag(i0), s.scale);
+    float* row_lse = lse + s.stat(b, h) + i0;
+    float* out = o + (int64_t(b) * s.Tl + s.q0 + i0) * s.out_row + int64_t(h) * s.hd;
+    for (int i = 0; i < mq; ++i) {
+      const float* a = acc + i * s.hdp;
+      float* oi = out + i * s.out_row;
+      const float block_lse = m[i] + std::log(l[i]), old = row_lse[i];
+      if (old == -INFINITY) {  // the first block of the row: attention_tiled_forward's bits
+        const float inv = 1.0f / l[i];
+#pragma omp simd
+        for (int d = 0; d < s.hd; ++d) oi[d] = a[d] * inv;
+        row_lse[i] = block_lse;
+        continue;
+      }
+      const float lse_new =
+          std::max(old, block_lse) + std::log1p(std::exp(-std::fabs(old - block_lse)));
+      const float keep = std::exp(old - lse_new), add = std::exp(block_lse - lse_new) / l[i];
+#pragma omp simd
+      for (int d = 0; d < s.hd; ++d) oi[d] = oi[d] * keep + a[d] * add;
+      row_lse[i] = lse_new;
+    }
+  }
+}
+
+// Backward of kv group g of batch row b: this task owns the block's dk and dv of the group and dq
+// of its rep heads, summed in a fixed order (heads, then query tiles, then key tiles).
+template <class Kern, typename S>
+inline __attribute__((always_inline)) void backward_task(float* dq, float* dkv, const S* dout,
+                                                         const S* qkv, const float* lse,
+                                                         const float* delta, const S* kv,
+                                                         const Block& s, int b, int g,
+                                                         const Tiles& w) {
+  const int64_t kv_off = (int64_t(b) * s.Tkl + s.k0) * s.kv_row + int64_t(g) * 2 * s.hd;
+  const S* keys = kv + kv_off;  // (Tk, kv_row): key hd, then value hd
+  const int64_t big = int64_t(s.Tp) * s.hdp;
+  pack_rows(w.K, s.hdp, keys, s.kv_row, s.Tk, s.Tp, s.hd);
+  pack_transposed(w.Kt, s.Tp, keys, s.kv_row, s.Tk, s.Tp, s.hd);
+  pack_transposed(w.Vt, s.Tp, keys + s.hd, s.kv_row, s.Tk, s.Tp, s.hd);
+  std::fill(w.dK, w.dK + 2 * big, 0.0f);  // dK and dV
+  for (int r = 0; r < s.rep; ++r) {
+    const int h = g * s.rep + r;
+    for (int it = 0; it < s.tiles(); ++it) {
+      const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0;
+      const int64_t row0 = int64_t(b) * s.Tl + s.q0 + i0;  // the tile's first row of qkv
+      pack_rows(w.Q, s.hdp, qkv + row0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
+      pack_rows(w.dO, s.hdp, dout + row0 * s.out_row + int64_t(h) * s.hd, s.out_row, mq, mq, s.hd);
+      backward_tile<Kern>(w.dQ, w.dK, w.dV, w.P, w.dP, w.Q, w.dO, w.K, w.Kt, w.Vt, s.Tp,
+                          lse + s.stat(b, h) + i0, delta + s.stat(b, h) + i0, s.hdp, s.hd, mq,
+                          s.nk(i1), s.diag(i0), s.scale);
+      float* dqt = dq + row0 * s.out_row + int64_t(h) * s.hd;
+      for (int i = 0; i < mq; ++i) {
+        const float* a = w.dQ + i * s.hdp;
+        float* di = dqt + i * s.out_row;
+#pragma omp simd
+        for (int d = 0; d < s.hd; ++d) di[d] += a[d] * s.scale;
+      }
+    }
+  }
+  for (int t = 0; t < s.Tk; ++t) {
+    float* o = dkv + kv_off + t * s.kv_row;  // dk (hd), then dv (hd)
+    const float *dk = w.dK + int64_t(t) * s.hdp, *dv = w.dV + int64_t(t) * s.hdp;
+#pragma omp simd
+    for (int d = 0; d < s.hd; ++d) o[d] += dk[d] * s.scale;
+#pragma omp simd
+    for (int d = 0; d < s.hd; ++d) o[s.hd + d] += dv[d];
+  }
+}
+
+template <typename S>
+__attribute__((target("avx512f"))) void forward_task512(float* o, float* lse, const S* qkv,
+                                                        const S* kv, const Block& s, int b, int g,
+                                                        int it, const Tiles& w) {
+  forward_task<Avx512>(o, lse, qkv, kv, s, b, g, it, w);
+}
+template <typename S>
+void forward_task256(float* o, float* lse, const S* qkv, const S* kv, const Block& s, int b, int g,
+                     int it, const Tiles& w) {
+  forward_task<Avx2>(o, lse, qkv, kv, s, b, g, it, w);
+}
+template <typename S>
+__attribute__((target("avx512f"))) void backward_task512(float* dq, float* dkv, const S* dout,
+                                                         const S* qkv, const float* lse,
+                                                         const float* delta, const S* kv,
+                                                         const Block& s, int b, int g,
+                                                         const Tiles& w) {
+  backward_task<Avx512>(dq, dkv, dout, qkv, lse, delta, kv, s, b, g, w);
+}
+template <typename S>
+void backward_task256(float* dq, float* dkv, const S* dout, const S* qkv, const float* lse,
+                      const float* delta, const S* kv, const Block& s, int b, int g,
+                      const Tiles& w) {
+  backward_task<Avx2>(dq, dkv, dout, qkv, lse, delta, kv, s, b, g, w);
+}
+
+// Each thread's tiles: one workspace of threads × attention_block_workspace_floats, grown to the
+// largest block's and reused (its own, apart from attention_tiled's).
+float* workspace(const Block& s, int threads) {
+  static Buffer buf;
+  return reserve_floats(buf,
+                        int64_t(threads) * int64_t(attention_block_workspace_floats(s.Tk, s.hd)));
+}
+
+}  // namespace
+
+size_t attention_block_workspace_floats(int Tk, int hd) {
+  return tiles_floats(std::max(Tk, 1), hd);
+}
+
+template <typename S>
+void attention_pack_kv(S* kv, const S* qkv, int B, int Tl, int NH, int KVH, int hd) {
+  STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
+               ") to be a multiple of kv heads (", KVH, ")");
+  const int rep = NH / KVH;
+  const int64_t rows = int64_t(B) * Tl, qkv_row = int64_t(KVH) * (rep + 2) * hd;
+  const int64_t kv_row = int64_t(KVH) * 2 * hd;
+#pragma omp parallel for schedule(static) if (rows * kv_row >= kParallelMinWork)
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int g = 0; g < KVH; ++g) {
+      std::copy_n(qkv + t * qkv_row + (int64_t(g) * (rep + 2) + rep) * hd, 2 * hd,
+                  kv + t * kv_row + int64_t(g) * 2 * hd);
+    }
+  }
+}
+
+template <typename S>
+void attention_block_forward(float* o, float* lse, const S* qkv, int Tl, int q0, int Tq,
+                             const S* kv, int Tkl, int k0, int Tk, int B, int NH, int KVH, int hd,
+                             bool causal) {
+  const Block s(Tl, q0, Tq, Tkl, k0, Tk, B, NH, KVH, hd, causal);
+  if (s.empty()) return;
+  const int threads = omp_get_max_threads();
+  float* ws = workspace(s, threads);
+  const int64_t per = int64_t(attention_block_workspace_floats(Tk, hd));
+  // Tasks (query tile, b, g), the longest rows first when causal: tile it sees it + 1 key tiles.
+  const int nt = s.tiles();
+  const int64_t tasks = int64_t(nt) * B * KVH;
+  const bool avx512 = wide();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (tasks > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int it = nt - 1 - int(task / (int64_t(B) * KVH));
+    const int b = int(task % (int64_t(B) * KVH)) / KVH, g = int(task % KVH);
+    const Tiles w(ws + omp_get_thread_num() * per, s.Tp, s.hdp);
+    if (avx512) {
+      forward_task512(o, lse, qkv, kv, s, b, g, it, w);
+    } else {
+      forward_task256(o, lse, qkv, kv, s, b, g, it, w);
+    }
+  }
+}
+
+template <typename S>
+void attention_delta(float* delta, const S* dout, const S* out, int B, int Tl, int NH, int hd) {
+  const int64_t rows = int64_t(B) * Tl, row = int64_t(NH) * hd;
+#pragma omp parallel for schedule(static) if (rows * row >= kParallelMinWork)
+  for (int64_t t = 0; t < rows; ++t) {
+    const int64_t b = t / Tl, i = t % Tl;
+    for (int h = 0; h < NH; ++h) {
+      const S *dy = dout + t * row + int64_t(h) * hd, *y = out + t * row + int64_t(h) * hd;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int d = 0; d < hd; ++d) sum += load(dy[d]) * load(y[d]);
+      delta[(b * NH + h) * Tl + i] = sum;
+    }
+  }
+}
+
+template <typename S>
+void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const float* lse,
+                              const float* delta, int Tl, int q0, int Tq, const S* kv, int Tkl,
+                              int k0, int Tk, int B, int NH, int KVH, int hd, bool causal) {
+  const Block s(Tl, q0, Tq, Tkl, k0, Tk, B, NH, KVH, hd, causal);
+  if (s.empty()) return;
+  const int threads = omp_get_max_threads();
+  float* ws = workspace(s, threads);
+  const int64_t per = int64_t(attention_block_workspace_floats(Tk, hd));
+  const int64_t tasks = int64_t(B) * KVH;
+  const bool avx512 = wide();
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (tasks > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int b = int(task / KVH), g = int(task % KVH);
+    const Tiles w(ws + omp_get_thread_num() * per, s.Tp, s.hdp);
+    if (avx512) {
+      backward_task512(dq, dkv, dout, qkv, lse, delta, kv, s, b, g, w);
+    } else {
+      backward_task256(dq, dkv, dout, qkv, lse, delta, kv, s, b, g, w);
+    }
+  }
+}
+
+#define INSTANTIATE_S(S)                                                                           \
+  template void attention_pack_kv<S>(S*, const S*, int, int, int, int, int);                       \
+  template void attention_block_forward<S>(float*, float*, const S*, int, int, int, const S*, int, \
+                                           int, int, int, int, int, int, bool);                    \
+  template void attention_delta<S>(float*, const S*, const S*, int, int, int, int);                \
+  template void attention_block_backward<S>(float*, float*, const S*, const S*, const float*,      \
+                                            const float*, int, int, int, const S*, int, int, int,  \
+                                            int, int, int, int, bool);
+STRATA_FOR_EACH_S(INSTANTIATE_S)
+
+}  // namespace strata::kernels

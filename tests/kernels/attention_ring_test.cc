@@ -1,0 +1,275 @@
+#include "strata/kernels/cpu/attention_ring.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+#include "strata/core/check.h"
+#include "strata/kernels/cpu/attention_tiled.h"
+
+namespace strata::kernels {
+namespace {
+
+using test::rel_err;
+
+// A causal sequence of T split over cp ranks zig-zag: 2·cp chunks of T/(2·cp); rank r holds chunks
+// r and 2·cp−1−r, in that order, as its Tl = 2·T/(2·cp) local rows.
+struct RingConfig {
+  int B, T, NH, KVH, hd, cp;
+  int chunk() const { return T / (2 * cp); }
+  int Tl() const { return 2 * chunk(); }
+  int rep() const { return NH / KVH; }
+  int64_t qkv_row() const { return int64_t(NH + 2 * KVH) * hd; }
+  int64_t qkv_size() const { return int64_t(B) * T * qkv_row(); }
+  int64_t out_size() const { return int64_t(B) * T * NH * hd; }
+  int64_t lse_size() const { return int64_t(B) * NH * T; }
+  // The sequence chunk in slot k (0 or 1) of rank r.
+  int chunk_of(int r, int k) const { return k == 0 ? r : 2 * cp - 1 - r; }
+  // The global position of local row i of rank r.
+  int pos(int r, int i) const { return chunk_of(r, i / chunk()) * chunk() + i % chunk(); }
+};
+
+std::ostream& operator<<(std::ostream& os, const RingConfig& c) {
+  return os << "B=" << c.B << " T=" << c.T << " NH=" << c.NH << " KVH=" << c.KVH << " hd=" << c.hd
+            << " cp=" << c.cp;
+}
+
+// MHA and GQA (rep 2, 3, 4), chunks shorter than, equal to and longer than a 64-row tile, none of
+// T a multiple of 64 but the first, and one-row chunks.
+const RingConfig kRingConfigs[] = {{2, 256, 4, 4, 16, 2}, {2, 200, 8, 2, 20, 2},
+                                   {1, 520, 4, 2, 64, 4}, {2, 264, 6, 2, 32, 4},
+                                   {1, 8, 4, 1, 8, 4},    {1, 300, 4, 2, 64, 2}};
+
+// The whole sequence's results, assembled from the ranks' in global order: out (B,T,NH·hd),
+// lse (B,NH,T), dqkv (B,T,qkv_row) as attention_tiled's.
+struct Assembled {
+  std::vector<float> out, lse, dqkv;
+};
+
+// A block call of the ring: rank r's local query rows [q0, q0+Tq) against rank s's local key rows
+// [k0, k0+Tk).
+struct BlockCall {
+  int q0, Tq, k0, Tk;
+  bool causal;
+};
+
+// The blocks rank r computes against the kv of rank s. Per chunk pair: its own chunk's keys
+// causal, an earlier chunk's full, a later chunk's skipped. merged: the full pairs that share a
+// query or key range as one call (s < r: both query chunks against s's first; s > r: r's second
+// against all of s's), as a model would issue them.
+std::vector<BlockCall> ring_blocks(const RingConfig& c, int r, int s, bool merged) {
+  const int n = c.chunk();
+  std::vector<BlockCall> calls;
+  if (merged && s < r) return {{0, 2 * n, 0, n, false}};
+  if (merged && s > r) return {{n, n, 0, 2 * n, false}};
+  for (int qk = 0; qk < 2; ++qk) {
+    for (int kk = 0; kk < 2; ++kk) {
+      const int a = c.chunk_of(r, qk), b = c.chunk_of(s, kk);
+      if (b > a) continue;
+      calls.push_back({qk * n, n, kk * n, n, a == b});
+    }
+  }
+  return calls;
+}
+
+// Ring attention over the ranks, simulated in one process: each rank's forward steps (its own kv
+// first, then rank r−1's, r−2's, … as a ring passes them), then the backward's (the dkv of each
+// kv accumulated where it travels, here in one buffer per owner).
+template <typename S>
+Assembled run_ring(const RingConfig& c, const std::vector<S>& qkv, const std::vector<S>& dy,
+                   bool merged) {
+  const int Tl = c.Tl(), rep = c.rep();
+  const int64_t row = c.qkv_row(), orow = int64_t(c.NH) * c.hd, kvrow = int64_t(c.KVH) * 2 * c.hd;
+  std::vector<std::vector<S>> lqkv(c.cp), ldy(c.cp), kv(c.cp);
+  for (int r = 0; r < c.cp; ++r) {
+    lqkv[r].resize(int64_t(c.B) * Tl * row);
+    ldy[r].resize(int64_t(c.B) * Tl * orow);
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < Tl; ++i) {
+        const int64_t gt = int64_t(b) * c.T + c.pos(r, i), lt = int64_t(b) * Tl + i;
+        std::copy_n(&qkv[gt * row], row, &lqkv[r][lt * row]);
+        std::copy_n(&dy[gt * orow], orow, &ldy[r][lt * orow]);
+      }
+    kv[r].resize(int64_t(c.B) * Tl * kvrow);
+    attention_pack_kv(kv[r].data(), lqkv[r].data(), c.B, Tl, c.NH, c.KVH, c.hd);
+  }
+  Assembled a{std::vector<float>(c.out_size()), std::vector<float>(c.lse_size()),
+              std::vector<float>(c.qkv_size())};
+  std::vector<std::vector<float>> dkv(c.cp, std::vector<float>(int64_t(c.B) * Tl * kvrow, 0.0f));
+  for (int r = 0; r < c.cp; ++r) {
+    std::vector<float> o(int64_t(c.B) * Tl * orow, 0.0f), lse(int64_t(c.B) * c.NH * Tl, -INFINITY);
+    for (int step = 0; step < c.cp; ++step) {
+      const int s = (r - step + c.cp) % c.cp;
+      for (const BlockCall& k : ring_blocks(c, r, s, merged)) {
+        attention_block_forward(o.data(), lse.data(), lqkv[r].data(), Tl, k.q0, k.Tq, kv[s].data(),
+                                Tl, k.k0, k.Tk, c.B, c.NH, c.KVH, c.hd, k.causal);
+      }
+    }
+    const std::vector<S> out = test::to_dtype<S>(o);
+    std::vector<float> delta(lse.size()), dq(o.size(), 0.0f);
+    attention_delta(delta.data(), ldy[r].data(), out.data(), c.B, Tl, c.NH, c.hd);
+    for (int step = 0; step < c.cp; ++step) {
+      const int s = (r - step + c.cp) % c.cp;
+      for (const BlockCall& k : ring_blocks(c, r, s, merged)) {
+        attention_block_backward(dq.data(), dkv[s].data(), ldy[r].data(), lqkv[r].data(),
+                                 lse.data(), delta.data(), Tl, k.q0, k.Tq, kv[s].data(), Tl, k.k0,
+                                 k.Tk, c.B, c.NH, c.KVH, c.hd, k.causal);
+      }
+    }
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < Tl; ++i) {
+        const int64_t gt = int64_t(b) * c.T + c.pos(r, i), lt = int64_t(b) * Tl + i;
+        std::copy_n(&o[lt * orow], orow, &a.out[gt * orow]);
+        for (int h = 0; h < c.NH; ++h) {
+          a.lse[(int64_t(b) * c.NH + h) * c.T + c.pos(r, i)] =
+              lse[(int64_t(b) * c.NH + h) * Tl + i];
+          const int g = h / rep;
+          std::copy_n(&dq[lt * orow + h * c.hd], c.hd,
+                      &a.dqkv[gt * row + (g * (rep + 2) + h % rep) * c.hd]);
+        }
+      }
+  }
+  for (int s = 0; s < c.cp; ++s)
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i < Tl; ++i) {
+        const int64_t gt = int64_t(b) * c.T + c.pos(s, i), lt = int64_t(b) * Tl + i;
+        for (int g = 0; g < c.KVH; ++g) {
+          std::copy_n(&dkv[s][lt * kvrow + g * 2 * c.hd], 2 * c.hd,
+                      &a.dqkv[gt * row + (g * (rep + 2) + rep) * c.hd]);
+        }
+      }
+  return a;
+}
+
+// attention_tiled on the whole sequence, in fp32.
+template <typename S>
+Assembled run_tiled(const RingConfig& c, const std::vector<S>& qkv, const std::vector<S>& dy) {
+  std::vector<S> out(c.out_size()), dqkv(c.qkv_size());
+  std::vector<float> lse(c.lse_size());
+  attention_tiled_forward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.NH, c.KVH, c.hd);
+  attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), lse.data(), c.B, c.T, c.NH, c.KVH,
+                           c.hd);
+  return {test::to_float(out), lse, test::to_float(dqkv)};
+}
+
+// Both instruction sets' kernels: AVX-512 where the CPU has it, and AVX2.
+template <typename F>
+void on_each_isa(F&& f) {
+  for (bool avx2 : {false, true}) {
+    SCOPED_TRACE(avx2 ? "avx2" : "widest");
+    attention_tiled_force_avx2(avx2);
+    f();
+  }
+  attention_tiled_force_avx2(false);
+}
+
+TEST(AttentionRing, ZigZagMatchesTiled) {
+  on_each_isa([] {
+    for (const RingConfig& c : kRingConfigs) {
+      for (bool merged : {false, true}) {
+        SCOPED_TRACE(testing::Message() << c << (merged ? " merged" : " per chunk pair"));
+        auto qkv = test::randn(c.qkv_size(), "qkv"), dy = test::randn(c.out_size(), "dy");
+        const Assembled ring = run_ring(c, qkv, dy, merged), ref = run_tiled(c, qkv, dy);
+        EXPECT_LT(rel_err(ring.out, ref.out), 1e-5);
+        EXPECT_LT(rel_err(ring.lse, ref.lse), 1e-5);
+        EXPECT_LT(rel_err(ring.dqkv, ref.dqkv), 1e-5);
+      }
+    }
+  });
+}
+
+// Half storage: q, k, v widen exactly and everything inside is fp32, as the tiled kernel; the
+// tiled output is rounded once (u/2) and the ring's fp32 output not at all, so 2u covers it; the
+// lse is the same fp32 math in another order. Backward: the ring's delta is from the output
+// rounded to S (the tiled kernel's from fp32 P·dP), an error of about u in delta that dS = P ∘
+// (dP − delta) carries to the gradients, and the tiled gradients are rounded once (u/2):
+// measured under 0.8u for both types, so 2u.
+template <typename S>
+void check_ring_half(double u) {
+  for (const RingConfig& c : kRingConfigs) {
+    SCOPED_TRACE(testing::Message() << c);
+    auto qkv = test::to_dtype<S>(test::randn(c.qkv_size(), "qkv"));
+    auto dy = test::to_dtype<S>(test::randn(c.out_size(), "dy"));
+    const Assembled ring = run_ring(c, qkv, dy, false), ref = run_tiled(c, qkv, dy);
+    EXPECT_LT(rel_err(ring.out, ref.out), 2 * u);
+    EXPECT_LT(rel_err(ring.lse, ref.lse), 1e-5);
+    EXPECT_LT(rel_err(ring.dqkv, ref.dqkv), 2 * u);
+  }
+}
+
+TEST(AttentionRing, HalfMatchesTiled) {
+  check_ring_half<bf16>(0x1p-8);
+  check_ring_half<f16>(0x1p-11);
+}
+
+// A ring of one rank: one causal block over the whole sequence is the tiled forward, bit for bit
+// (the first block of a row is written as attention_tiled_forward writes it).
+TEST(AttentionRing, OneCausalBlockIsTheTiledForward) {
+  on_each_isa([] {
+    for (const RingConfig& c : kRingConfigs) {
+      SCOPED_TRACE(testing::Message() << c);
+      auto qkv = test::randn(c.qkv_size(), "qkv");
+      std::vector<float> kv(int64_t(c.B) * c.T * c.KVH * 2 * c.hd);
+      attention_pack_kv(kv.data(), qkv.data(), c.B, c.T, c.NH, c.KVH, c.hd);
+      std::vector<float> o(c.out_size(), 7.0f), lse(c.lse_size(), -INFINITY);
+      attention_block_forward(o.data(), lse.data(), qkv.data(), c.T, 0, c.T, kv.data(), c.T, 0, c.T,
+                              c.B, c.NH, c.KVH, c.hd, true);
+      std::vector<float> out(c.out_size()), tlse(c.lse_size());
+      attention_tiled_forward(out.data(), tlse.data(), qkv.data(), c.B, c.T, c.NH, c.KVH, c.hd);
+      EXPECT_TRUE(test::bit_equal(o, out));
+      EXPECT_TRUE(test::bit_equal(lse, tlse));
+    }
+  });
+}
+
+// Every output element is one thread's, in a fixed order: 1, 2 and 3 threads give the same bits.
+template <typename S>
+void check_thread_counts() {
+  const RingConfig c{2, 300, 8, 4, 64, 2};  // chunks of 75: two query tiles, a partial one
+  auto qkv = test::to_dtype<S>(test::randn(c.qkv_size(), "qkv"));
+  auto dy = test::to_dtype<S>(test::randn(c.out_size(), "dy"));
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Assembled a = run_ring(c, qkv, dy, true);
+    omp_set_num_threads(saved);
+    a.out.insert(a.out.end(), a.lse.begin(), a.lse.end());
+    a.out.insert(a.out.end(), a.dqkv.begin(), a.dqkv.end());
+    return a.out;
+  };
+  const std::vector<float> one = run(1);
+  EXPECT_TRUE(test::bit_equal(one, run(2)));
+  EXPECT_TRUE(test::bit_equal(one, run(3)));
+}
+
+TEST(AttentionRing, BitIdenticalAcrossThreadCounts) {
+  on_each_isa([] {
+    check_thread_counts<float>();
+    check_thread_counts<bf16>();
+  });
+}
+
+TEST(AttentionRing, RejectsBadBlocks) {
+  std::vector<float> buf(10000);
+  float* p = buf.data();
+  // A causal block is diagonal.
+  EXPECT_THROW(attention_block_forward(p, p, p, 8, 0, 4, p, 8, 0, 3, 1, 2, 1, 4, true), Error);
+  // Rows outside the buffers.
+  EXPECT_THROW(attention_block_forward(p, p, p, 8, 6, 4, p, 8, 0, 4, 1, 2, 1, 4, false), Error);
+  EXPECT_THROW(attention_block_backward(p, p, p, p, p, p, 8, 0, 4, p, 8, 5, 4, 1, 2, 1, 4, false),
+               Error);
+  EXPECT_THROW(attention_block_forward(p, p, p, 8, 0, 4, p, 8, 0, 4, 1, 3, 2, 4, false), Error);
+}
+
+// The per-thread workspace is linear in the block's keys.
+TEST(AttentionRing, WorkspaceIsLinearInTheBlock) {
+  const size_t w1 = attention_block_workspace_floats(256, 64);
+  const size_t w2 = attention_block_workspace_floats(512, 64);
+  const size_t w4 = attention_block_workspace_floats(1024, 64);
+  EXPECT_EQ(w4 - w2, 2 * (w2 - w1));
+}
+
+}  // namespace
+}  // namespace strata::kernels
