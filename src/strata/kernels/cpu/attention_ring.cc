@@ -62,44 +62,49 @@ struct Block {
   int diag(int i0) const { return causal ? i0 : Tk; }
 };
 
-// Forward of query tile `it` of kv group g of batch row b, for the group's rep heads: the tile's
-// keys and values packed once, then per head an online softmax over the key tiles, merged into
-// o and lse.
+// Forward of query tiles it_last, it_last − step, … >= 0 of kv group g of batch row b, for the
+// group's rep heads: the keys and values the first (the longest when causal) sees packed once,
+// then per tile and head an online softmax over the key tiles, merged into o and lse. (The other
+// tiles' keys end at a multiple of kTile, so they read no column past their own keys.)
 template <class Kern, typename S>
 inline __attribute__((always_inline)) void forward_task(float* o, float* lse, const S* qkv,
                                                         const S* kv, const Block& s, int b, int g,
-                                                        int it, const Tiles& w) {
+                                                        int it_last, int step, const Tiles& w) {
   constexpr int W = Kern::W;
-  const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0, nk = s.nk(i1);
+  const int nk_last = s.nk(std::min(s.Tq, (it_last + 1) * kTile));
   const S* keys = kv + (int64_t(b) * s.Tkl + s.k0) * s.kv_row + int64_t(g) * 2 * s.hd;
-  const S* queries = qkv + (int64_t(b) * s.Tl + s.q0 + i0) * s.qkv_row;  // (mq, qkv_row)
-  float *Kt = w.Kt, *Vv = w.K;  // (hd, Tp) and (Tp, hdp): keys and values [0, nk)
+  float *Kt = w.Kt, *Vv = w.K;  // (hd, Tp) and (Tp, hdp): keys and values [0, nk_last)
   float *acc = w.dQ, *m = w.stats, *l = w.stats + kTile;
-  pack_transposed(Kt, s.Tp, keys, s.kv_row, nk, round_up(nk, W), s.hd);
-  pack_rows(Vv, s.hdp, keys + s.hd, s.kv_row, nk, round_up(nk, W), s.hd);
-  for (int r = 0; r < s.rep; ++r) {
-    const int h = g * s.rep + r;
-    pack_rows(w.Q, s.hdp, queries + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
-    forward_tile<Kern>(acc, m, l, w.P, w.Q, Kt, s.Tp, Vv, s.hdp, s.hd, mq, nk, s.diag(i0), s.scale);
-    float* row_lse = lse + s.stat(b, h) + i0;
-    float* out = o + (int64_t(b) * s.Tl + s.q0 + i0) * s.out_row + int64_t(h) * s.hd;
-    for (int i = 0; i < mq; ++i) {
-      const float* a = acc + i * s.hdp;
-      float* oi = out + i * s.out_row;
-      const float block_lse = m[i] + std::log(l[i]), old = row_lse[i];
-      if (old == -INFINITY) {  // the first block of the row: attention_tiled_forward's bits
-        const float inv = 1.0f / l[i];
+  pack_transposed(Kt, s.Tp, keys, s.kv_row, nk_last, round_up(nk_last, W), s.hd);
+  pack_rows(Vv, s.hdp, keys + s.hd, s.kv_row, nk_last, round_up(nk_last, W), s.hd);
+  for (int it = it_last; it >= 0; it -= step) {
+    const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0, nk = s.nk(i1);
+    const S* queries = qkv + (int64_t(b) * s.Tl + s.q0 + i0) * s.qkv_row;  // (mq, qkv_row)
+    for (int r = 0; r < s.rep; ++r) {
+      const int h = g * s.rep + r;
+      pack_rows(w.Q, s.hdp, queries + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
+      forward_tile<Kern>(acc, m, l, w.P, w.Q, Kt, s.Tp, Vv, s.hdp, s.hd, mq, nk, s.diag(i0),
+                         s.scale);
+      float* row_lse = lse + s.stat(b, h) + i0;
+      float* out = o + (int64_t(b) * s.Tl + s.q0 + i0) * s.out_row + int64_t(h) * s.hd;
+      for (int i = 0; i < mq; ++i) {
+        const float* a = acc + i * s.hdp;
+        float* oi = out + i * s.out_row;
+        const float block_lse = m[i] + std::log(l[i]), old = row_lse[i];
+        if (old == -INFINITY) {  // the first block of the row: attention_tiled_forward's bits
+          const float inv = 1.0f / l[i];
 #pragma omp simd
-        for (int d = 0; d < s.hd; ++d) oi[d] = a[d] * inv;
-        row_lse[i] = block_lse;
-        continue;
+          for (int d = 0; d < s.hd; ++d) oi[d] = a[d] * inv;
+          row_lse[i] = block_lse;
+          continue;
+        }
+        const float lse_new =
+            std::max(old, block_lse) + std::log1p(std::exp(-std::fabs(old - block_lse)));
+        const float keep = std::exp(old - lse_new), add = std::exp(block_lse - lse_new) / l[i];
+#pragma omp simd
+        for (int d = 0; d < s.hd; ++d) oi[d] = oi[d] * keep + a[d] * add;
+        row_lse[i] = lse_new;
       }
-      const float lse_new =
-          std::max(old, block_lse) + std::log1p(std::exp(-std::fabs(old - block_lse)));
-      const float keep = std::exp(old - lse_new), add = std::exp(block_lse - lse_new) / l[i];
-#pragma omp simd
-      for (int d = 0; d < s.hd; ++d) oi[d] = oi[d] * keep + a[d] * add;
-      row_lse[i] = lse_new;
     }
   }
 }
@@ -151,13 +156,13 @@ inline __attribute__((always_inline)) void backward_task(float* dq, float* dkv, 
 template <typename S>
 __attribute__((target("avx512f"))) void forward_task512(float* o, float* lse, const S* qkv,
                                                         const S* kv, const Block& s, int b, int g,
-                                                        int it, const Tiles& w) {
-  forward_task<Avx512>(o, lse, qkv, kv, s, b, g, it, w);
+                                                        int it_last, int step, const Tiles& w) {
+  forward_task<Avx512>(o, lse, qkv, kv, s, b, g, it_last, step, w);
 }
 template <typename S>
 void forward_task256(float* o, float* lse, const S* qkv, const S* kv, const Block& s, int b, int g,
-                     int it, const Tiles& w) {
-  forward_task<Avx2>(o, lse, qkv, kv, s, b, g, it, w);
+                     int it_last, int step, const Tiles& w) {
+  forward_task<Avx2>(o, lse, qkv, kv, s, b, g, it_last, step, w);
 }
 template <typename S>
 __attribute__((target("avx512f"))) void backward_task512(float* dq, float* dkv, const S* dout,
@@ -213,19 +218,23 @@ void attention_block_forward(float* o, float* lse, const S* qkv, int Tl, int q0,
   const int threads = omp_get_max_threads();
   float* ws = workspace(s, threads);
   const int64_t per = int64_t(attention_block_workspace_floats(Tk, hd));
-  // Tasks (query tile, b, g), the longest rows first when causal: tile it sees it + 1 key tiles.
+  // Tasks (b, g, k): query tiles nt−1−k, nt−1−k−split, …, so that the keys are packed once for
+  // several tiles, and still about 4 tasks a thread; the longest first when causal (tile it sees
+  // it + 1 key tiles). Which task computes a row changes no bit of it.
   const int nt = s.tiles();
-  const int64_t tasks = int64_t(nt) * B * KVH;
+  const int64_t groups = int64_t(B) * KVH;
+  const int split = int(std::min<int64_t>(nt, (4 * int64_t(threads) + groups - 1) / groups));
+  const int64_t tasks = groups * split;
   const bool avx512 = wide();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (tasks > 1)
   for (int64_t task = 0; task < tasks; ++task) {
-    const int it = nt - 1 - int(task / (int64_t(B) * KVH));
-    const int b = int(task % (int64_t(B) * KVH)) / KVH, g = int(task % KVH);
+    const int it_last = nt - 1 - int(task / groups);
+    const int b = int(task % groups) / KVH, g = int(task % KVH);
     const Tiles w(ws + omp_get_thread_num() * per, s.Tp, s.hdp);
     if (avx512) {
-      forward_task512(o, lse, qkv, kv, s, b, g, it, w);
+      forward_task512(o, lse, qkv, kv, s, b, g, it_last, split, w);
     } else {
-      forward_task256(o, lse, qkv, kv, s, b, g, it, w);
+      forward_task256(o, lse, qkv, kv, s, b, g, it_last, split, w);
     }
   }
 }
