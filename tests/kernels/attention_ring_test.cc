@@ -248,6 +248,7 @@ TEST(AttentionRing, BitIdenticalAcrossThreadCounts) {
   on_each_isa([] {
     check_thread_counts<float>();
     check_thread_counts<bf16>();
+    check_thread_counts<f16>();
   });
 }
 
