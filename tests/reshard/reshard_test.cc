@@ -1,6 +1,7 @@
 // Layout-independent checkpoints (DESIGN.md §6): a run saved in one layout and loaded into
-// another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, ZeRO stage
-// and MiCS groups, micro-batch and accumulation split, and so the world size — continues with
+// another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, context
+// parallelism (Ulysses or ring), ZeRO stage and MiCS groups, micro-batch and accumulation split,
+// and so the world size — continues with
 // the losses of the uninterrupted run. Runs under mpirun with 2, 4 and 8 ranks
 // (tests/CMakeLists.txt); a layout of fewer ranks than the world runs on the first ones.
 #include <gtest/gtest.h>
@@ -36,8 +37,11 @@ struct Layout {
   int virtual_stages = 1;
   bool sp = false;
   int mics = 0;  // zero_optimization.mics_shard_size (0: none)
+  int cp = 1;
+  std::string context_impl = "ulysses";
   std::string name() const {
-    std::string s = std::to_string(ranks / (tp * pp)) + "dp";
+    std::string s = std::to_string(ranks / (tp * pp * cp)) + "dp";
+    if (cp > 1) s += " cp" + std::to_string(cp) + " " + context_impl;
     if (tp > 1) s += " tp" + std::to_string(tp) + (sp ? "+sp" : "");
     if (pp > 1) s += " pp" + std::to_string(pp) + " " + schedule;
     if (virtual_stages > 1) s += " v" + std::to_string(virtual_stages);
@@ -95,18 +99,21 @@ class Reshard : public ::testing::Test {
                           {"pipeline", l.pp},
                           {"schedule", l.schedule},
                           {"virtual_stages", l.virtual_stages},
-                          {"sequence_parallel", l.sp}};
+                          {"sequence_parallel", l.sp},
+                          {"context", l.cp},
+                          {"context_impl", l.context_impl}};
       j["zero_optimization"] = {{"stage", l.zero}};
       if (l.mics > 0) j["zero_optimization"]["mics_shard_size"] = l.mics;
-      const comm::RankGrid grid(l.ranks, l.tp, l.pp);
+      const comm::RankGrid grid(l.ranks, l.tp, l.pp, "tp-dp-pp", l.cp);
       j["gradient_accumulation_steps"] = l.gas;
       j["train_micro_batch_size_per_gpu"] = kBatch / (grid.dp() * l.gas);
       Config cfg = parse_config(j);
       resolve_batch(cfg, grid.dp());
       std::unique_ptr<comm::ProcessGroups> groups;
       if (l.ranks > 1) groups = std::make_unique<comm::ProcessGroups>(grid, comm);
-      Engine engine(cfg, dataset_.get(), groups ? &groups->dp() : nullptr,
-                    groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
+      Engine engine(cfg, dataset_.get(), groups ? &groups->dp_cp() : nullptr,
+                    groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr,
+                    groups ? &groups->cp() : nullptr);
       // An error is a failure of this pair, on every rank alike (saves and loads fail on all of
       // them together), and the next pair goes on.
       try {
@@ -163,6 +170,10 @@ std::vector<Pair> pairs() {
   gpipe.schedule = "gpipe";
   Layout mics = L(4, 1, 1, 3, 2);
   mics.mics = 2;
+  auto context = [&](Layout l, int cp, const char* impl) {
+    l.cp = cp, l.context_impl = impl;
+    return l;
+  };
   return {
       {"gpt2-tiny", d2t2p2, one},                          // (dp2, tp2, pp2, ZeRO-1) -> 1 process
       {"gpt2-tiny", L(8, 1, 1, 3, 1), L(4, 2, 1, 2, 1)},   // (dp8, ZeRO-3) -> (dp2, tp2, ZeRO-2)
@@ -176,6 +187,11 @@ std::vector<Pair> pairs() {
       {"llama-tiny", mics, L(4, 4, 1, 0, 1)},              // MiCS groups of 2, ZeRO-3 -> tp4
       {"gpt2-tiny", L(8, 2, 1, 1, 1), L(8, 1, 1, 2, 2)},   // tp2 dp4 -> dp8 ZeRO-2
       {"llama-tiny", L(2, 2, 1, 1, 1), L(2, 1, 2, 1, 2)},  // tp2 -> pp2
+      // Context parallelism: the parameters are whole on every cp rank (ZeRO shards over dp × cp).
+      {"gpt2-tiny", context(L(2, 1, 1, 0, 1), 2, "ulysses"), one},             // cp2 -> 1 process
+      {"llama-tiny", context(L(4, 1, 1, 3, 2), 2, "ring"), L(4, 2, 1, 1, 1)},  // dp2 cp2 ZeRO-3
+      {"gpt2-tiny", L(4, 1, 2, 2, 2), context(L(4, 1, 1, 2, 1), 4, "ring")},   // pp2 -> cp4
+      {"gpt2-tiny", context(L(8, 2, 1, 1, 1), 2, "ring"), context(L(4, 1, 1, 3, 1), 2, "ulysses")},
   };
 }
 

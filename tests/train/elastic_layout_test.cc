@@ -102,6 +102,27 @@ TEST(ElasticLayout, ModelParallelismShrinksOnlyWhenItCannotFit) {
   EXPECT_EQ(shrunk.micro * shrunk.accumulation * shrunk.dp, 12);
 }
 
+TEST(ElasticLayout, ContextParallelismIsKeptThenShrunkLikeTheOtherModelAxes) {
+  const ConfigLoader load =
+      loader(tiny({{"parallelism", {{"tensor", 2}, {"context", 2}, {"context_impl", "ring"}}}}));
+  // 6 workers: the tp 2 x cp 2 groups kept, one of them (dp 1) fits; 12 sequences on it.
+  const ElasticLayout kept = choose_elastic_layout(load, {{"localhost", 6}}, 1, 8, 12);
+  EXPECT_EQ(kept.world, 4);
+  EXPECT_EQ(kept.tensor, 2);
+  EXPECT_EQ(kept.context, 2);
+  EXPECT_EQ(kept.dp, 1);
+  EXPECT_TRUE(kept.overrides.size() == 3 && kept.overrides[0].rfind("train_batch_size", 0) == 0);
+  EXPECT_NE(kept.describe().find("dp 1 x cp 2 x tp 2"), std::string::npos) << kept.describe();
+  // 3 workers cannot hold tp 2 x cp 2: tp 2 x cp 1 (tensor kept before context), said as an
+  // override of each axis.
+  const ElasticLayout shrunk = choose_elastic_layout(load, {{"localhost", 3}}, 1, 8, 12);
+  EXPECT_EQ(shrunk.tensor, 2);
+  EXPECT_EQ(shrunk.context, 1);
+  EXPECT_EQ(shrunk.world, 2);
+  EXPECT_EQ(shrunk.overrides[2], "parallelism.context=1");
+  EXPECT_EQ(shrunk.micro * shrunk.accumulation * shrunk.dp, 12);
+}
+
 TEST(ElasticLayout, NothingValidIsAnErrorSayingWhy) {
   const ConfigLoader load = loader(tiny());
   // 12 over 5 ranks does not divide, and --min-ranks 5 forbids going lower.

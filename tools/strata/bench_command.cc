@@ -61,6 +61,9 @@ struct BenchArgs {
   // Tensor parallelism over groups of this many ranks (dp = ranks / tensor).
   int tensor = 1;
   bool sequence_parallel = false;
+  // Context parallelism: each sequence split over this many ranks, by "ulysses" or "ring".
+  int context = 1;
+  std::string context_impl = "ulysses";
   // Pipeline parallelism: stages, schedule, micro-batches per step, virtual stages.
   int pipeline = 1;
   std::string schedule = "1f1b";
@@ -138,6 +141,7 @@ BenchArgs from_config(const BenchArgs& given) {
   a.tensor = cfg.parallelism.tensor, a.pipeline = cfg.parallelism.pipeline;
   a.schedule = cfg.parallelism.schedule, a.virtual_stages = cfg.parallelism.virtual_stages;
   a.sequence_parallel = cfg.parallelism.sequence_parallel;
+  a.context = cfg.parallelism.context, a.context_impl = cfg.parallelism.context_impl;
   return a;
 }
 
@@ -179,7 +183,7 @@ void run_bench(const BenchArgs& given) {
   // A bad STRATA_BF16_MATMUL is an input error on every rank before anything is built.
   kernels::bf16_matmul_path();
   select_device(a.device, rank0);
-  const comm::RankGrid grid(world, a.tensor, a.pipeline);
+  const comm::RankGrid grid(world, a.tensor, a.pipeline, "tp-dp-pp", a.context);
   std::unique_ptr<comm::ProcessGroups> groups;
   if (world > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
   const MachinePeak machine = measure_machine_peak(world > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL);
@@ -204,7 +208,9 @@ void run_bench(const BenchArgs& given) {
                         {"pipeline", a.pipeline},
                         {"schedule", a.schedule},
                         {"virtual_stages", a.virtual_stages},
-                        {"partition", a.partition}};
+                        {"partition", a.partition},
+                        {"context", a.context},
+                        {"context_impl", a.context_impl}};
     j["train"] = {{"device", a.device}};
     if (dtype == DType::BF16) j["bf16"] = {{"enabled", true}};
     if (dtype == DType::F16) j["fp16"] = {{"enabled", true}};
@@ -219,8 +225,9 @@ void run_bench(const BenchArgs& given) {
                        " differs from --device ", a.device, "; choose the device with --device");
     resolve_batch(cfg, grid.dp());
     RandomTokens tokens(int64_t(1) << 30, cfg.model.vocab);
-    Engine engine(cfg, &tokens, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
-                  groups ? &groups->pp() : nullptr);
+    Engine engine(cfg, &tokens, groups ? &groups->dp_cp() : nullptr,
+                  groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr,
+                  groups ? &groups->cp() : nullptr);
     engine.set_tracing(a.pipeline > 1);
     const double peak = machine.gflops();
     for (int i = 0; i < a.warmup; ++i) engine.train_batch();
@@ -361,6 +368,14 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--virtual", args->virtual_stages, "virtual stages (interleaved)")
       ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--context", args->context,
+                  "context-parallel size: each sequence split over this many ranks (dp = ranks / "
+                  "tensor / pipeline / context)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--context-impl", args->context_impl, "context parallelism: ulysses | ring")
+      ->check(CLI::IsMember({"ulysses", "ring"}))
       ->capture_default_str();
   cmd->add_flag("--sequence-parallel", args->sequence_parallel,
                 "with --tensor > 1: split activations outside the tensor-parallel regions");

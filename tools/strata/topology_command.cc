@@ -22,7 +22,7 @@ struct TopologyArgs {
 void run_topology(const TopologyArgs& a) {
   Config cfg = load_config(a.config, a.overrides);
   const ParallelismConfig& p = cfg.parallelism;
-  comm::RankGrid grid(a.world, p.tensor, p.pipeline, p.order);
+  comm::RankGrid grid(a.world, p.tensor, p.pipeline, p.order, p.context);
   resolve_batch(cfg, grid.dp());  // the checks train makes once dp is known
   if (!a.hostfile.empty()) comm::check_tp_within_hosts(grid, comm::parse_hostfile(a.hostfile));
   std::printf("%s", grid.describe().c_str());

@@ -387,7 +387,7 @@ void run_train(const TrainArgs& a) {
   }
   select_device(cfg.train.device, rank0);
   const comm::RankGrid grid(world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
-                            cfg.parallelism.order);
+                            cfg.parallelism.order, cfg.parallelism.context);
   apply_elastic_batch(cfg, world);
   resolve_batch(cfg, grid.dp());
   if (rank0) {
@@ -398,7 +398,8 @@ void run_train(const TrainArgs& a) {
   std::unique_ptr<comm::ProcessGroups> groups;
   if (world > 1) {
     groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
-    for (comm::Communicator* c : {&groups->world(), &groups->dp(), &groups->tp(), &groups->pp()}) {
+    for (comm::Communicator* c : {&groups->world(), &groups->dp(), &groups->tp(), &groups->pp(),
+                                  &groups->cp(), &groups->dp_cp()}) {
       c->set_timeout(std::chrono::seconds(cfg.parallelism.timeout_s));
     }
   }
@@ -412,8 +413,9 @@ void run_train(const TrainArgs& a) {
   }
   data::DataSplits splits = data::open_splits(data_path, cfg.data.val_path, cfg.data.format);
   const data::TokenDataset& dataset = *splits.train;
-  Engine engine(cfg, &dataset, groups ? &groups->dp() : nullptr, groups ? &groups->tp() : nullptr,
-                groups ? &groups->pp() : nullptr);
+  Engine engine(cfg, &dataset, groups ? &groups->dp_cp() : nullptr,
+                groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr,
+                groups ? &groups->cp() : nullptr);
   const int64_t steps = cfg.train.steps;
   const int64_t eval_iters = splits.val ? cfg.train.eval_iters : 0;
   if (eval_iters > 0) engine.set_validation(*splits.val);

@@ -25,6 +25,10 @@ const char* op_name(OpKind k) {
       return "recv";
     case OpKind::Barrier:
       return "barrier";
+    case OpKind::AllToAll:
+      return "all_to_all";
+    case OpKind::SendRecv:
+      return "send_recv";
   }
   return "?";
 }

@@ -31,7 +31,17 @@
 
 namespace strata::comm::detail {
 
-enum class OpKind : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Send, Recv, Barrier };
+enum class OpKind : uint8_t {
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Send,
+  Recv,
+  Barrier,
+  AllToAll,  // in (size · n), out (size · n): block j of in goes to rank j's block `rank`
+  SendRecv,  // in (n) to peer, out (n) from src, at once
+};
 const char* op_name(OpKind k);  // "all_reduce", ...
 
 // One queued operation: plain data, copied into a ring slot.
@@ -43,6 +53,7 @@ struct Op {
   DType dtype = DType::F32;
   DType wire = DType::F32;
   int peer = 0;  // root, destination or source
+  int src = 0;   // SendRecv: the source (peer is the destination)
   int tag = 0;
   uint64_t flight = 0;  // its flight recorder entry (comm/flight_recorder.h); 0: not recorded
 };

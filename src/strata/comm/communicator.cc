@@ -153,6 +153,21 @@ void run_recv(CommState& s, const Op& op) {
   }
 }
 
+void run_all_to_all(CommState& s, const Op& op) {
+  STRATA_CHECK(op.n <= size_t(INT_MAX), "all_to_all on group ", s.name, ": ", op.n,
+               " elements per rank exceed MPI's count");
+  const MPI_Datatype t = detail::mpi_datatype(op.dtype);
+  STRATA_MPI_CHECK(MPI_Alltoall(op.in, int(op.n), t, op.out, int(op.n), t, s.comm));
+}
+
+void run_send_recv(CommState& s, const Op& op) {
+  STRATA_CHECK(op.n <= size_t(INT_MAX), "send_recv on group ", s.name, ": ", op.n,
+               " elements exceed MPI's count");
+  const MPI_Datatype t = detail::mpi_datatype(op.dtype);
+  STRATA_MPI_CHECK(MPI_Sendrecv(op.in, int(op.n), t, op.peer, op.tag, op.out, int(op.n), t, op.src,
+                                op.tag, s.comm, MPI_STATUS_IGNORE));
+}
+
 void execute_host(CommState& s, const Op& op) {
   // The transport reads and writes device memory itself, as NCCL does a GPU's.
   const device_memory::Access access;
@@ -172,6 +187,10 @@ void execute_host(CommState& s, const Op& op) {
     case OpKind::Barrier:
       STRATA_MPI_CHECK(MPI_Barrier(s.comm));
       return;
+    case OpKind::AllToAll:
+      return run_all_to_all(s, op);
+    case OpKind::SendRecv:
+      return run_send_recv(s, op);
   }
 }
 
@@ -192,6 +211,10 @@ Extent extent(const CommState& s, const Op& op) {
       return {b, whole};
     case OpKind::Send:
       return {b, 0};
+    case OpKind::AllToAll:
+      return {whole, whole};
+    case OpKind::SendRecv:
+      return {b, b};
     case OpKind::Barrier:
       break;
   }
@@ -262,6 +285,11 @@ std::string describe(const CommState& s, const Op& op) {
                                     op.peer, " (tag ", op.tag, ")", group);
     case OpKind::Barrier:
       return "collective barrier" + group;
+    case OpKind::SendRecv:
+      return strata::detail::concat("point-to-point send_recv of ", op.n, " elements to rank ",
+                                    op.peer, " and from rank ", op.src, " (tag ", op.tag, ")",
+                                    group);
+    case OpKind::AllToAll:
     case OpKind::ReduceScatter:
     case OpKind::AllGather:
       return strata::detail::concat("collective ", detail::op_name(op.kind), " of ", op.n,
@@ -431,7 +459,10 @@ uint64_t wire_bytes_of(const CommState& s, const Op& op) {
     case OpKind::Broadcast:
       return (N - 1) * n * w / N;
     case OpKind::Send:
+    case OpKind::SendRecv:
       return n * w;
+    case OpKind::AllToAll:
+      return (N - 1) * n * w;
     default:
       return 0;
   }
@@ -558,6 +589,55 @@ void Communicator::send(const void* buf, size_t n, DType dtype, int dst, int tag
 
 void Communicator::recv(void* buf, size_t n, DType dtype, int src, int tag) {
   run(recv_op(*s_, buf, n, dtype, src, tag));
+}
+
+void Communicator::all_to_all(const void* in, void* out, size_t n_per_rank, DType dtype) {
+  check_buffer(*s_, in, n_per_rank, "all_to_all");
+  check_buffer(*s_, out, n_per_rank, "all_to_all");
+  check_per_rank(*s_, n_per_rank, "all_to_all");
+  const size_t whole = n_per_rank * size_t(s_->size) * dtype_size(dtype);
+  STRATA_CHECK(!overlaps(in, whole, out, whole), "all_to_all on group ", s_->name,
+               ": the output overlaps the input");
+  run({.kind = OpKind::AllToAll,
+       .in = in,
+       .out = out,
+       .n = n_per_rank,
+       .dtype = dtype,
+       .wire = dtype});
+}
+
+namespace {
+
+Op send_recv_op(const CommState& s, const void* in, int dst, void* out, int src, size_t n,
+                DType dtype, int tag) {
+  check_buffer(s, in, n, "send_recv");
+  check_buffer(s, out, n, "send_recv");
+  check_rank(s, dst, "send_recv destination");
+  check_rank(s, src, "send_recv source");
+  const size_t b = n * dtype_size(dtype);
+  STRATA_CHECK(!overlaps(in, b, out, b), "send_recv on group ", s.name,
+               ": the output overlaps the input");
+  return {.kind = OpKind::SendRecv,
+          .in = in,
+          .out = out,
+          .n = n,
+          .dtype = dtype,
+          .wire = dtype,
+          .peer = dst,
+          .src = src,
+          .tag = tag};
+}
+
+}  // namespace
+
+void Communicator::send_recv(const void* in, int dst, void* out, int src, size_t n, DType dtype,
+                             int tag) {
+  run(send_recv_op(*s_, in, dst, out, src, n, dtype, tag));
+}
+
+Handle Communicator::send_recv_async(const void* in, int dst, void* out, int src, size_t n,
+                                     DType dtype, int tag, const ops::Event& after) {
+  return enqueue(send_recv_op(*s_, in, dst, out, src, n, dtype, tag), after);
 }
 
 void Communicator::barrier() {

@@ -107,6 +107,12 @@ class Communicator {
   // collectives like every other operation.
   void send(const void* buf, size_t n, DType dtype, int dst, int tag);
   void recv(void* buf, size_t n, DType dtype, int src, int tag);
+  // in (size · n_per_rank), out (size · n_per_rank), apart: block j of in goes to rank j, whose
+  // block `rank` of out receives it (MPI_Alltoall).
+  void all_to_all(const void* in, void* out, size_t n_per_rank, DType dtype);
+  // Sends in (n) to dst and receives out (n) from src at once (MPI_Sendrecv): a ring's step,
+  // which cannot deadlock however the ranks' sends and receives pair.
+  void send_recv(const void* in, int dst, void* out, int src, size_t n, DType dtype, int tag);
   void barrier();
 
   // `after`: the event the communication stream waits for before it reads the buffers (the
@@ -124,6 +130,8 @@ class Communicator {
                     const ops::Event& after = {});
   Handle recv_async(void* buf, size_t n, DType dtype, int src, int tag,
                     const ops::Event& after = {});
+  Handle send_recv_async(const void* in, int dst, void* out, int src, size_t n, DType dtype,
+                         int tag, const ops::Event& after = {});
   Handle barrier_async();
 
   // Blocks until every operation issued so far has completed.

@@ -34,13 +34,14 @@ ProcessGroups::ProcessGroups(const RankGrid& grid, MPI_Comm world) : grid_(grid)
   int rank = 0, size = 0;
   STRATA_MPI_CHECK(MPI_Comm_rank(world, &rank));
   STRATA_MPI_CHECK(MPI_Comm_size(world, &size));
-  STRATA_INPUT_CHECK(size == grid.world(), "the rank grid (dp ", grid.dp(), " x tp ", grid.tp(),
-                     " x pp ", grid.pp(), ") needs ", grid.world(), " processes but ", size,
-                     " were launched; launch ", grid.world(), " or change parallelism");
+  STRATA_INPUT_CHECK(size == grid.world(), "the rank grid (dp ", grid.dp(), " x cp ", grid.cp(),
+                     " x tp ", grid.tp(), " x pp ", grid.pp(), ") needs ", grid.world(),
+                     " processes but ", size, " were launched; launch ", grid.world(),
+                     " or change parallelism");
   if (grid.tp() > 1) check_tp_groups_on_one_host(grid, world);
   coord_ = grid.coord(rank);
   world_ = std::make_unique<Communicator>(world, "world");
-  for (Axis a : {Axis::DP, Axis::TP, Axis::PP}) {
+  for (Axis a : {Axis::DP, Axis::TP, Axis::PP, Axis::CP}) {
     // A group is identified by its member with coordinate 0 along a; the key orders members
     // by their coordinate, so group rank == coordinate.
     GridCoord first = coord_;
@@ -48,6 +49,15 @@ ProcessGroups::ProcessGroups(const RankGrid& grid, MPI_Comm world) : grid_(grid)
     MPI_Comm split = MPI_COMM_NULL;
     STRATA_MPI_CHECK(MPI_Comm_split(world, grid.rank_of(first), coord_.at(a), &split));
     groups_[int(a)] = std::make_unique<Communicator>(split, axis_name(a));
+    MPI_Comm_free(&split);
+  }
+  if (grid.cp() > 1) {
+    GridCoord first = coord_;
+    first.dp = first.cp = 0;
+    MPI_Comm split = MPI_COMM_NULL;
+    STRATA_MPI_CHECK(
+        MPI_Comm_split(world, grid.rank_of(first), coord_.dp * grid.cp() + coord_.cp, &split));
+    dp_cp_ = std::make_unique<Communicator>(split, "dp-cp");
     MPI_Comm_free(&split);
   }
 }

@@ -1,5 +1,6 @@
 #include "strata/comm/topology.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -18,57 +19,76 @@ const char* axis_name(Axis a) {
       return "tp";
     case Axis::PP:
       return "pp";
+    case Axis::CP:
+      return "cp";
   }
   return "?";
 }
 
 namespace {
 
-constexpr Axis kAxes[3] = {Axis::DP, Axis::TP, Axis::PP};
+constexpr Axis kAxes[4] = {Axis::DP, Axis::TP, Axis::PP, Axis::CP};
 
-// "tp-dp-pp" -> {TP, DP, PP}, fastest first.
-std::array<Axis, 3> parse_order(const std::string& order) {
-  std::array<Axis, 3> out{};
-  std::array<bool, 3> seen{};
+// "tp-dp-pp" -> {TP, CP, DP, PP}, fastest first: cp right after tp where the order omits it.
+std::array<Axis, 4> parse_order(const std::string& order) {
+  std::vector<Axis> out;
+  std::array<bool, 4> seen{};
   std::istringstream in(order);
   std::string tok;
-  int k = 0;
   bool ok = true;
   while (ok && std::getline(in, tok, '-')) {
-    int a = tok == "dp" ? 0 : tok == "tp" ? 1 : tok == "pp" ? 2 : -1;
-    ok = k < 3 && a >= 0 && !seen[size_t(a)];
+    int a = tok == "dp" ? 0 : tok == "tp" ? 1 : tok == "pp" ? 2 : tok == "cp" ? 3 : -1;
+    ok = out.size() < 4 && a >= 0 && !seen[size_t(a)];
     if (ok) {
       seen[size_t(a)] = true;
-      out[size_t(k++)] = Axis(a);
+      out.push_back(Axis(a));
     }
   }
-  STRATA_INPUT_CHECK(ok && k == 3 && !order.empty() && order.back() != '-', "parallelism.order \"",
-                     order,
-                     "\" is not a valid grid order: list tp, dp and pp once each, "
-                     "fastest-varying first, separated by '-' (e.g. \"tp-dp-pp\", Megatron's)");
-  return out;
+  ok = ok && seen[0] && seen[1] && seen[2] && !order.empty() && order.back() != '-';
+  STRATA_INPUT_CHECK(ok, "parallelism.order \"", order,
+                     "\" is not a valid grid order: list tp, dp and pp (and optionally cp) once "
+                     "each, fastest-varying first, separated by '-' (e.g. \"tp-dp-pp\", "
+                     "Megatron's; cp goes after tp when not named)");
+  if (!seen[3]) {
+    const auto tp = std::find(out.begin(), out.end(), Axis::TP);
+    out.insert(tp + 1, Axis::CP);
+  }
+  return {out[0], out[1], out[2], out[3]};
 }
 
 std::string join(const std::vector<int>& v, const char* sep) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += sep;
+    s += std::to_string(v[i]);
+  }
   return s;
 }
 
 }  // namespace
 
-RankGrid::RankGrid(int world, int tp, int pp, std::string order)
+RankGrid::RankGrid(int world, int tp, int pp, std::string order, int cp)
     : world_(world), order_name_(std::move(order)) {
   STRATA_INPUT_CHECK(world >= 1, "the world size must be at least 1, got ", world);
   STRATA_INPUT_CHECK(tp >= 1, "parallelism.tensor must be at least 1, got ", tp);
   STRATA_INPUT_CHECK(pp >= 1, "parallelism.pipeline must be at least 1, got ", pp);
-  STRATA_INPUT_CHECK(world % (tp * pp) == 0, "world size ", world,
-                     " is not divisible by tensor x pipeline parallel size ", tp * pp, " (tp=", tp,
-                     ", pp=", pp, "); launch a multiple of ", tp * pp,
-                     " processes or choose tp and pp whose product divides ", world);
-  size_[int(Axis::DP)] = world / (tp * pp);
+  STRATA_INPUT_CHECK(cp >= 1, "parallelism.context must be at least 1, got ", cp);
+  const int model = tp * pp * cp;
+  if (cp == 1) {
+    STRATA_INPUT_CHECK(world % model == 0, "world size ", world,
+                       " is not divisible by tensor x pipeline parallel size ", model, " (tp=", tp,
+                       ", pp=", pp, "); launch a multiple of ", model,
+                       " processes or choose tp and pp whose product divides ", world);
+  } else {
+    STRATA_INPUT_CHECK(world % model == 0, "world size ", world,
+                       " is not divisible by tensor x pipeline x context parallel size ", model,
+                       " (tp=", tp, ", pp=", pp, ", cp=", cp, "); launch a multiple of ", model,
+                       " processes or choose tp, pp and cp whose product divides ", world);
+  }
+  size_[int(Axis::DP)] = world / model;
   size_[int(Axis::TP)] = tp;
   size_[int(Axis::PP)] = pp;
+  size_[int(Axis::CP)] = cp;
   int stride = 1;
   for (Axis a : parse_order(order_name_)) {
     stride_[int(a)] = stride;
@@ -115,16 +135,25 @@ std::vector<std::vector<int>> RankGrid::groups(Axis axis) const {
 
 std::string RankGrid::describe() const {
   std::ostringstream os;
-  os << "rank grid: " << world_ << " ranks = dp " << dp() << " x tp " << tp() << " x pp " << pp()
-     << ", order " << order_name_ << " (fastest-varying first)\n";
-  os << "rank    dp    tp    pp\n";
+  const bool context = cp() > 1;
+  os << "rank grid: " << world_ << " ranks = dp " << dp();
+  if (context) os << " x cp " << cp();
+  os << " x tp " << tp() << " x pp " << pp() << ", order " << order_name_
+     << " (fastest-varying first)\n";
+  os << (context ? "rank    dp    cp    tp    pp\n" : "rank    dp    tp    pp\n");
   char line[64];
   for (int r = 0; r < world_; ++r) {
     const GridCoord c = coord(r);
-    std::snprintf(line, sizeof(line), "%4d  %4d  %4d  %4d\n", r, c.dp, c.tp, c.pp);
+    if (context) {
+      std::snprintf(line, sizeof(line), "%4d  %4d  %4d  %4d  %4d\n", r, c.dp, c.cp, c.tp, c.pp);
+    } else {
+      std::snprintf(line, sizeof(line), "%4d  %4d  %4d  %4d\n", r, c.dp, c.tp, c.pp);
+    }
     os << line;
   }
-  for (Axis a : {Axis::TP, Axis::DP, Axis::PP}) {
+  std::vector<Axis> shown = {Axis::TP, Axis::DP, Axis::PP};
+  if (context) shown.insert(shown.begin() + 1, Axis::CP);
+  for (Axis a : shown) {
     const auto gs = groups(a);
     os << axis_name(a) << " groups (" << gs.size() << " of " << size(a) << "):";
     for (const auto& g : gs) os << " [" << join(g, " ") << "]";

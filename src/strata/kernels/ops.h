@@ -131,6 +131,9 @@ void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Ten
 // below; an empty out: att only, as selective recompute needs it).
 struct AttentionShape {
   int B = 0, T = 0, groups = 0, rep = 0, hd = 0;
+  // RoPE: the position of each of a sequence's T rows (context parallelism holds parts of longer
+  // sequences; CPU only), or nullptr: row t is position t.
+  const int32_t* pos = nullptr;
 };
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
 // What `att` holds is the backend's: CUDA, and the CPU on its tiled path, keep flash-style each
@@ -152,6 +155,22 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
                         const AttentionShape& s);
 // Rotary embedding, in place, on the query and key heads of the grouped layout (value heads are
 // left alone); row n of the (B·T) rows is at position n % T.
+// Ring attention's pieces (context parallelism, CPU only; kernels/cpu/attention_ring.h). s is
+// the shape of this rank's qkv: B, T = its rows of each sequence, groups, rep, hd. kv holds the
+// keys and values of some rank's qkv, (B·T, groups·2·hd). A block: query rows [q0, q0+Tq) of
+// each sequence against key rows [k0, k0+Tk) of kv's; causal: the same positions (query i sees
+// keys j <= i), else every key. The forward merges into o (fp32, (B·T, heads·hd)) and lse (fp32,
+// (B, heads, T), -inf where nothing is merged yet); the backward, given the final lse and delta
+// (fp32, (B, heads, T), Σ dout∘out per row), accumulates fp32 dq (B·T, heads·hd) and dkv.
+void attention_lse_clear(Tensor lse);  // -inf: nothing merged yet
+void attention_pack_kv(Tensor kv, Tensor qkv, const AttentionShape& s);
+void attention_unpack_dqkv(Tensor dqkv, Tensor dq, Tensor dkv, const AttentionShape& s);
+void attention_block_forward(Tensor o, Tensor lse, Tensor qkv, int q0, int Tq, Tensor kv, int k0,
+                             int Tk, const AttentionShape& s, bool causal);
+void attention_delta(Tensor delta, Tensor dout, Tensor out, const AttentionShape& s);
+void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv, Tensor lse,
+                              Tensor delta, int q0, int Tq, Tensor kv, int k0, int Tk,
+                              const AttentionShape& s, bool causal);
 void rope_forward(Tensor qkv, const AttentionShape& s, float theta);
 void rope_backward(Tensor dqkv, const AttentionShape& s, float theta);
 
@@ -169,9 +188,12 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin
 // drows += the gradient of those rows from dout (N, C).
 void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
                         int64_t row_end);
-// out (N, C) += wpe[(pos0 + n) % T] for row n; dwpe (T, C) += the same gathered from dout.
-void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0);
-void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0);
+// out (N, C) += wpe[pos[t]] for row n, t = (pos0 + n) % T (pos[t] = t without pos; pos: context
+// parallelism's positions of a sequence's T rows, CPU only); dwpe += the same gathered from dout.
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0,
+                      const int32_t* pos = nullptr);
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0,
+                       const int32_t* pos = nullptr);
 
 // --- cross-entropy -------------------------------------------------------------------------------
 // Serial: logits (N, V); targets (N) int32 (< 0: ignored, loss 0). losses (N) fp32.

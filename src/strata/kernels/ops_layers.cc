@@ -292,15 +292,20 @@ void rope(const char* op, Tensor qkv, const AttentionShape& s, float theta, bool
   const int64_t group = int64_t(s.rep + 2) * s.hd;
 #if STRATA_HAVE_CUDA
   if (access.cuda) {
+    STRATA_CHECK(s.pos == nullptr, op,
+                 ": positions other than 0..T-1 (context parallelism) "
+                 "run on the CPU only");
     return forward ? cuda::rope_forward(qkv, s, theta) : cuda::rope_backward(qkv, s, theta);
   }
 #endif
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     if (forward) {
-      kernels::rope_forward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta);
+      kernels::rope_forward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta,
+                            s.pos);
     } else {
-      kernels::rope_backward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta);
+      kernels::rope_backward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta,
+                             s.pos);
     }
   });
 }
@@ -431,7 +436,7 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
   });
 }
 
-void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* pos) {
   constexpr const char* op = "position_forward";
   const Call access = on_device(op, {out, wpe});
   if (access.dry) return;
@@ -439,27 +444,33 @@ void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
   const int64_t C = last_dim(op, "out", out);
   STRATA_CHECK(T > 0 && pos0 >= 0 && wpe.numel() >= T * C, op, ": wpe ", wpe.shape_str(),
                " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  STRATA_CHECK(pos == nullptr || !access.cuda, op,
+               ": positions other than 0..T-1 (context "
+               "parallelism) run on the CPU only");
   STRATA_ON_CUDA(access, position_forward(out, wpe, T, pos0));
   with_s(op, out.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::position_forward(p<S>(out), p<const S>(wpe), out.numel() / C, as_int(op, T),
-                              as_int(op, C), pos0);
+                              as_int(op, C), pos0, pos);
   });
 }
 
-void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0) {
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0, const int32_t* pos) {
   constexpr const char* op = "position_backward";
   const Call access = on_device(op, {dwpe, dout});
   if (access.dry) return;
   const int64_t C = last_dim(op, "dout", dout);
   STRATA_CHECK(T > 0 && pos0 >= 0 && dwpe.numel() >= T * C, op, ": dwpe ", dwpe.shape_str(),
                " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  STRATA_CHECK(pos == nullptr || !access.cuda, op,
+               ": positions other than 0..T-1 (context "
+               "parallelism) run on the CPU only");
   STRATA_ON_CUDA(access, position_backward(dwpe, dout, T, pos0));
   with_sg(op, dout.dtype, dwpe.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
     kernels::position_backward(p<G>(dwpe), p<const S>(dout), dout.numel() / C, as_int(op, T),
-                               as_int(op, C), pos0);
+                               as_int(op, C), pos0, pos);
   });
 }
 

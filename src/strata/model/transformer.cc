@@ -43,7 +43,23 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   Vl_ = tpl_.vocab_rows, Fl_ = tpl_.ffn, FCHl_ = gpt2_ ? Fl_ : 2 * Fl_;
   QKVl_ = tpl_.qkv_rows, Hl_ = int64_t(tpl_.heads) * hd;
   ash_ = {B_, T_, tpl_.groups, tpl_.rep, int(hd)};
-  att_saved_ = ops::attention_saved(dev_, pt_, ash_);
+  cash_ = ash_;
+  const ContextOptions& cx = chunk_.context;
+  if (cx.on()) {
+    STRATA_CHECK(dev_ == Device::CPU, "context parallelism runs on the CPU backend only");
+    STRATA_CHECK(int64_t(T_) * cx.size == cfg_.seq_len, "context parallelism over ", cx.size,
+                 " ranks: a chunk holds T/", cx.size, " = ", cfg_.seq_len / cx.size,
+                 " rows of every sequence, not ", T_);
+    pos_ = cx.positions(cfg_.seq_len);
+    ash_.pos = pos_.data();
+    if (ulysses()) {
+      STRATA_CHECK(tpl_.groups % cx.size == 0, "Ulysses over ", cx.size, " ranks needs whole ",
+                   "key/value groups on each: this tensor rank has ", tpl_.groups);
+      cash_ = {B_, cfg_.seq_len, tpl_.groups / cx.size, tpl_.rep, int(hd)};
+    }
+  }
+  att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tpl_.heads * T_}
+                      : ops::attention_saved(dev_, pt_, cash_);
   places();
   const RecomputeOptions& rc = chunk_.recompute;
   STRATA_CHECK(rc.full.empty() || int(rc.full.size()) == cfg_.layers,
@@ -232,8 +248,19 @@ void TransformerImpl::layout() {
   if (sp_) part_ = wk(N * C, ps);  // a row-parallel layer's partial output, all rows
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
   norm_scratch_ = static_cast<float*>(wk(int64_t(ops::norm_backward_scratch_floats(N, C)), f4));
-  att_scratch_ =
-      static_cast<float*>(wk(int64_t(ops::attention_backward_scratch_floats(dev_, pt_, ash_)), f4));
+  att_scratch_ = static_cast<float*>(
+      wk(ring() ? 0 : int64_t(ops::attention_backward_scratch_floats(dev_, pt_, cash_)), f4));
+  if (ulysses()) cpa_ = wk(N * QKVl_, ps), cpb_ = wk(N * QKVl_, ps);
+  if (ring()) {
+    const int64_t kv = N * tpl_.groups * 2 * cash_.hd;
+    for (int i = 0; i < 2; ++i) {
+      kv_[i] = wk(kv, ps);
+      dkv_[i] = static_cast<float*>(wk(kv, f4));
+    }
+    o32_ = static_cast<float*>(wk(N * Hl_, f4));
+    dq32_ = static_cast<float*>(wk(N * Hl_, f4));
+    delta_ = static_cast<float*>(wk(int64_t(B_) * tpl_.heads * T_, f4));
+  }
   if (has_head_ && tp_->size() > 1) ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
   if (has_head_) {
     // Each unit's dlogits feed two products: of N rows (dlnf) and of the unit's rows (dW).
@@ -401,7 +428,7 @@ const void* TransformerImpl::recompute(Slot& s, int l, UnitHook* hook) {
 void TransformerImpl::recompute_attention(const BlockActs& a, int l) {
   const auto t0 = std::chrono::steady_clock::now();
   sync_boundary();
-  ops::attention_forward(Tensor(), att_view(a.att), mat(a.qkv, pt_, N_, QKVl_), ash_);
+  attention_core_forward(a, nullptr);
   sync_boundary();
   rc_seconds_[size_t(l - l0_)] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

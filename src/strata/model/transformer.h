@@ -89,6 +89,24 @@ struct RecomputeOptions {
 std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
                              const RecomputeOptions& recompute = {});
 
+// Context parallelism (DESIGN.md §5; ../shared/reference/megatron.md): every sequence of T
+// positions is split over the `size` ranks of a context-parallel group, each holding T/size rows
+// of it through every layer; only attention looks across the split. "ulysses" (DeepSpeed
+// Ulysses): an all-to-all turns this rank's rows of every head into every row of 1/size of the
+// heads (whole key/value groups), attention runs as usual, a second all-to-all turns it back.
+// "ring" (ring attention): each rank keeps its queries and passes its keys and values around the
+// ring, combining the blocks' results by their log-sum-exp; its rows are two zig-zag chunks of
+// T/(2·size) (chunk `rank` and chunk 2·size−1−rank), so every rank does the same causal work.
+struct ContextOptions {
+  enum class Impl { Ulysses, Ring };
+  int size = 1, rank = 0;
+  Impl impl = Impl::Ulysses;
+  comm::Communicator* comm = nullptr;  // the group (nullptr: sizing and dry runs)
+  bool on() const { return size > 1; }
+  // The positions, in a sequence of T, of this rank's T/size rows, in the order it holds them.
+  std::vector<int32_t> positions(int T) const;
+};
+
 // Where a chunk sits in the model and how much it keeps.
 struct ChunkOptions {
   int unit_begin = 0, unit_end = -1;  // the chunk's units [begin, end); end -1: to the last unit.
@@ -106,6 +124,7 @@ struct ChunkOptions {
   // many slots, freed by backward_input: with deferred weight gradients fewer than `slots`.
   int input_slots = 0;
   RecomputeOptions recompute = {};
+  ContextOptions context = {};  // with context parallelism the chunk's T is this rank's rows
 };
 
 // A model chunk: a contiguous range of units (DESIGN.md §3, §6) on one rank of a tensor-parallel

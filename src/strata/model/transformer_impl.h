@@ -199,6 +199,26 @@ class TransformerImpl final : public Transformer {
   void mlp_backward(Slot& s, int l, UnitHook* hook);
   void attn_backward(Slot& s, int l, const void* x, UnitHook* hook);
   void embed_backward(Slot& s, UnitHook* hook);
+  // The attention core (transformer_context.cc): from a.qkv (after RoPE) the output out (N, Hl)
+  // and the saved state a.att; out nullptr: the saved state only (selective recompute). Without
+  // context parallelism ops::attention_*; under Ulysses a.qkv is exchanged into the heads'
+  // layout in place (every row of this rank's share of the groups), which the backward and a
+  // selective recompute read; under ring attention the keys and values go around the group.
+  void attention_core_forward(const BlockActs& a, void* out);
+  // dqkv (N, QKVl) from dout (N, Hl, overwritten under Ulysses) and the saved state.
+  void attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
+  bool ring() const {
+    return chunk_.context.on() && chunk_.context.impl == ContextOptions::Impl::Ring;
+  }
+  bool ulysses() const {
+    return chunk_.context.on() && chunk_.context.impl == ContextOptions::Impl::Ulysses;
+  }
+  // Ulysses' exchanges, in place on p: (B, T/cp rows, groups × width) of this rank's rows ↔
+  // (B, T rows, groups/cp × width) of its share of the groups. width: a group's elements.
+  void ulysses_to_heads(void* p, int64_t width);
+  void ulysses_to_rows(void* p, int64_t width);
+  void ring_forward(const BlockActs& a, void* out);
+  void ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
   // Weight halves from the tensors the input halves leave.
   void head_weight(Slot& s, UnitHook* hook);
   void final_norm_weight(Slot& s, const void* x, void* dy, UnitHook* hook);
@@ -251,8 +271,11 @@ class TransformerImpl final : public Transformer {
   int64_t N_, Ns_;
   bool gpt2_ = true, tied_ = true;
   int64_t C_ = 0, Vl_ = 0, Fl_ = 0, FCHl_ = 0, QKVl_ = 0, Hl_ = 0;
-  ops::AttentionShape ash_;
+  ops::AttentionShape ash_;   // this rank's rows (RoPE's positions under context parallelism)
+  ops::AttentionShape cash_;  // what the attention kernels see: under Ulysses every row of T and
+                              // groups/cp groups; otherwise ash_
   ops::AttentionSaved att_saved_;
+  std::vector<int32_t> pos_;  // context parallelism: the positions of this rank's T rows
   ChunkOptions chunk_;
   bool count_only_ = false;
   bool has_embed_ = false, has_head_ = false;
@@ -296,6 +319,13 @@ class TransformerImpl final : public Transformer {
   float* dlnf32_ = nullptr;                 // (N, C) fp32 output gradient of the final norm
   float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;
   float* ce_all_ = nullptr;  // (tp, N) the ranks' row maxima
+  // Context parallelism. Ulysses: the all-to-all's send and receive buffers (N·QKVl each).
+  // Ring: the keys and values in hand and those arriving (N, groups·2·hd each), their fp32
+  // gradients likewise, the fp32 output and query gradients (N, Hl) and the rows' Σ dO∘O.
+  void *cpa_ = nullptr, *cpb_ = nullptr;
+  void* kv_[2] = {nullptr, nullptr};
+  float* dkv_[2] = {nullptr, nullptr};
+  float *o32_ = nullptr, *dq32_ = nullptr, *delta_ = nullptr;
   // Where gemm would copy bf16/fp16 dlogits into fp32 (either product of a vocabulary unit too
   // small to widen them as it packs), the backward writes them in fp32 here instead, (N, the
   // largest unit's rows): the same values without conversion passes over N·Vl elements.

@@ -58,7 +58,7 @@ void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
   }
   if (position_ >= 0) {
     ops::position_forward(hid(s.encoded), mat(acquire(hook, position_), pt_, cfg_.seq_len, C_), T_,
-                          sp_ ? tp_->rank() * Ns_ : 0);
+                          sp_ ? tp_->rank() * Ns_ : 0, pos_.empty() ? nullptr : pos_.data());
     release(hook, position_);
   }
 }
@@ -76,8 +76,8 @@ void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook
   ops::linear_forward(mat(a.qkv, pt_, N_, QKVl_), ln1, param(l, R::QkvW, P, pt_),
                       param(l, R::QkvB, P, pt_));
   if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), ash_, cfg_.rope_theta);
-  ops::attention_forward(mat(a.atty, pt_, N_, Hl_), att_view(a.att), mat(a.qkv, pt_, N_, QKVl_),
-                         ash_);
+  if (ulysses()) ulysses_to_heads(a.qkv, (cash_.rep + 2) * cash_.hd);
+  attention_core_forward(a, a.atty);
   const Tensor atty = mat(a.atty, pt_, N_, Hl_);
   row_parallel_forward(a.res2, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
   release(hook, ua);
@@ -398,9 +398,7 @@ void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hoo
                         fuse);
   const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
   if (chunk_.recompute.selective && !full_recompute(l)) recompute_attention(a, l);
-  ops::attention_backward(
-      dqkv, f32(att_scratch_, int64_t(ops::attention_backward_scratch_floats(dev_, pt_, ash_))),
-      d_atty, mat(a.qkv, pt_, N_, QKVl_), att_view(a.att), ash_);
+  attention_core_backward(a, d_atty, dqkv);
   if (!gpt2_) ops::rope_backward(dqkv, ash_, cfg_.rope_theta);
   void* dln1 = fuse ? dc_ : st.dln1;
   column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, a.ln1, dln1, fuse);
@@ -444,7 +442,8 @@ void TransformerImpl::embed_weight(Slot& s, Tensor denc, UnitHook* hook) {
     begin_partials(position_);
     void* g = grads_of(hook, position_);
     void* gb = partials_[size_t(position_)].empty() ? g : scratch_;
-    ops::position_backward(mat(gb, gt_, cfg_.seq_len, C_), denc, T_, sp_ ? tp_->rank() * Ns_ : 0);
+    ops::position_backward(mat(gb, gt_, cfg_.seq_len, C_), denc, T_, sp_ ? tp_->rank() * Ns_ : 0,
+                           pos_.empty() ? nullptr : pos_.data());
     settle_partials(position_, g);
     done(hook, position_, true);
   }

@@ -70,6 +70,7 @@ Executor::Executor(const ExecutorOptions& o, const StagePlan& plan, const ModelS
     c.input_slots = cs.input_slots[size_t(k)];
     c.defer_weight = cs.defer_weight;
     c.recompute = o_.recompute;
+    c.context = o_.context;
     chunk_global_.push_back(g);
     chunks_.push_back(
         make_transformer(spec, pt, o_.grad_dtype, params, grads, B, int(o_.seq_len), c, &tp_));

@@ -24,7 +24,12 @@ struct ParallelismConfig {
   int tensor = 1, pipeline = 1, virtual_stages = 1;
   std::string schedule = "1f1b";  // "gpipe" | "1f1b" | "interleaved" | "zero_bubble"
   bool sequence_parallel = false;
-  std::string order = "tp-dp-pp";  // a permutation of tp, dp, pp
+  std::string order = "tp-dp-pp";  // a permutation of tp, dp, pp (and cp: after tp if not named)
+  // Context parallelism: each sequence split over `context` ranks (the cp axis), attention
+  // computed across them by "ulysses" (all-to-all between the sequence and the heads) or "ring"
+  // (keys and values passed around the ring, zig-zag chunks for causal balance).
+  int context = 1;
+  std::string context_impl = "ulysses";
   // How the blocks are cut into pipeline chunks: "uniform" | "parameters" | "time" | "explicit"
   // (partition_blocks: the blocks of each chunk, stages × virtual_stages counts).
   std::string partition = "uniform";

@@ -61,7 +61,7 @@ ModelConfig raw_preset(const std::string& name, std::string_view what) {
 // sequence parallelism, a micro-batch of `micro_batch` sequences (0: unknown, not checked); ""
 // when it can. The vocabulary needs no rule: it is padded to a multiple of t.
 std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parallel,
-                               int64_t micro_batch) {
+                               int64_t micro_batch, int context = 1) {
   using detail::concat;
   if (m.heads % t != 0) {
     return concat("model.heads=", m.heads, " is not divisible by parallelism.tensor=", t,
@@ -81,16 +81,20 @@ std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parall
     return concat("model.ffn_hidden=", m.ffn_hidden, " is not divisible by parallelism.tensor=", t,
                   ": the MLP's hidden units are split across the tensor-parallel ranks");
   }
-  // (B·T) % t without forming B·T, which a huge micro batch would overflow.
-  if (sequence_parallel && micro_batch > 0 && (micro_batch % t) * (m.seq_len % t) % t != 0) {
+  // (B·T) % t without forming B·T, which a huge micro batch would overflow; T is this rank's
+  // part of each sequence under context parallelism.
+  const int T = m.seq_len % context == 0 ? m.seq_len / context : m.seq_len;
+  if (sequence_parallel && micro_batch > 0 && (micro_batch % t) * (T % t) % t != 0) {
     int64_t rows = 0;
-    const bool fits = !__builtin_mul_overflow(micro_batch, int64_t(m.seq_len), &rows);
-    return concat("train_micro_batch_size_per_gpu=", micro_batch, " x model.seq_len=", m.seq_len,
-                  fits ? concat(" = ", rows) : std::string(),
-                  " token rows is not divisible by parallelism.tensor=", t,
-                  ": parallelism.sequence_parallel splits each micro-batch's rows across the "
-                  "tensor-parallel ranks; make train_micro_batch_size_per_gpu a multiple of ",
-                  t / std::gcd(t, m.seq_len), " or set parallelism.sequence_parallel to false");
+    const bool fits = !__builtin_mul_overflow(micro_batch, int64_t(T), &rows);
+    return concat(
+        "train_micro_batch_size_per_gpu=", micro_batch, " x ",
+        context > 1 ? concat("model.seq_len/parallelism.context=", T) : concat("model.seq_len=", T),
+        fits ? concat(" = ", rows) : std::string(),
+        " token rows is not divisible by parallelism.tensor=", t,
+        ": parallelism.sequence_parallel splits each micro-batch's rows across the "
+        "tensor-parallel ranks; make train_micro_batch_size_per_gpu a multiple of ",
+        t / std::gcd(t, T), " or set parallelism.sequence_parallel to false");
   }
   return "";
 }
@@ -162,14 +166,52 @@ void finalize_model(ModelConfig& m) {
 
 namespace strata::config_detail {
 
+std::string context_split_error(const ModelConfig& m, int tp, int cp, const std::string& impl) {
+  using detail::concat;
+  if (cp == 1) return "";
+  if (impl == "ring") {
+    if (m.seq_len % (2 * cp) != 0) {
+      return concat("model.seq_len=", m.seq_len,
+                    " is not divisible by 2 x parallelism.context=", 2 * cp,
+                    ": ring attention gives each context-parallel rank two zig-zag chunks of "
+                    "every sequence (balancing the causal work); choose a seq_len that is a "
+                    "multiple of ",
+                    2 * cp);
+    }
+    return "";
+  }
+  if (m.seq_len % cp != 0) {
+    return concat("model.seq_len=", m.seq_len, " is not divisible by parallelism.context=", cp,
+                  ": each context-parallel rank holds an equal part of every sequence");
+  }
+  // Ulysses gives each context-parallel rank whole key/value groups of this tensor rank's.
+  const int groups = m.kv_heads >= tp ? m.kv_heads / tp : 1;
+  if (groups % cp != 0) {
+    return concat(
+        "parallelism.context_impl \"ulysses\" with parallelism.context=", cp,
+        " needs this tensor-parallel rank's ", groups,
+        " key/value head group(s) (model.kv_heads=", m.kv_heads, " / parallelism.tensor=", tp,
+        ") to divide among the context-parallel ranks: the all-to-all hands each rank whole "
+        "groups; use parallelism.context_impl \"ring\", a context size dividing ",
+        groups, ", or fewer tensor-parallel ranks");
+  }
+  return "";
+}
+
 void check_tensor_split(const Config& c, int64_t micro_batch) {
   const ParallelismConfig& p = c.parallelism;
-  const std::string error = tensor_split_error(c.model, p.tensor, p.sequence_parallel, micro_batch);
+  const std::string context_error =
+      context_split_error(c.model, p.tensor, p.context, p.context_impl);
+  if (!context_error.empty()) STRATA_INPUT_FAIL(context_error);
+  const std::string error =
+      tensor_split_error(c.model, p.tensor, p.sequence_parallel, micro_batch, p.context);
   if (error.empty()) return;
   // Sizes beyond 64 ranks are left out: a tensor-parallel group stays inside one host.
   std::string valid;
   for (int t = 1; t <= 64; ++t) {
-    if (!tensor_split_error(c.model, t, p.sequence_parallel, micro_batch).empty()) continue;
+    if (!tensor_split_error(c.model, t, p.sequence_parallel, micro_batch, p.context).empty()) {
+      continue;
+    }
     valid += (valid.empty() ? "" : ", ") + std::to_string(t);
   }
   STRATA_INPUT_FAIL(error, "; valid values of parallelism.tensor: ", valid);
@@ -228,6 +270,8 @@ void parse_layout_blocks(const Block& top, Config& c) {
   pb.get_int("virtual_stages", p.virtual_stages, 1);
   pb.get_choice("schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zero_bubble"});
   pb.get_bool("sequence_parallel", p.sequence_parallel);
+  pb.get_int("context", p.context, 1);
+  pb.get_choice("context_impl", p.context_impl, {"ulysses", "ring"});
   pb.get_int("timeout_s", p.timeout_s, 0);
   pb.get_choice("partition", p.partition, {"uniform", "parameters", "time", "explicit"});
   if (pb.has("partition_blocks")) {
@@ -257,8 +301,11 @@ void parse_layout_blocks(const Block& top, Config& c) {
     }
     std::vector<std::string> sorted = parts;
     std::sort(sorted.begin(), sorted.end());
-    if (sorted != std::vector<std::string>{"dp", "pp", "tp"}) {
-      pb.fail("order", "a permutation of tp, dp, pp joined by '-' (e.g. \"tp-dp-pp\")");
+    if (sorted != std::vector<std::string>{"dp", "pp", "tp"} &&
+        sorted != std::vector<std::string>{"cp", "dp", "pp", "tp"}) {
+      pb.fail("order",
+              "a permutation of tp, dp, pp (and optionally cp) joined by '-' (e.g. "
+              "\"tp-dp-pp\" or \"tp-cp-dp-pp\")");
     }
   }
 
@@ -303,6 +350,12 @@ void parse_layout_blocks(const Block& top, Config& c) {
   tb.get_int("straggler_patience", c.train.straggler_patience, 1);
   tb.get_uint64("seed", c.train.seed);
   tb.get_choice("device", c.train.device, {"cpu", "cuda"});
+  if (c.train.device == "cuda" && p.context > 1) {
+    STRATA_INPUT_FAIL("parallelism.context=", p.context,
+                      " runs on the CPU backend only: the CUDA backend has no context-parallel "
+                      "attention yet; set train.device \"cpu\" or parallelism.context=1 (tensor "
+                      "parallelism with sequence_parallel also splits the sequence)");
+  }
   if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {
     tb.fail("run_dir", "a non-empty directory path");
   }

@@ -172,10 +172,13 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
   if (p.pipeline == 1 && p.partition != dp.partition) {
     add("parallelism.partition=", p.partition, " has no effect with parallelism.pipeline=1");
   }
+  if (p.context_impl != dp.context_impl && p.context == 1) {
+    add("parallelism.context_impl has no effect with parallelism.context=1");
+  }
   if (p.sequence_parallel && p.tensor == 1) {
     add("parallelism.sequence_parallel has no effect with parallelism.tensor=1");
   }
-  if (p.order != dp.order && p.tensor == 1 && p.pipeline == 1) {
+  if (p.order != dp.order && p.tensor == 1 && p.pipeline == 1 && p.context == 1) {
     add("parallelism.order=", p.order,
         " has no effect with parallelism.tensor=1 and parallelism.pipeline=1: every rank is a "
         "data-parallel rank");

@@ -142,9 +142,9 @@ const Keys kComet = {"enabled",         "samples_log_interval", "project", "work
 const Keys kModel = {"preset",   "family",     "layers",  "hidden",  "heads",
                      "kv_heads", "ffn_hidden", "vocab",   "seq_len", "tied_embeddings",
                      "norm_eps", "rope_theta", "init_std"};
-const Keys kParallelism = {"tensor",    "pipeline",          "virtual_stages",
-                           "schedule",  "sequence_parallel", "order",
-                           "timeout_s", "partition",         "partition_blocks"};
+const Keys kParallelism = {
+    "tensor",    "pipeline",  "virtual_stages",   "schedule", "sequence_parallel", "order",
+    "timeout_s", "partition", "partition_blocks", "context",  "context_impl"};
 const Keys kData = {"path", "format", "val_path"};
 const Keys kTrain = {"steps",
                      "seed",

@@ -11,20 +11,28 @@ namespace strata {
 
 namespace {
 
-// (tensor, pipeline) to try: as configured, then the smaller divisors, most model parallelism
-// first and, at equal products, the larger tensor size (its groups stay inside a host).
-std::vector<std::pair<int, int>> model_parallel_candidates(int tp, int pp) {
-  std::vector<std::pair<int, int>> c;
+// (tensor, pipeline, context) to try: as configured, then the smaller divisors, most model
+// parallelism first and, at equal products, the larger tensor size (its groups stay inside a
+// host), then the larger context size (activations per rank fall with it).
+struct ModelParallel {
+  int tp = 1, pp = 1, cp = 1;
+  int product() const { return tp * pp * cp; }
+};
+std::vector<ModelParallel> model_parallel_candidates(int tp, int pp, int cp) {
+  std::vector<ModelParallel> c;
   for (int t = tp; t >= 1; --t) {
     for (int p = pp; p >= 1; --p) {
-      if (tp % t == 0 && pp % p == 0 && !(t == tp && p == pp)) c.emplace_back(t, p);
+      for (int x = cp; x >= 1; --x) {
+        if (tp % t != 0 || pp % p != 0 || cp % x != 0) continue;
+        if (!(t == tp && p == pp && x == cp)) c.push_back({t, p, x});
+      }
     }
   }
-  std::stable_sort(c.begin(), c.end(), [](const auto& a, const auto& b) {
-    return a.first * a.second != b.first * b.second ? a.first * a.second > b.first * b.second
-                                                    : a.first > b.first;
+  std::stable_sort(c.begin(), c.end(), [](const ModelParallel& a, const ModelParallel& b) {
+    if (a.product() != b.product()) return a.product() > b.product();
+    return a.tp != b.tp ? a.tp > b.tp : a.cp > b.cp;
   });
-  c.insert(c.begin(), {tp, pp});
+  c.insert(c.begin(), {tp, pp, cp});
   return c;
 }
 
@@ -47,7 +55,7 @@ Config check(const ConfigLoader& load, const ElasticLayout& l,
              const std::vector<ElasticHost>& hosts) {
   Config cfg = load(l.overrides);
   const comm::RankGrid grid(l.world, cfg.parallelism.tensor, cfg.parallelism.pipeline,
-                            cfg.parallelism.order);
+                            cfg.parallelism.order, cfg.parallelism.context);
   std::vector<std::pair<std::string, int>> used;
   for (size_t h = 0; h < hosts.size(); ++h) {
     if (l.ranks_per_host[h] > 0) used.emplace_back(hosts[h].name, l.ranks_per_host[h]);
@@ -66,9 +74,10 @@ Config check(const ConfigLoader& load, const ElasticLayout& l,
 }  // namespace
 
 std::string ElasticLayout::describe() const {
-  return strata::detail::concat("dp ", dp, " x tp ", tensor, " x pp ", pipeline, " = ", world,
-                                " ranks; batch ", batch, " = micro ", micro, " x accumulation ",
-                                accumulation, " x dp ", dp);
+  return strata::detail::concat(
+      "dp ", dp, context > 1 ? strata::detail::concat(" x cp ", context) : "", " x tp ", tensor,
+      " x pp ", pipeline, " = ", world, " ranks; batch ", batch, " = micro ", micro,
+      " x accumulation ", accumulation, " x dp ", dp);
 }
 
 ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<ElasticHost>& hosts,
@@ -84,19 +93,21 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
   const int64_t micro0 = base.given_micro_batch;
   const bool elastic_batch = base.elasticity.enabled;
   std::string last_error;
-  for (const auto& [tp, pp] :
-       model_parallel_candidates(base.parallelism.tensor, base.parallelism.pipeline)) {
-    const bool same = tp == base.parallelism.tensor && pp == base.parallelism.pipeline;
+  const ParallelismConfig& bp = base.parallelism;
+  for (const auto& [tp, pp, cp] : model_parallel_candidates(bp.tensor, bp.pipeline, bp.context)) {
+    const bool same = tp == bp.tensor && pp == bp.pipeline && cp == bp.context;
     for (int world = std::min(max_ranks, slots); world >= min_ranks; --world) {
-      if (world % (tp * pp) != 0) continue;
+      if (world % (tp * pp * cp) != 0) continue;
       ElasticLayout l;
-      l.world = world, l.tensor = tp, l.pipeline = pp, l.dp = world / (tp * pp);
+      l.world = world, l.tensor = tp, l.pipeline = pp, l.context = cp;
+      l.dp = world / (tp * pp * cp);
       l.ranks_per_host = place(hosts, world, tp);
       if (l.ranks_per_host.empty()) continue;
       std::vector<std::string> parallel;
       if (!same) {
         parallel = {"parallelism.tensor=" + std::to_string(tp),
                     "parallelism.pipeline=" + std::to_string(pp)};
+        if (cp != bp.context) parallel.push_back("parallelism.context=" + std::to_string(cp));
       }
       // The micro-batches to try: the config's own triangle (first start, or the elasticity
       // block deciding), else the largest micro-batch <= the configured one dividing the batch.
@@ -124,16 +135,18 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
           l.accumulation = cfg.gradient_accumulation_steps;
           return l;
         } catch (const InputError& e) {
-          last_error =
-              strata::detail::concat(world, " ranks (tp ", tp, ", pp ", pp, "): ", e.what());
+          last_error = strata::detail::concat(world, " ranks (tp ", tp, ", pp ", pp,
+                                              cp > 1 ? strata::detail::concat(", cp ", cp) : "",
+                                              "): ", e.what());
         }
       }
     }
   }
   STRATA_INPUT_FAIL("no valid layout for ", min_ranks, "..", max_ranks, " ranks on ", slots,
                     " available worker(s)",
-                    last_error.empty() ? std::string(" (too few for tensor x pipeline groups)")
-                                       : "; the last tried, " + last_error);
+                    last_error.empty()
+                        ? std::string(" (too few for tensor x pipeline x context groups)")
+                        : "; the last tried, " + last_error);
 }
 
 }  // namespace strata

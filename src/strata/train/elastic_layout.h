@@ -1,6 +1,7 @@
 // The layout `strata launch --elastic` (re)starts a job in, on the workers still available: the
-// largest valid world size, tensor × pipeline kept where they fit, the data-parallel size what
-// remains, and the gradient accumulation recomputed so that the global batch stays the same.
+// largest valid world size, tensor × pipeline × context kept where they fit, the data-parallel
+// size what remains, and the gradient accumulation recomputed so that the global batch stays the
+// same.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ struct ElasticHost {
 };
 
 struct ElasticLayout {
-  int world = 0, tensor = 1, pipeline = 1, dp = 1;
+  int world = 0, tensor = 1, pipeline = 1, context = 1, dp = 1;
   int64_t batch = 0, micro = 0, accumulation = 0;
   std::vector<int> ranks_per_host;  // by host, in order; each a multiple of `tensor`
   // "--set" values that give `strata train` this layout (empty: the config as written).
@@ -32,10 +33,11 @@ using ConfigLoader = std::function<Config(const std::vector<std::string>& overri
 
 // The layout for `hosts` with min_ranks..max_ranks processes. `batch` is the global batch to keep;
 // 0 takes the config's own batch triangle (the first start), and the result's `batch` is then the
-// one to keep. Tries tensor × pipeline as configured, then (only where they cannot fit) smaller
-// divisors of them, tensor kept longest; within that the most ranks; within that the largest
-// micro-batch not above the configured one. Every candidate goes through train's own checks
-// (the elasticity block, the batch triangle, sequence and pipeline splits, MiCS shard groups).
+// one to keep. Tries tensor × pipeline × context as configured, then (only where they cannot
+// fit) smaller divisors of them, tensor kept longest, then context; within that the most ranks;
+// within that the largest micro-batch not above the configured one. Every candidate goes through
+// train's own checks (the elasticity block, the batch triangle, sequence, context and pipeline
+// splits, MiCS shard groups).
 // A tensor-parallel group never spans hosts; ranks fill the hosts in order (mpirun's by-slot
 // mapping). Throws InputError saying why when nothing fits.
 ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<ElasticHost>& hosts,

@@ -56,7 +56,10 @@ pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int sta
   o.virtual_stages = stages > 1 ? p.virtual_stages : 1;
   o.micro_batches = int(cfg.gradient_accumulation_steps);
   o.micro_batch = int(cfg.train_micro_batch_size_per_gpu);
-  o.seq_len = cfg.model.seq_len, o.hidden = cfg.model.hidden;
+  o.seq_len = cfg.model.seq_len / std::max(1, p.context), o.hidden = cfg.model.hidden;
+  o.context.size = std::max(1, p.context);
+  o.context.impl =
+      p.context_impl == "ring" ? ContextOptions::Impl::Ring : ContextOptions::Impl::Ulysses;
   o.param_dtype = cfg.param_dtype();
   o.grad_dtype = cfg.fp16.enabled || cfg.bf16.enabled ? cfg.grad_accum_dtype : DType::F32;
   o.recompute = recompute_options(cfg);
@@ -113,7 +116,7 @@ void check_pipeline_layout(const Config& cfg, int stages, bool dp_group) {
 }
 
 Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp,
-               comm::Communicator* tp, comm::Communicator* pp)
+               comm::Communicator* tp, comm::Communicator* pp, comm::Communicator* cp)
     : cfg_(cfg),
       spec_(stage_spec(cfg, shard_size(cfg, dp), tp, pp, plan_)),
       dp_(dp),
@@ -121,6 +124,14 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
       pp_comm_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
       clipper_({cfg.gradient_clipping, !cfg.bf16.enabled || cfg.bf16.check_grad_overflow}, tp, pp) {
   if (dp_ != nullptr) dp_rank_ = dp_->rank(), dp_size_ = dp_->size();
+  if (cp != nullptr && cp->size() > 1) cp_comm_ = cp, cp_rank_ = cp->rank(), cp_size_ = cp->size();
+  STRATA_CHECK(cp_size_ == std::max(1, cfg.parallelism.context),
+               "parallelism.context=", cfg.parallelism.context, " needs a context-parallel group ",
+               "of that size; got ", cp_size_);
+  STRATA_CHECK(dp_size_ % cp_size_ == 0 && dp_rank_ % cp_size_ == cp_rank_,
+               "under context parallelism the engine's data-parallel group spans dp x cp, ordered "
+               "by dp then cp (ProcessGroups::dp_cp)");
+  data_rank_ = dp_rank_ / cp_size_, data_size_ = dp_size_ / cp_size_;
   if (pp_comm_ != nullptr) {
     stage_ = pp_comm_->rank(), stages_ = pp_comm_->size();
     check_pipeline_layout(cfg, stages_, dp != nullptr);
@@ -135,8 +146,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   replicated_ = replicated_ranges(spec_);
   STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0 &&
                    cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu *
-                                                cfg_.gradient_accumulation_steps * dp_size_,
-               "the batch triangle must be resolved for data-parallel size ", dp_size_,
+                                                cfg_.gradient_accumulation_steps * data_size_,
+               "the batch triangle must be resolved for data-parallel size ", data_size_,
                " before building the engine");
   const ModelConfig& m = cfg_.model;
   const DType pt = cfg_.param_dtype();
@@ -205,9 +216,10 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   }
   if (cfg_.fp16.enabled) scaler_ = LossScaler(cfg_.fp16);
 
-  pipe_ =
-      std::make_unique<pipeline::Executor>(executor_options(cfg_, stage_, stages_), plan_, spec_,
-                                           params_.data(), grads_.data(), *tp_, pp_comm_, faults_);
+  pipeline::ExecutorOptions eo = executor_options(cfg_, stage_, stages_);
+  eo.context.rank = cp_rank_, eo.context.comm = cp_comm_;
+  pipe_ = std::make_unique<pipeline::Executor>(eo, plan_, spec_, params_.data(), grads_.data(),
+                                               *tp_, pp_comm_, faults_);
   // A tied vocabulary on two stages is counted half on each in the gradient norm.
   if (pipe_->tied_numel() > 0) replicated_.push_back({0, pipe_->tied_numel(), 2});
   const size_t local_samples =
@@ -215,6 +227,11 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   const size_t batch_bytes = local_samples * size_t(m.seq_len) * sizeof(int32_t);
   inputs_ = Buffer::host(MemCategory::Activations, batch_bytes);  // the sampler writes them
   targets_ = Buffer::host(MemCategory::Activations, batch_bytes);
+  if (cp_comm_ != nullptr) {  // this rank's rows of them
+    context_pos_ = eo.context.positions(m.seq_len);
+    context_inputs_ = Buffer::host(MemCategory::Activations, batch_bytes / size_t(cp_size_));
+    context_targets_ = Buffer::host(MemCategory::Activations, batch_bytes / size_t(cp_size_));
+  }
   flops_per_token_ = train_flops_per_token(spec_);
   if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
     ZeroOptions o = plan::zero_options(layout);
@@ -284,8 +301,9 @@ double Engine::forward_backward(const int32_t* inputs, const int32_t* targets) {
                "forward_backward needs whole parameters and gradients; ZeRO stage ",
                cfg_.zero.stage, " partitions them (use train_batch)");
   const int64_t tokens = cfg_.train_micro_batch_size_per_gpu * cfg_.model.seq_len;
-  STRATA_CHECK(pipe_->chunks().size() == 1 && pp_comm_ == nullptr,
-               "forward_backward runs the whole model as one chunk: not under a pipeline");
+  STRATA_CHECK(pipe_->chunks().size() == 1 && pp_comm_ == nullptr && cp_comm_ == nullptr,
+               "forward_backward runs the whole model as one chunk on whole sequences: not under a "
+               "pipeline or context parallelism");
   double loss = model().forward(inputs, targets, scaler_.scale() / float(tokens), true);
   model().backward();
   return loss / double(tokens);
@@ -296,9 +314,26 @@ StepMetrics Engine::train_batch() {
   const int64_t gbs = cfg_.train_batch_size;
   int32_t* in = inputs_.as<int32_t>();
   int32_t* tg = targets_.as<int32_t>();
-  const int64_t first = data::Sampler::first_sample_of(consumed_samples_, dp_rank_, dp_size_, gbs);
-  sampler_->get_batch(first, gbs / dp_size_, in, tg);
+  const int64_t first =
+      data::Sampler::first_sample_of(consumed_samples_, data_rank_, data_size_, gbs);
+  sampler_->get_batch(first, gbs / data_size_, in, tg);
   return train_batch_on(in, tg);
+}
+
+std::pair<const int32_t*, const int32_t*> Engine::context_rows(const int32_t* inputs,
+                                                               const int32_t* targets) {
+  if (cp_comm_ == nullptr) return {inputs, targets};
+  const int64_t T = cfg_.model.seq_len, Tl = T / cp_size_;
+  const int64_t samples = cfg_.train_micro_batch_size_per_gpu * cfg_.gradient_accumulation_steps;
+  int32_t* in = context_inputs_.as<int32_t>();
+  int32_t* tg = context_targets_.as<int32_t>();
+  for (int64_t b = 0; b < samples; ++b) {
+    for (int64_t t = 0; t < Tl; ++t) {
+      in[b * Tl + t] = inputs[b * T + context_pos_[size_t(t)]];
+      tg[b * Tl + t] = targets[b * T + context_pos_[size_t(t)]];
+    }
+  }
+  return {in, tg};
 }
 
 StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets) {
@@ -316,7 +351,8 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   for (auto& c : pipe_->chunks()) c->take_tp_seconds(), c->take_recompute_seconds();
   // The schedule: every forward and backward of the step, gradients accumulated (and, under
   // data parallelism, reduced as their units finish).
-  const pipeline::Executor::Pass pass = pipe_->run(inputs, targets, dloss, sync_.get(), step_ + 1);
+  const auto [rows_in, rows_tg] = context_rows(inputs, targets);
+  const pipeline::Executor::Pass pass = pipe_->run(rows_in, rows_tg, dloss, sync_.get(), step_ + 1);
   double tp_comm_s = 0.0, recompute_s = 0.0;
   const bool profile = cfg_.activation_checkpointing.profile;
   if (profile) recompute_block_s_.assign(size_t(cfg_.model.layers), 0.0);  // sized once

@@ -91,8 +91,12 @@ class Engine {
   // train_batch_on() can train. tp: the tensor-parallel group (parallelism.tensor ranks; every
   // rank of it reads the same samples), or nullptr for one rank. pp: the pipeline group (this
   // rank's stage is its rank there), or nullptr for one stage.
+  // cp: the context-parallel group (parallelism.context ranks splitting every sequence), or
+  // nullptr for none; with one, dp must be the group of dp × cp ranks (ProcessGroups::dp_cp):
+  // gradients are summed and ZeRO shards over it, while the data is split over dp alone.
   Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp = nullptr,
-         comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr);
+         comm::Communicator* tp = nullptr, comm::Communicator* pp = nullptr,
+         comm::Communicator* cp = nullptr);
   ~Engine();
 
   // One optimizer step over the next global batch of the dataset.
@@ -190,8 +194,18 @@ class Engine {
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
-  comm::Communicator* dp_ = nullptr;
+  comm::Communicator* dp_ = nullptr;  // dp × cp under context parallelism
   int dp_rank_ = 0, dp_size_ = 1;
+  // Context parallelism: the group, this rank's place in it, the data-parallel rank and size
+  // (of the samples: dp alone), and this rank's rows of the batch's sequences.
+  comm::Communicator* cp_comm_ = nullptr;
+  int cp_rank_ = 0, cp_size_ = 1, data_rank_ = 0, data_size_ = 1;
+  std::vector<int32_t> context_pos_;
+  Buffer context_inputs_, context_targets_;
+  // This rank's rows (context_pos_) of every sequence of inputs and targets; them unchanged
+  // without context parallelism.
+  std::pair<const int32_t*, const int32_t*> context_rows(const int32_t* inputs,
+                                                         const int32_t* targets);
   comm::Communicator* tp_comm_ = nullptr;
   std::unique_ptr<comm::Communicator> kv_comm_;  // ranks sharing key/value heads (kv_heads < tp)
   std::unique_ptr<tp::Group> tp_;

@@ -41,8 +41,9 @@ bool Engine::all_ok(bool ok) {
 std::string Engine::layout_name() const {
   const int tp = tp_comm_ != nullptr ? tp_comm_->size() : 1;
   const ParallelismConfig& p = cfg_.parallelism;
-  std::string s = "dp " + std::to_string(dp_size_) + " x tp " + std::to_string(tp) + " x pp " +
-                  std::to_string(stages_);
+  std::string s = "dp " + std::to_string(data_size_);
+  if (cp_size_ > 1) s += " x cp " + std::to_string(cp_size_) + " (" + p.context_impl + ")";
+  s += " x tp " + std::to_string(tp) + " x pp " + std::to_string(stages_);
   if (stages_ > 1) s += " (" + p.schedule + ", virtual " + std::to_string(p.virtual_stages) + ")";
   s += ", ZeRO " + std::to_string(shard_ != nullptr ? cfg_.zero.stage : 0) + ", micro-batch " +
        std::to_string(cfg_.train_micro_batch_size_per_gpu) + " x " +

@@ -29,7 +29,7 @@ double Engine::evaluate(int64_t iters) {
   STRATA_CHECK(val_sampler_ != nullptr, "evaluate() needs set_validation() first");
   STRATA_CHECK(iters >= 1, "evaluate() over ", iters, " batches");
   const int64_t gbs = cfg_.train_batch_size, T = cfg_.model.seq_len;
-  const int64_t local = gbs / dp_size_, windows = val_sampler_->num_windows();
+  const int64_t local = gbs / data_size_, windows = val_sampler_->num_windows();
   int32_t* in = inputs_.as<int32_t>();
   int32_t* tg = targets_.as<int32_t>();
   // ZeRO-3 prefetches past a forward into the backward's units; an evaluation has none, so
@@ -38,11 +38,12 @@ double Engine::evaluate(int64_t iters) {
   if (sync_ && shard_ != nullptr && cfg_.zero.stage == 3) drop = [this] { sync_->drop_gathered(); };
   double loss_sum = 0.0;
   for (int64_t i = 0; i < iters; ++i) {
-    const int64_t first = data::Sampler::first_sample_of(i * gbs, dp_rank_, dp_size_, gbs);
+    const int64_t first = data::Sampler::first_sample_of(i * gbs, data_rank_, data_size_, gbs);
     for (int64_t b = 0; b < local; ++b) {
       val_sampler_->get_window((first + b) % windows, in + b * T, tg + b * T);
     }
-    loss_sum += pipe_->forward_only(in, tg, sync_.get(), drop);
+    const auto [rows_in, rows_tg] = context_rows(in, tg);
+    loss_sum += pipe_->forward_only(rows_in, rows_tg, sync_.get(), drop);
   }
   // As a step's loss: the last stage's sum over the pipeline, then over data parallelism.
   const float sum = float(sum_over_pp_dp(loss_sum));

@@ -170,6 +170,24 @@ void run(Transport& t, const Op& op, int rank, int size) {
     case OpKind::Recv:
       STRATA_NCCL_CHECK(ncclRecv(op.out, op.n, nccl_type(op.dtype), op.peer, t.comm, s));
       break;
+    case OpKind::AllToAll: {
+      const size_t block = op.n * ds;
+      STRATA_NCCL_CHECK(ncclGroupStart());
+      for (int j = 0; j < size; ++j) {
+        STRATA_NCCL_CHECK(ncclSend(static_cast<const char*>(op.in) + size_t(j) * block, op.n,
+                                   nccl_type(op.dtype), j, t.comm, s));
+        STRATA_NCCL_CHECK(ncclRecv(static_cast<char*>(op.out) + size_t(j) * block, op.n,
+                                   nccl_type(op.dtype), j, t.comm, s));
+      }
+      STRATA_NCCL_CHECK(ncclGroupEnd());
+      break;
+    }
+    case OpKind::SendRecv:
+      STRATA_NCCL_CHECK(ncclGroupStart());
+      STRATA_NCCL_CHECK(ncclSend(op.in, op.n, nccl_type(op.dtype), op.peer, t.comm, s));
+      STRATA_NCCL_CHECK(ncclRecv(op.out, op.n, nccl_type(op.dtype), op.src, t.comm, s));
+      STRATA_NCCL_CHECK(ncclGroupEnd());
+      break;
     case OpKind::Barrier:
       break;  // no buffers: the communicator runs it over MPI
   }

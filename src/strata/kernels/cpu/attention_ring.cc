@@ -278,8 +278,29 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
   }
 }
 
+template <typename S>
+void attention_unpack_dqkv(S* dqkv, const float* dq, const float* dkv, int B, int Tl, int NH,
+                           int KVH, int hd) {
+  STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
+               ") to be a multiple of kv heads (", KVH, ")");
+  const int rep = NH / KVH;
+  const int64_t rows = int64_t(B) * Tl, qkv_row = int64_t(KVH) * (rep + 2) * hd;
+  const int64_t q_row = int64_t(NH) * hd, kv_row = int64_t(KVH) * 2 * hd;
+#pragma omp parallel for schedule(static) if (rows * qkv_row >= kParallelMinWork)
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int g = 0; g < KVH; ++g) {
+      S* out = dqkv + t * qkv_row + int64_t(g) * (rep + 2) * hd;
+      const float* q = dq + t * q_row + int64_t(g) * rep * hd;
+      const float* kv = dkv + t * kv_row + int64_t(g) * 2 * hd;
+      for (int64_t i = 0; i < int64_t(rep) * hd; ++i) out[i] = store<S>(q[i]);
+      for (int64_t i = 0; i < 2 * int64_t(hd); ++i) out[int64_t(rep) * hd + i] = store<S>(kv[i]);
+    }
+  }
+}
+
 #define INSTANTIATE_S(S)                                                                           \
   template void attention_pack_kv<S>(S*, const S*, int, int, int, int, int);                       \
+  template void attention_unpack_dqkv<S>(S*, const float*, const float*, int, int, int, int, int); \
   template void attention_block_forward<S>(float*, float*, const S*, int, int, int, const S*, int, \
                                            int, int, int, int, int, int, bool);                    \
   template void attention_delta<S>(float*, const S*, const S*, int, int, int, int);                \

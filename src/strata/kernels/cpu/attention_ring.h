@@ -37,6 +37,13 @@ void attention_pack_kv(S* kv, const S* qkv, int B, int Tl, int NH, int KVH, int 
 // Where lse is -inf (a fresh row: fill lse with -inf before the first step; o's values there
 // are not read) the block's output and lse are written; else new_lse = logaddexp(lse, block_lse)
 // and o = o·exp(lse − new_lse) + o_block·exp(block_lse − new_lse).
+// dqkv (B, Tl rows, the grouped qkv layout) = the fp32 query gradients dq (B, Tl, NH·hd) and
+// key/value gradients dkv (B, Tl, KVH·2·hd), rounded to S once: attention_pack_kv's inverse for
+// the gradients the ring accumulates.
+template <typename S>
+void attention_unpack_dqkv(S* dqkv, const float* dq, const float* dkv, int B, int Tl, int NH,
+                           int KVH, int hd);
+
 template <typename S>
 void attention_block_forward(float* o, float* lse, const S* qkv, int Tl, int q0, int Tq,
                              const S* kv, int Tkl, int k0, int Tk, int B, int NH, int KVH, int hd,

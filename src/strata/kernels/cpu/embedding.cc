@@ -25,11 +25,13 @@ void embedding_forward(S* out, const int32_t* tokens, const S* rows, int64_t row
 }
 
 template <typename S>
-void position_forward(S* out, const S* wpe, int64_t N, int T, int C, int64_t pos0) {
+void position_forward(S* out, const S* wpe, int64_t N, int T, int C, int64_t pos0,
+                      const int32_t* pos) {
 #pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
   for (int64_t n = 0; n < N; ++n) {
-    S* o = out + n * C;                       // (C)
-    const S* p = wpe + ((pos0 + n) % T) * C;  // (C)
+    S* o = out + n * C;  // (C)
+    const int64_t t = (pos0 + n) % T;
+    const S* p = wpe + (pos != nullptr ? pos[t] : t) * C;  // (C)
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = store<S>(load(o[c]) + load(p[c]));
   }
@@ -54,13 +56,14 @@ void embedding_backward(G* drows, int64_t row_begin, int64_t row_end, const S* d
 }
 
 template <typename S, typename G>
-void position_backward(G* dwpe, const S* dout, int64_t N, int T, int C, int64_t pos0) {
+void position_backward(G* dwpe, const S* dout, int64_t N, int T, int C, int64_t pos0,
+                       const int32_t* pos) {
   const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
   for (int blk = 0; blk < nblocks; ++blk) {
     const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
     for (int t = 0; t < T; ++t) {
-      G* g = dwpe + int64_t(t) * C;  // (C)
+      G* g = dwpe + int64_t(pos != nullptr ? pos[t] : t) * C;  // (C)
       float acc[kChannelBlock];
 #pragma omp simd
       for (int c = c0; c < c1; ++c) acc[c - c0] = 0.0f;
@@ -93,11 +96,11 @@ int64_t count_nonnegative(const int32_t* tokens, int64_t n) {
 #define INSTANTIATE_S(S)                                                                       \
   template void embedding_forward<S>(S*, const int32_t*, const S*, int64_t, int64_t, int, int, \
                                      int);                                                     \
-  template void position_forward<S>(S*, const S*, int64_t, int, int, int64_t);
+  template void position_forward<S>(S*, const S*, int64_t, int, int, int64_t, const int32_t*);
 #define INSTANTIATE_SG(S, G)                                                                       \
   template void embedding_backward<S, G>(G*, int64_t, int64_t, const S*, const int32_t*, int, int, \
                                          int);                                                     \
-  template void position_backward<S, G>(G*, const S*, int64_t, int, int, int64_t);
+  template void position_backward<S, G>(G*, const S*, int64_t, int, int, int64_t, const int32_t*);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 

@@ -17,7 +17,7 @@ constexpr int kMaxHalf = 512;  // cos/sin of one position live on the stack
 // heads.
 template <typename S>
 void rotate(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-            int64_t row_stride, float theta, float sign) {
+            int64_t row_stride, float theta, float sign, const int32_t* pos) {
   STRATA_CHECK(hd % 2 == 0 && hd / 2 <= kMaxHalf, "rope needs an even head dim <= ", 2 * kMaxHalf,
                ", got ", hd);
   int half = hd / 2;
@@ -27,7 +27,7 @@ void rotate(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_st
     float cs[kMaxHalf], sn[kMaxHalf];
     for (int i = 0; i < half; ++i) {
       float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(hd));
-      float angle = float(t) * inv_freq;
+      float angle = float(pos != nullptr ? pos[t] : t) * inv_freq;
       cs[i] = std::cos(angle);
       sn[i] = sign * std::sin(angle);
     }
@@ -53,19 +53,21 @@ void rotate(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_st
 
 template <typename S>
 void rope_forward(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-                  int64_t row_stride, float theta) {
-  rotate(x, B, T, groups, nheads, hd, group_stride, row_stride, theta, 1.0f);
+                  int64_t row_stride, float theta, const int32_t* pos) {
+  rotate(x, B, T, groups, nheads, hd, group_stride, row_stride, theta, 1.0f, pos);
 }
 
 template <typename S>
 void rope_backward(S* dx, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-                   int64_t row_stride, float theta) {
-  rotate(dx, B, T, groups, nheads, hd, group_stride, row_stride, theta, -1.0f);
+                   int64_t row_stride, float theta, const int32_t* pos) {
+  rotate(dx, B, T, groups, nheads, hd, group_stride, row_stride, theta, -1.0f, pos);
 }
 
 #define INSTANTIATE_S(S)                                                               \
-  template void rope_forward<S>(S*, int, int, int, int, int, int64_t, int64_t, float); \
-  template void rope_backward<S>(S*, int, int, int, int, int, int64_t, int64_t, float);
+  template void rope_forward<S>(S*, int, int, int, int, int, int64_t, int64_t, float,  \
+                                const int32_t*);                                       \
+  template void rope_backward<S>(S*, int, int, int, int, int, int64_t, int64_t, float, \
+                                 const int32_t*);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

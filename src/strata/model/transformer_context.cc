@@ -1,0 +1,193 @@
+// The attention core of a block, with or without context parallelism (transformer.h,
+// ContextOptions): Ulysses' all-to-all exchanges between rows and heads, and ring attention's
+// passes of keys and values around the context-parallel group.
+#include <cstring>
+#include <limits>
+
+#include "strata/comm/communicator.h"
+#include "strata/model/transformer_impl.h"
+
+namespace strata {
+
+std::vector<int32_t> ContextOptions::positions(int T) const {
+  STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, "context rank ", rank, " of ", size);
+  std::vector<int32_t> pos;
+  if (impl == Impl::Ulysses || size == 1) {
+    STRATA_CHECK(T % size == 0, "a sequence of ", T, " over ", size, " context ranks");
+    const int n = T / size;
+    for (int t = 0; t < n; ++t) pos.push_back(int32_t(rank * n + t));
+    return pos;
+  }
+  STRATA_CHECK(T % (2 * size) == 0, "ring attention splits a sequence of ", T, " into ", 2 * size,
+               " chunks");
+  const int c = T / (2 * size);
+  for (int chunk : {rank, 2 * size - 1 - rank}) {
+    for (int t = 0; t < c; ++t) pos.push_back(int32_t(chunk * c + t));
+  }
+  return pos;
+}
+
+namespace model_detail {
+
+void TransformerImpl::attention_core_forward(const BlockActs& a, void* out) {
+  if (ring()) return ring_forward(a, out);
+  // Ulysses: a.qkv holds every row of this rank's groups (attn_forward exchanged it); the output
+  // comes back in that layout and goes back to this rank's rows.
+  const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_);
+  ops::attention_forward(out != nullptr ? mat(out, pt_, N_, Hl_) : Tensor(), att_view(a.att), qkv,
+                         cash_);
+  if (out != nullptr && ulysses()) ulysses_to_rows(out, cash_.rep * cash_.hd);
+}
+
+void TransformerImpl::attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv) {
+  if (ring()) return ring_backward(a, dout, dqkv);
+  if (ulysses()) ulysses_to_heads(dout.data, cash_.rep * cash_.hd);
+  const int64_t scratch = int64_t(ops::attention_backward_scratch_floats(dev_, pt_, cash_));
+  ops::attention_backward(dqkv, f32(att_scratch_, scratch), dout, mat(a.qkv, pt_, N_, QKVl_),
+                          att_view(a.att), cash_);
+  if (ulysses()) ulysses_to_rows(dqkv.data, (cash_.rep + 2) * cash_.hd);
+}
+
+// Rows (B, Tl) of G groups of `width` elements ↔ rows (B, P·Tl) of G/P groups: block j of the
+// all-to-all carries rank j's share of the groups (to_heads) or rank j's rows (to_rows); rank
+// i's rows are positions [i·Tl, (i+1)·Tl) of every sequence (ContextOptions::positions).
+void TransformerImpl::ulysses_to_heads(void* p, int64_t width) {
+  if (ops::dry_run()) return;
+  const ContextOptions& cx = chunk_.context;
+  const int P = cx.size;
+  const int64_t B = B_, Tl = T_, G = tpl_.groups, share = G / P * width;
+  const size_t e = dtype_size(pt_), row = size_t(G * width) * e, part = size_t(share) * e;
+  char* x = static_cast<char*>(p);
+  char* send = static_cast<char*>(cpa_);
+  char* recv = static_cast<char*>(cpb_);
+  const int64_t block = B * Tl * share;  // elements per rank
+  // send[j][b][t] = x[b][t][j's groups]
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int j = 0; j < P; ++j) {
+    for (int64_t bt = 0; bt < B * Tl; ++bt) {
+      std::memcpy(send + (size_t(j) * size_t(B * Tl) + size_t(bt)) * part,
+                  x + size_t(bt) * row + size_t(j) * part, part);
+    }
+  }
+  cx.comm->all_to_all(send, recv, size_t(block), pt_);
+  // y[b][i·Tl + t] = recv[i][b][t]: Tl whole rows at a time.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int i = 0; i < P; ++i) {
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(x + size_t(b * P * Tl + i * Tl) * part,
+                  recv + (size_t(i) * size_t(B * Tl) + size_t(b * Tl)) * part, size_t(Tl) * part);
+    }
+  }
+}
+
+void TransformerImpl::ulysses_to_rows(void* p, int64_t width) {
+  if (ops::dry_run()) return;
+  const ContextOptions& cx = chunk_.context;
+  const int P = cx.size;
+  const int64_t B = B_, Tl = T_, G = tpl_.groups, share = G / P * width;
+  const size_t e = dtype_size(pt_), row = size_t(G * width) * e, part = size_t(share) * e;
+  char* y = static_cast<char*>(p);
+  char* send = static_cast<char*>(cpa_);
+  char* recv = static_cast<char*>(cpb_);
+  const int64_t block = B * Tl * share;
+  // send[i][b][t] = y[b][i·Tl + t]
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int i = 0; i < P; ++i) {
+    for (int64_t b = 0; b < B; ++b) {
+      std::memcpy(send + (size_t(i) * size_t(B * Tl) + size_t(b * Tl)) * part,
+                  y + size_t(b * P * Tl + i * Tl) * part, size_t(Tl) * part);
+    }
+  }
+  cx.comm->all_to_all(send, recv, size_t(block), pt_);
+  // x[b][t][j's groups] = recv[j][b][t]
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int j = 0; j < P; ++j) {
+    for (int64_t bt = 0; bt < B * Tl; ++bt) {
+      std::memcpy(y + size_t(bt) * row + size_t(j) * part,
+                  recv + (size_t(j) * size_t(B * Tl) + size_t(bt)) * part, part);
+    }
+  }
+}
+
+namespace {
+
+// Tags of the ring's two exchanges on the context-parallel group.
+constexpr int kRingKv = 1, kRingDkv = 2;
+
+// Step s of the ring on rank r of P: the keys and values in hand are rank (r − s)'s. f(q0, k0,
+// causal) for each pair of a query chunk and a key chunk (two each, `rows` rows, ContextOptions::
+// positions) that attention connects: an earlier key chunk in full, the same chunk causally.
+template <typename F>
+void ring_blocks(int s, int r, int P, int rows, F&& f) {
+  const int src = (r - s + P) % P;
+  for (int qi = 0; qi < 2; ++qi) {
+    const int qc = qi == 0 ? r : 2 * P - 1 - r;
+    for (int ki = 0; ki < 2; ++ki) {
+      const int kc = ki == 0 ? src : 2 * P - 1 - src;
+      if (kc <= qc) f(qi * rows, ki * rows, kc == qc);
+    }
+  }
+}
+
+}  // namespace
+
+// Forward: this rank's queries against every rank's keys and values, which travel the ring
+// (rank r sends to r + 1) while the blocks in hand are computed; the blocks merge into o and the
+// lse, which is the saved state.
+void TransformerImpl::ring_forward(const BlockActs& a, void* out) {
+  if (ops::dry_run()) return;
+  const ContextOptions& cx = chunk_.context;
+  const int P = cx.size, r = cx.rank, next = (r + 1) % P, prev = (r + P - 1) % P, c = T_ / 2;
+  const int64_t kvn = N_ * tpl_.groups * 2 * ash_.hd;
+  const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_), o = f32(o32_, N_ * Hl_), lse = att_view(a.att);
+  ops::attention_lse_clear(lse);
+  ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, ash_);
+  int cur = 0;
+  for (int s = 0; s < P; ++s) {
+    comm::Handle h;
+    if (s + 1 < P) {
+      h = cx.comm->send_recv_async(kv_[cur], next, kv_[1 - cur], prev, size_t(kvn), pt_, kRingKv);
+    }
+    const Tensor kv = vec(kv_[cur], pt_, kvn);
+    ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
+      ops::attention_block_forward(o, lse, qkv, q0, c, kv, k0, c, ash_, causal);
+    });
+    h.wait();
+    cur = 1 - cur;
+  }
+  if (out != nullptr) ops::copy(mat(out, pt_, N_, Hl_), mat(o32_, DType::F32, N_, Hl_));
+}
+
+// Backward: the keys and values go around again, each with the fp32 gradient of them that the
+// ranks passed so far added to; after the last step each gradient makes one more hop, home.
+void TransformerImpl::ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv) {
+  if (ops::dry_run()) return;
+  const ContextOptions& cx = chunk_.context;
+  const int P = cx.size, r = cx.rank, next = (r + 1) % P, prev = (r + P - 1) % P, c = T_ / 2;
+  const int64_t kvn = N_ * tpl_.groups * 2 * ash_.hd;
+  const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_), lse = att_view(a.att);
+  const Tensor dq = f32(dq32_, N_ * Hl_), delta = f32(delta_, int64_t(B_) * tpl_.heads * T_);
+  ops::attention_delta(delta, dout, mat(a.atty, pt_, N_, Hl_), ash_);
+  ops::fill_zero(dq);
+  ops::fill_zero(f32(dkv_[0], kvn));
+  ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, ash_);
+  int cur = 0;
+  for (int s = 0; s < P; ++s) {
+    comm::Handle h;
+    if (s + 1 < P) {
+      h = cx.comm->send_recv_async(kv_[cur], next, kv_[1 - cur], prev, size_t(kvn), pt_, kRingKv);
+    }
+    const Tensor kv = vec(kv_[cur], pt_, kvn), dkv = f32(dkv_[cur], kvn);
+    ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
+      ops::attention_block_backward(dq, dkv, dout, qkv, lse, delta, q0, c, kv, k0, c, ash_, causal);
+    });
+    cx.comm->send_recv(dkv_[cur], next, dkv_[1 - cur], prev, size_t(kvn), DType::F32, kRingDkv);
+    h.wait();
+    cur = 1 - cur;
+  }
+  ops::attention_unpack_dqkv(dqkv, dq, f32(dkv_[cur], kvn), ash_);
+}
+
+}  // namespace model_detail
+
+}  // namespace strata
