@@ -37,6 +37,8 @@ class ParamCache {
   // persistent: per unit, its whole copy or nullptr.
   ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBuffers& bufs,
              size_t elem_bytes, char* slots, std::vector<char*> persistent, Gather gather);
+  ParamCache(const ParamCache&) = delete;  // follows its own orders by pointer
+  ParamCache& operator=(const ParamCache&) = delete;
 
   // At the start of a training step: its order (o.step_order), from the top.
   void begin_step() { use(step_); }
