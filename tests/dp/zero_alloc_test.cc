@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/comm/communicator.h"
@@ -73,22 +74,26 @@ TEST(ZeroAllocations, SteadyStateStepAllocatesNothing) {
 #endif
 }
 
-// A pipeline step (2 stages, 1F1B and zero-bubble, ZeRO-1 inside each stage's dp group of one)
-// allocates nothing either: the transfers use the buffers and send ring made at construction.
+// A pipeline step (2 stages, 1F1B and zero-bubble, ZeRO-1 and 3 inside each stage's dp group of
+// one) allocates nothing either: the transfers use the buffers and send ring made at
+// construction, stage 3's gathers the buffers and the gather order made there.
 TEST(ZeroAllocations, PipelineStepAllocatesNothing) {
 #ifdef STRATA_NO_ALLOC_HOOKS
   GTEST_SKIP() << test::kNoAllocHooks;
 #else
   const comm::RankGrid grid(2, 1, 2);
   comm::ProcessGroups groups(grid, MPI_COMM_WORLD);
-  for (const char* schedule : {"1f1b", "zero_bubble"}) {
-    SCOPED_TRACE(schedule);
-    nlohmann::json j = {{"train_batch_size", 8},
-                        {"train_micro_batch_size_per_gpu", 2},
-                        {"steps_per_print", 0},
-                        {"model", {{"preset", "gpt2-tiny"}}},
-                        {"parallelism", {{"pipeline", 2}, {"schedule", schedule}}},
-                        {"zero_optimization", {{"stage", 1}, {"overlap_comm", true}}}};
+  for (const auto& [schedule, zero] : {std::pair{"1f1b", 1}, std::pair{"zero_bubble", 1},
+                                       std::pair{"1f1b", 3}, std::pair{"zero_bubble", 3}}) {
+    SCOPED_TRACE(std::string(schedule) + " zero " + std::to_string(zero));
+    nlohmann::json j = {
+        {"train_batch_size", 8},
+        {"train_micro_batch_size_per_gpu", 2},
+        {"steps_per_print", 0},
+        {"model", {{"preset", "gpt2-tiny"}}},
+        {"parallelism", {{"pipeline", 2}, {"schedule", schedule}}},
+        {"zero_optimization",
+         {{"stage", zero}, {"overlap_comm", true}, {"stage3_param_persistence_threshold", 0}}}};
     Config cfg = parse_config(j);
     resolve_batch(cfg, 1);
     Engine engine(cfg, nullptr, &groups.dp(), &groups.tp(), &groups.pp());

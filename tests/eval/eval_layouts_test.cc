@@ -1,8 +1,9 @@
 // The layout never changes the validation loss (DESIGN.md §1): after the same training steps,
 // Engine::evaluate gives the single-process val_loss (within 1e-5) under data parallelism, ZeRO
-// stage 3's gathers, tensor (and sequence) parallelism and pipeline stages (plain and
-// interleaved), alone and composed. Runs under mpirun with 2 and 4 ranks (tests/CMakeLists.txt);
-// each rank computes the single-process reference itself, without communication.
+// stage 3's gathers (under pipelines too), tensor (and sequence) parallelism and pipeline stages
+// (plain and interleaved), alone and composed. Runs under mpirun with 2 and 4 ranks
+// (tests/CMakeLists.txt); each rank computes the single-process reference itself, without
+// communication.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -114,12 +115,21 @@ TEST_F(EvalLayouts, EveryLayoutGivesTheSingleProcessValLoss) {
       {{{"tensor", 2}, {"sequence_parallel", true}}, {{"stage", 0}}},
       {{{"pipeline", 2}, {"schedule", "1f1b"}}, {{"stage", 0}}},
       {{{"pipeline", 2}, {"schedule", "interleaved"}, {"virtual_stages", 2}}, {{"stage", 2}}},
+      // ZeRO-3 under a pipeline: evaluations (each chunk's forward) between the steps' orders.
+      {{{"pipeline", 2}, {"schedule", "interleaved"}, {"virtual_stages", 2}},
+       {{"stage", 3},
+        {"stage3_param_persistence_threshold", 0},
+        {"stage3_prefetch_bucket_size", 4000}}},
   };
   if (world == 4) {
     layouts.push_back({{{"tensor", 2}, {"pipeline", 2}}, {{"stage", 1}}});
     layouts.push_back({{{"pipeline", 4}, {"schedule", "gpipe"}}, {{"stage", 0}}});
     layouts.push_back({{{"tensor", 2}},
                        {{"stage", 3}, {"stage3_param_persistence_threshold", 0}}});  // tp 2 x dp 2
+    layouts.push_back({{{"pipeline", 2}, {"schedule", "zero_bubble"}},               // dp 2 x pp 2
+                       {{"stage", 3},
+                        {"stage3_param_persistence_threshold", 0},
+                        {"stage3_reshard_after_forward", false}}});
   }
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     const double ref = val_loss(config(preset), nullptr, 1);

@@ -65,6 +65,12 @@ TEST(PlanMemory, Stage3BuffersFollowThePrefetchBucket) {
   EXPECT_EQ(m.buffers, 37791744u + 3072u + 3u * 4723968u * 2u);
   l.stage3_prefetch_bucket_size = 50000000;
   EXPECT_EQ(predict_memory(l, spec, 8).buffers, 37791744u + 3072u + 12u * 4723968u * 2u);
+  // Units kept for the step (stage3_reshard_after_forward false): a buffer per gathered unit.
+  l.stage3_reshard_after_forward = false;
+  size_t gathered = 0;
+  for (const UnitSpec& u : spec.units) gathered += u.numel > 100000 ? 1 : 0;
+  EXPECT_GT(gathered, 12u);
+  EXPECT_EQ(predict_memory(l, spec, 8).buffers, 37791744u + 3072u + gathered * 4723968u * 2u);
 }
 
 // fp32 parameters are their own master copy; SGD keeps one moment with momentum, none without.
@@ -108,6 +114,7 @@ TEST(PlanLayout, ZeroOptionsCarryTheLayout) {
   l.reduce_bucket_size = 7, l.stage3_prefetch_bucket_size = 11;
   l.stage3_param_persistence_threshold = 13, l.stage3_max_live_parameters = 17;
   l.stage3_max_reuse_distance = 19;
+  l.stage3_reshard_after_forward = false;
   l.recompute.full = {1, 0, 1};
   const ZeroOptions o = zero_options(l);
   EXPECT_EQ(o.stage, 2);
@@ -120,6 +127,7 @@ TEST(PlanLayout, ZeroOptionsCarryTheLayout) {
   EXPECT_EQ(o.persistence_threshold, 13);
   EXPECT_EQ(o.max_live, 17);
   EXPECT_EQ(o.max_reuse_distance, 19);
+  EXPECT_FALSE(o.reshard_after_forward);
   EXPECT_EQ(o.recompute_full, (std::vector<char>{1, 0, 1}));
 }
 

@@ -7,6 +7,7 @@
 // refused by the engine's own checks with the same message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -81,6 +82,10 @@ class PlannerMemory : public ::testing::Test {
 std::string PlannerMemory::path_;
 std::unique_ptr<data::TokenDataset> PlannerMemory::dataset_;
 
+struct PlannerMemoryAccess : PlannerMemory {
+  using PlannerMemory::measure;
+};
+
 // Every 7th valid layout of the plan (each rank computes the same plan) and the first of each
 // parallel degree and schedule not yet seen: 12 or more layouts per preset at 4 ranks.
 std::vector<planner::Row> sample(const std::vector<planner::Row>& rows) {
@@ -99,31 +104,60 @@ std::vector<planner::Row> sample(const std::vector<planner::Row>& rows) {
   return out;
 }
 
+// The engine's step of row r against the planner's prediction for this rank's stage.
+void expect_matches(const planner::PlanInput& in, const planner::Row& r, const std::string& what0) {
+  int stage = 0;
+  const auto got = PlannerMemoryAccess::measure(in, r.c, &stage);
+  const auto& want = r.p.stage_bytes[size_t(stage)];
+  for (int k = 0; k < kNumMemCategories; ++k) {
+    const std::string what = what0 + " " + planner::describe(r.c) + " stage " +
+                             std::to_string(stage) + " " + mem_category_name(MemCategory(k));
+    // The communicators' scratch and the CPU kernels' packing buffers grow on demand
+    // beyond what the planner counts (the pipeline's buffers, the model's workspace).
+    const MemCategory cat = MemCategory(k);
+    if (cat == MemCategory::CommBuffers || cat == MemCategory::Workspace) {
+      EXPECT_GE(got[size_t(k)], want[size_t(k)]) << what;
+    } else {
+      EXPECT_EQ(got[size_t(k)], want[size_t(k)]) << what;
+    }
+  }
+}
+
 TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
   int checked = 0;
   for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
     const planner::PlanInput in = input(preset, 8);
     const std::vector<planner::Row> rows = sample(planner::plan(in));
     for (const planner::Row& r : rows) {
-      int stage = 0;
-      const auto got = measure(in, r.c, &stage);
-      const auto& want = r.p.stage_bytes[size_t(stage)];
-      for (int k = 0; k < kNumMemCategories; ++k) {
-        const std::string what = std::string(preset) + " " + planner::describe(r.c) + " stage " +
-                                 std::to_string(stage) + " " + mem_category_name(MemCategory(k));
-        // The communicators' scratch and the CPU kernels' packing buffers grow on demand
-        // beyond what the planner counts (the pipeline's buffers, the model's workspace).
-        const MemCategory cat = MemCategory(k);
-        if (cat == MemCategory::CommBuffers || cat == MemCategory::Workspace) {
-          EXPECT_GE(got[size_t(k)], want[size_t(k)]) << what;
-        } else {
-          EXPECT_EQ(got[size_t(k)], want[size_t(k)]) << what;
-        }
-      }
+      expect_matches(in, r, preset);
       ++checked;
     }
   }
   EXPECT_GE(checked, 12);
+}
+
+// ZeRO-3 under a pipeline, as the planner now enumerates it: every unit gathered (persistence 0),
+// released after each use (the gather buffers of the prefetch bucket) or kept for the step (a
+// buffer per unit of the stage); the first layout of each schedule and recompute policy.
+TEST_F(PlannerMemory, ZeroStage3UnderPipelinesMatchesTheEngine) {
+  if (world_size() < 2) GTEST_SKIP() << "a pipeline needs 2 ranks";
+  int checked = 0;
+  for (bool reshard : {true, false}) {
+    planner::PlanInput in = input(reshard ? "gpt2-tiny" : "llama-tiny", 8);
+    in.base["zero_optimization"] = {{"stage3_param_persistence_threshold", 0},
+                                    {"stage3_prefetch_bucket_size", 10000},
+                                    {"stage3_reshard_after_forward", reshard}};
+    std::vector<std::string> seen;
+    for (const planner::Row& r : planner::plan(in)) {
+      if (!r.valid() || r.c.zero != 3 || r.c.pp < 2) continue;
+      const std::string kind = r.c.schedule + "/" + r.c.recompute + "/" + std::to_string(r.c.tp);
+      if (std::find(seen.begin(), seen.end(), kind) != seen.end()) continue;
+      seen.push_back(kind);
+      expect_matches(in, r, reshard ? "reshard" : "kept");
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, world_size() == 2 ? 6 : 12);
 }
 
 // The refused layouts: the engine (or the config parser) says the same.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -45,6 +46,34 @@ TEST(PlannerSearch, EveryCandidateCoversTheClusterAndTheBatch) {
     EXPECT_EQ(cfg.zero.stage, c.zero);
     EXPECT_EQ(cfg.train_micro_batch_size_per_gpu, c.micro_batch);
   }
+}
+
+// ZeRO-3 composes with every pipeline schedule: those layouts are valid, and keeping units for
+// the step (stage3_reshard_after_forward false) gathers each once per step instead of once per
+// pass and micro-batch, for more memory.
+TEST(PlannerSearch, ZeroStage3IsPlannedUnderEveryPipelineSchedule) {
+  planner::PlanInput in = input({{"preset", "gpt2-tiny"}, {"layers", 4}}, 16, 8, 8, "h100");
+  in.base["zero_optimization"] = {{"stage3_param_persistence_threshold", 0},
+                                  {"stage3_prefetch_bucket_size", 1}};
+  std::vector<std::string> schedules;
+  const planner::Candidate* probe = nullptr;
+  const std::vector<planner::Row> rows = planner::plan(in);
+  for (const planner::Row& r : rows) {
+    if (!r.valid() || r.c.zero != 3 || r.c.pp < 2) continue;
+    if (std::find(schedules.begin(), schedules.end(), r.c.schedule) == schedules.end()) {
+      schedules.push_back(r.c.schedule);
+    }
+    if (probe == nullptr && r.c.accumulation > 1 && r.c.recompute == "none") probe = &r.c;
+  }
+  EXPECT_EQ(schedules.size(), 4u) << "gpipe, 1f1b, interleaved, zero_bubble";
+  ASSERT_NE(probe, nullptr);
+  const planner::Row resharded = planner::evaluate(in, *probe);
+  in.base["zero_optimization"]["stage3_reshard_after_forward"] = false;
+  const planner::Row kept = planner::evaluate(in, *probe);
+  ASSERT_TRUE(resharded.valid() && kept.valid());
+  EXPECT_EQ(resharded.p.gathers, kept.p.gathers * 2.0 * double(probe->accumulation));
+  EXPECT_GT(kept.p.stage_bytes[0][size_t(MemCategory::Params)],
+            resharded.p.stage_bytes[0][size_t(MemCategory::Params)]);
 }
 
 TEST(PlannerSearch, TenThousandLayoutsInUnderTwoSeconds) {

@@ -177,7 +177,9 @@ TEST_F(RecomputeLayouts, DataAndTensorParallelLayoutsAreBitIdentical) {
 }
 
 // pp = 2 with every schedule (recompute per micro-batch inside the schedule; zero-bubble
-// recomputes again for the deferred weight gradients), ZeRO 1 and 2, tp 2 beside it on 8 ranks.
+// recomputes again for the deferred weight gradients), ZeRO 1-3, tp 2 beside it on 8 ranks. At
+// stage 3 each recompute gathers its block's units again, in the step's gather order (units
+// released after each use, or kept for the step without resharding).
 TEST_F(RecomputeLayouts, PipelineSchedulesAreBitIdentical) {
   const int world = world_size();
   if (world % 2 != 0) GTEST_SKIP();
@@ -185,14 +187,21 @@ TEST_F(RecomputeLayouts, PipelineSchedulesAreBitIdentical) {
     for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zero_bubble"}) {
       const bool interleaved = std::string(schedule) == "interleaved";
       const int tp = world == 8 ? 2 : 1;
-      for (int zero : {1, 2}) {
+      for (int zero : {1, 2, 3}) {
         const nlohmann::json par = {{"pipeline", 2},
                                     {"tensor", tp},
-                                    {"sequence_parallel", tp > 1 && zero == 2},
+                                    {"sequence_parallel", tp > 1 && zero >= 2},
                                     {"schedule", schedule},
                                     {"virtual_stages", interleaved ? 2 : 1}};
         auto j = config(preset, 4 * world / tp);
         j["zero_optimization"] = {{"stage", zero}};
+        if (zero == 3) {
+          const bool reshard = std::string(preset) == "gpt2-tiny";
+          j["zero_optimization"].update({{"stage3_param_persistence_threshold", 0},
+                                         {"stage3_prefetch_bucket_size", 10000},
+                                         {"stage3_max_reuse_distance", 0},
+                                         {"stage3_reshard_after_forward", reshard}});
+        }
         const Result ref = run(j, par, 4, nullptr);
         for (const Policy& p : policies()) {
           const Result got = run(j, par, 4, p.block);

@@ -124,6 +124,7 @@ TEST(Config, DeepSpeedDefaults) {
   EXPECT_EQ(z.stage3_param_persistence_threshold, 100000);
   EXPECT_EQ(z.stage3_max_live_parameters, 1000000000);
   EXPECT_EQ(z.stage3_max_reuse_distance, 1000000000);
+  EXPECT_TRUE(z.stage3_reshard_after_forward);
   EXPECT_EQ(z.stage3_model_persistence_threshold, std::numeric_limits<int64_t>::max());
   EXPECT_EQ(z.sub_group_size, 1000000000);
   EXPECT_FALSE(z.round_robin_gradients);

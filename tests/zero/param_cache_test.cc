@@ -131,9 +131,9 @@ TEST(ParamCache, GathersFollowTheTraceAndRunAheadByThePrefetchBucket) {
   // The first unit (8192 elements) plus what fits in 20000 elements ahead: two more units.
   EXPECT_EQ(h.gathered.size(), 3u);
   h.cache->release(first);
-  h.cache->begin_pass(UnitHook::Pass::Forward);
   h.gathered.clear();
   h.cache->drop_all();
+  h.cache->begin_step();
   h.step();
   for (int u : want)
     EXPECT_NE(std::find(h.gathered.begin(), h.gathered.end(), u), h.gathered.end());
@@ -154,6 +154,106 @@ TEST(ParamCache, MaxLiveBoundsResidentUnits) {
   Harness u(unlimited);
   u.step();
   EXPECT_GT(u.cache->peak_live_elements(), largest);
+}
+
+// A pipeline stage's step as GPipe runs it: the forwards of `micro` micro-batches, then their
+// backwards (each pass the whole model's, as one chunk).
+GatherOrder gpipe_order(const ModelSpec& spec, int micro) {
+  GatherOrder o;
+  for (UnitHook::Pass pass : {UnitHook::Pass::Forward, UnitHook::Pass::Backward}) {
+    for (int m = 0; m < micro; ++m) {
+      o.passes.push_back({pass, o.units.size()});
+      for (int u : param_trace(spec, pass)) o.units.push_back(u);
+    }
+  }
+  return o;
+}
+
+// Runs the passes of `order`, each acquire checking its unit's values.
+void run_order(Harness& h, const GatherOrder& order) {
+  h.cache->begin_step();
+  for (size_t p = 0; p < order.passes.size(); ++p) {
+    h.cache->begin_pass(order.passes[p].pass);
+    const size_t end = p + 1 < order.passes.size() ? order.passes[p + 1].at : order.units.size();
+    for (size_t j = order.passes[p].at; j < end; ++j) {
+      const int u = order.units[j];
+      const float* x = static_cast<const float*>(h.cache->acquire(u));
+      const UnitSpec& unit = h.spec.units[size_t(u)];
+      ASSERT_EQ(x[0], h.whole[size_t(unit.offset)]) << unit.name;
+      ASSERT_EQ(x[unit.numel - 1], h.whole[size_t(unit.offset + unit.numel - 1)]) << unit.name;
+      h.cache->release(u);
+    }
+  }
+  h.cache->drop_all();
+}
+
+// Over a step of several micro-batches' passes (a pipeline stage's order): with
+// reshard_after_forward each unit is gathered again for every pass that reads it (reuse distance
+// 0); without it each unit is gathered once per step, every buffer it needs being allocated.
+TEST(ParamCache, ReshardAfterForwardDecidesGathersPerStep) {
+  const int micro = 4;
+  for (bool reshard : {true, false}) {
+    ZeroOptions o;
+    o.prefetch_elems = 20000, o.max_reuse_distance = 0, o.persistence_threshold = 600;
+    o.reshard_after_forward = reshard;
+    const ModelSpec spec = build_model_spec(wide_gpt2(), 1);
+    o.step_order = gpipe_order(spec, micro);
+    Harness h(o);
+    for (int step = 0; step < 2; ++step) {
+      h.gathered.clear();
+      run_order(h, o.step_order);
+      int gathered_units = 0;
+      for (const UnitSpec& u : spec.units) gathered_units += persistent_unit(u, h.o) ? 0 : 1;
+      if (reshard) {
+        // Every acquire of a non-persistent unit gathers it, but where the acquire before it
+        // (the last pass's, with tied embeddings) read the same unit.
+        size_t want = 0;
+        const std::vector<int>& units = o.step_order.units;
+        for (size_t j = 0; j < units.size(); ++j) {
+          const bool again = j > 0 && units[j - 1] == units[j];
+          want += !persistent_unit(spec.units[size_t(units[j])], h.o) && !again ? 1 : 0;
+        }
+        EXPECT_EQ(h.gathered.size(), want) << "step " << step;
+        EXPECT_GT(want, size_t(2 * micro)) << "the test needs re-gathers";
+      } else {
+        EXPECT_EQ(h.gathered.size(), size_t(gathered_units)) << "step " << step;
+        std::vector<int> sorted = h.gathered;
+        std::sort(sorted.begin(), sorted.end());
+        EXPECT_EQ(std::unique(sorted.begin(), sorted.end()), sorted.end());
+      }
+    }
+    EXPECT_FALSE(h.cache->in_flight());
+  }
+}
+
+// The step's order is followed pass by pass: a pass of the wrong kind, or one begun before the
+// previous pass's acquires are done, is refused.
+TEST(ParamCache, RefusesPassesOutOfOrder) {
+  ZeroOptions o;
+  const ModelSpec spec = build_model_spec(wide_gpt2(), 1);
+  o.step_order = gpipe_order(spec, 2);
+  {
+    Harness h(o);
+    h.cache->begin_pass(UnitHook::Pass::Forward);
+    EXPECT_THROW(h.cache->begin_pass(UnitHook::Pass::Forward), std::exception)
+        << "the first forward acquired nothing";
+  }
+  {
+    Harness h(o);
+    h.cache->begin_pass(UnitHook::Pass::Forward);
+    for (int u : param_trace(spec, UnitHook::Pass::Forward))
+      h.cache->acquire(u), h.cache->release(u);
+    EXPECT_THROW(h.cache->begin_pass(UnitHook::Pass::Backward), std::exception)
+        << "GPipe's second forward comes before any backward";
+  }
+  {
+    Harness h(o);
+    h.cache->begin_pass(UnitHook::Pass::Forward);
+    const std::vector<int> fwd = param_trace(spec, UnitHook::Pass::Forward);
+    for (int u : fwd) h.cache->acquire(u), h.cache->release(u);
+    EXPECT_THROW(h.cache->acquire(fwd.front()), std::exception)
+        << "the next pass's acquire before its begin_pass";
+  }
 }
 
 TEST(ParamCache, RefusesAcquiresOutOfOrder) {

@@ -47,6 +47,78 @@ size_t pipeline_message_bytes(const ExecutorOptions& o, int tp, bool sequence_pa
   return size_t(rows) * size_t(o.hidden) * dtype_size(o.param_dtype);
 }
 
+namespace {
+
+std::vector<Action> stage_schedule(const ExecutorOptions& o) {
+  ScheduleSpec sched;
+  sched.kind = o.schedule;
+  sched.stages = o.stages, sched.micro = o.micro_batches, sched.virtual_stages = o.virtual_stages;
+  return generate(sched)[size_t(o.stage)];
+}
+
+// Local chunk k of the stage: its units, slots and recompute.
+ChunkOptions chunk_options(const ExecutorOptions& o, const StagePlan& plan, const ChunkSlots& cs,
+                           int k) {
+  const int g = global_chunk(k, o.stage, o.stages);
+  ChunkOptions c;
+  c.unit_begin = plan.chunks[size_t(g)].first, c.unit_end = plan.chunks[size_t(g)].second;
+  c.slots = cs.slots[size_t(k)];
+  c.input_slots = cs.input_slots[size_t(k)];
+  c.defer_weight = cs.defer_weight;
+  c.recompute = o.recompute;
+  c.context = o.context;
+  return c;
+}
+
+}  // namespace
+
+void dry_run_stage(const ExecutorOptions& o, const StagePlan& plan, const ModelSpec& spec,
+                   UnitHook& hook, bool train) {
+  const ops::DryRun dry;
+  tp::Group shape(spec.tp.size, spec.tp.rank);
+  const std::vector<Action> schedule = stage_schedule(o);
+  const ChunkSlots cs = chunk_slots(schedule, o.virtual_stages);
+  const int last = o.stages * o.virtual_stages - 1;
+  std::vector<std::unique_ptr<Transformer>> chunks;
+  for (int k = 0; k < o.virtual_stages; ++k) {
+    ChunkOptions c = chunk_options(o, plan, cs, k);
+    c.recompute.partition = false, c.recompute.host = false;  // no communicator, no host pool
+    c.context = {};  // the units' order does not depend on the sequence's split
+    chunks.push_back(
+        make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 1, c, &shape));
+  }
+  const int32_t token = 0;
+  alignas(64) char nowhere[64] = {};  // hidden states no dry pass reads
+  const auto forward = [&](int micro, int k, bool training) {
+    const int g = global_chunk(k, o.stage, o.stages);
+    Transformer& c = *chunks[size_t(k)];
+    c.forward(micro, g == 0 ? &token : nullptr, g == 0 ? Tensor() : c.hidden_view(nowhere),
+              g == last ? &token : nullptr, 1.0f, training, &hook);
+  };
+  if (!train) {
+    for (int k = 0; k < o.virtual_stages; ++k) forward(0, k, false);
+    return;
+  }
+  for (const Action& a : schedule) {
+    const int g = global_chunk(a.chunk, o.stage, o.stages);
+    Transformer& c = *chunks[size_t(a.chunk)];
+    switch (a.op) {
+      case Op::Forward:
+        forward(a.micro, a.chunk, true);
+        break;
+      case Op::Backward:
+      case Op::BackwardInput:
+        c.backward_input(a.micro, g == last ? Tensor() : c.hidden_view(nowhere), &hook);
+        break;
+      case Op::BackwardWeight:
+        c.backward_weight(a.micro, &hook);
+        break;
+      default:
+        break;  // transfers acquire nothing
+    }
+  }
+}
+
 // The stage's model chunks and its actions. Without a pipeline: one chunk of every unit and
 // F0 B0 F1 B1 …; with one, the units of global chunks g ≡ stage (mod stages), the schedule's
 // actions for this stage, and the buffers its transfers use (bounded and allocated here).
@@ -55,25 +127,14 @@ Executor::Executor(const ExecutorOptions& o, const StagePlan& plan, const ModelS
                    const FaultInjector& faults)
     : o_(o), tp_(tp), pp_(pp), faults_(faults) {
   const int v = o_.virtual_stages, stages = o_.stages, stage = o_.stage;
-  ScheduleSpec sched;
-  sched.kind = o_.schedule;
-  sched.stages = stages, sched.micro = o_.micro_batches, sched.virtual_stages = v;
-  schedule_ = generate(sched)[size_t(stage)];
+  schedule_ = stage_schedule(o_);
   const ChunkSlots cs = chunk_slots(schedule_, v);
   const int B = o_.micro_batch;
   const DType pt = o_.param_dtype;
   for (int k = 0; k < v; ++k) {
-    const int g = global_chunk(k, stage, stages);
-    ChunkOptions c;
-    c.unit_begin = plan.chunks[size_t(g)].first, c.unit_end = plan.chunks[size_t(g)].second;
-    c.slots = cs.slots[size_t(k)];
-    c.input_slots = cs.input_slots[size_t(k)];
-    c.defer_weight = cs.defer_weight;
-    c.recompute = o_.recompute;
-    c.context = o_.context;
-    chunk_global_.push_back(g);
-    chunks_.push_back(
-        make_transformer(spec, pt, o_.grad_dtype, params, grads, B, int(o_.seq_len), c, &tp_));
+    chunk_global_.push_back(global_chunk(k, stage, stages));
+    chunks_.push_back(make_transformer(spec, pt, o_.grad_dtype, params, grads, B, int(o_.seq_len),
+                                       chunk_options(o_, plan, cs, k), &tp_));
   }
   // One receive buffer and one input gradient per chunk: a receive must come right before the
   // compute that consumes it, a send right after the compute that made it (as every generator

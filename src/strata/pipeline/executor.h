@@ -57,6 +57,15 @@ int send_ring_slots(const ChunkSlots& s);
 // buffer per direction and chunk) besides the send ring.
 size_t pipeline_message_bytes(const ExecutorOptions& o, int tp, bool sequence_parallel);
 
+// Runs this stage's chunks dry (kernels/ops.h DryRun: no kernel or collective touches memory)
+// over one token per micro-batch, with `hook` placing every unit: train, the compute actions of
+// its schedule in order (each forward, backward, input- and weight-gradient backward of every
+// micro-batch and chunk); else one micro-batch forward only, the chunks in global order (as
+// forward_only). The hook hears every begin_pass and acquire the executor's run() or
+// forward_only() makes, in the same order: ZeRO stage 3's gather order of a step.
+void dry_run_stage(const ExecutorOptions& o, const StagePlan& plan, const ModelSpec& spec,
+                   UnitHook& hook, bool train);
+
 // When one action ran, in seconds of the host's steady clock (one clock for every rank of a
 // host).
 struct ActionSpan {

@@ -14,6 +14,7 @@ ZeroOptions zero_options(const Layout& l) {
   o.persistence_threshold = l.stage3_param_persistence_threshold;
   o.max_live = l.stage3_max_live_parameters;
   o.max_reuse_distance = l.stage3_max_reuse_distance;
+  o.reshard_after_forward = l.stage3_reshard_after_forward;
   o.recompute_full = l.recompute.full;
   return o;
 }

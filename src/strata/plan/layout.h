@@ -31,6 +31,7 @@ struct Layout {
   int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_reshard_after_forward = true;
   bool sequence_parallel = false;
   RecomputeOptions recompute;  // activation checkpointing, by model block
   int local_ranks = 1;         // ranks per host (their model states share its memory)

@@ -311,6 +311,19 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   return s;
 }
 
+// Stage 3: how often a step gathers each unit of the stage. Released after each use
+// (stage3_reshard_after_forward): for every micro-batch's forward and backward, and for a full
+// recompute (twice under zero-bubble: its weight-gradient pass recomputes again). Kept for the
+// step: once.
+double stage3_gather_passes(const Config& cfg, const StageCost& sc, int64_t micro) {
+  if (!cfg.zero.stage3_reshard_after_forward) return 1.0;
+  const bool split =
+      cfg.parallelism.pipeline > 1 &&
+      pipeline::parse_schedule(cfg.parallelism.schedule) == pipeline::ScheduleKind::ZeroBubble;
+  const double recompute = sc.recompute_flops > 0 ? (split ? 2.0 : 1.0) : 0.0;
+  return double(micro) * (2.0 + recompute);
+}
+
 // Seconds of a collective moving `bytes` per rank in `steps` messages over a link.
 double collective_s(const Link& l, double bytes, int steps) {
   return bytes <= 0 ? 0.0 : l.alpha_s * steps + bytes / l.bytes_per_s;
@@ -335,7 +348,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     comm::check_tp_within_hosts(grid, in.cluster.hosts);
     const bool dp_group = world > 1;
     const int shard = shard_group_size(cfg, c.dp, dp_group);
-    check_pipeline_layout(cfg, c.pp, dp_group);
+    check_pipeline_layout(cfg, c.pp);
     const bool zero = zero_in_effect(cfg, dp_group);
     const DeviceProfile& d = in.device;
     const Device device = d.gpu ? Device::CUDA : Device::CPU;
@@ -455,10 +468,10 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
           gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
         } else {
           // Stage 3: every micro-batch gathers each unit for forward and again for backward
-          // (and for recompute), and reduce-scatters its gradients.
+          // (and for recompute), and reduce-scatters its gradients; without
+          // stage3_reshard_after_forward each unit is gathered once per step.
           gather_per_pass = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
-          const double passes = 2.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0);
-          gather = m * passes * gather_per_pass;
+          gather = stage3_gather_passes(cfg, sc, m) * gather_per_pass;
           reduce *= m;
         }
       }
@@ -494,8 +507,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       } else if (cfg.zero.stage == 2) {
         coll += double(m) * units + units;
       } else {
-        const double passes = 2.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0);
-        p.gathers = double(m) * passes * sc.gathered_units;
+        p.gathers = stage3_gather_passes(cfg, sc, m) * sc.gathered_units;
         coll += double(m) * units + (units - sc.gathered_units);
       }
       if (zero && shard < dpn) coll += units;

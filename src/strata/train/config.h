@@ -94,6 +94,11 @@ struct ZeroConfig {
   int64_t stage3_param_persistence_threshold = 100000;
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
+  // strata's (as torchtitan's reshard_after_forward): true releases a unit after each use (kept
+  // only while stage3_max_reuse_distance and the gather buffers allow); false keeps every unit
+  // gathered from its first use in the step to its last (one gather per unit per step under a
+  // pipeline, a buffer for every unit of the stage).
+  bool stage3_reshard_after_forward = true;
   bool allgather_partitions = true;
   int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();
   bool stage3_gather_16bit_weights_on_model_save = false;

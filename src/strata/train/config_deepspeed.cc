@@ -364,6 +364,7 @@ void parse_zero(const Block& top, Config& c) {
   aliased({"stage3_max_reuse_distance", "max_reuse_distance"}, zc.stage3_max_reuse_distance, 0);
   aliased({"stage3_model_persistence_threshold", "model_persistence_threshold"},
           zc.stage3_model_persistence_threshold, 0);
+  z.get_bool("stage3_reshard_after_forward", zc.stage3_reshard_after_forward);
   std::string_view gather = alias_given(
       z, {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
           "stage3_gather_fp16_weights_on_model_save"});

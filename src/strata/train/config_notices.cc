@@ -117,7 +117,9 @@ std::vector<std::string> config_notices(const Config& c, int world_size) {
         z.stage3_param_persistence_threshold != dz.stage3_param_persistence_threshold},
        {"stage3_max_live_parameters",
         z.stage3_max_live_parameters != dz.stage3_max_live_parameters},
-       {"stage3_max_reuse_distance", z.stage3_max_reuse_distance != dz.stage3_max_reuse_distance}});
+       {"stage3_max_reuse_distance", z.stage3_max_reuse_distance != dz.stage3_max_reuse_distance},
+       {"stage3_reshard_after_forward",
+        z.stage3_reshard_after_forward != dz.stage3_reshard_after_forward}});
   if (!stage3_only.empty() && z.stage != 3) {
     add(stage3_only, has(stage3_only), " no effect at zero_optimization.stage=", z.stage,
         ": stage 3 only");

@@ -25,6 +25,7 @@ plan::Layout plan_layout(const Config& c) {
   l.stage3_param_persistence_threshold = z.stage3_param_persistence_threshold;
   l.stage3_max_live_parameters = z.stage3_max_live_parameters;
   l.stage3_max_reuse_distance = z.stage3_max_reuse_distance;
+  l.stage3_reshard_after_forward = z.stage3_reshard_after_forward;
   l.sequence_parallel = c.parallelism.sequence_parallel;
   l.recompute = recompute_options(c);
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");

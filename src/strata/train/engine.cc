@@ -46,6 +46,22 @@ ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
                           pp != nullptr ? pp->rank() : 0, plan);
 }
 
+// ZeRO's options; at stage 3 with the gather order of this stage's whole step (every action of
+// its schedule, for every micro-batch and chunk) and of an evaluation, recorded from the chunks'
+// own passes run dry: a pure function of (model, layout, schedule), the same on every rank of a
+// shard group.
+ZeroOptions zero_options_of(const Config& cfg, const plan::Layout& layout, const ModelSpec& spec,
+                            const pipeline::StagePlan& plan, int stage, int stages) {
+  ZeroOptions o = plan::zero_options(layout);
+  if (o.stage != 3) return o;
+  const pipeline::ExecutorOptions eo = executor_options(cfg, stage, stages);
+  GatherRecorder step, eval;
+  pipeline::dry_run_stage(eo, plan, spec, step, true);
+  pipeline::dry_run_stage(eo, plan, spec, eval, false);
+  o.step_order = step.take(), o.eval_order = eval.take();
+  return o;
+}
+
 }  // namespace
 
 pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int stages) {
@@ -102,15 +118,8 @@ int shard_group_size(const Config& cfg, int dp, bool dp_group) {
   return int(g);
 }
 
-void check_pipeline_layout(const Config& cfg, int stages, bool dp_group) {
+void check_pipeline_layout(const Config& cfg, int stages) {
   if (stages <= 1) return;
-  STRATA_INPUT_CHECK(!zero_in_effect(cfg, dp_group) || cfg.zero.stage <= 2,
-                     "zero_optimization.stage 3 with parallelism.pipeline=", stages,
-                     " is not supported: stage 3 gathers each unit in a static order computed "
-                     "from one forward and one backward pass, and a pipeline schedule "
-                     "interleaves the passes of several micro-batches; use stage 1 or 2 (the "
-                     "optimizer states and gradients are still sharded) or "
-                     "parallelism.pipeline=1");
   pipeline::validate({pipeline::parse_schedule(cfg.parallelism.schedule), stages,
                       int(cfg.gradient_accumulation_steps), cfg.parallelism.virtual_stages});
 }
@@ -134,7 +143,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   data_rank_ = dp_rank_ / cp_size_, data_size_ = dp_size_ / cp_size_;
   if (pp_comm_ != nullptr) {
     stage_ = pp_comm_->rank(), stages_ = pp_comm_->size();
-    check_pipeline_layout(cfg, stages_, dp != nullptr);
+    check_pipeline_layout(cfg, stages_);
   }
   if (tp_comm_ != nullptr && tp_comm_->size() > 1 && spec_.tp.kv_replicated) {
     // The ranks that hold the same key/value heads: tp / kv_heads consecutive ranks.
@@ -180,7 +189,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     // The master and moments hold only the owned chunks; each rank initialises its owned
     // elements (a pure function of seed, name and index), then the units are gathered.
     sync_ = std::make_unique<ZeroSync>(*shard_, replica_comm_.get(), spec_,
-                                       plan::zero_options(layout), params_.data(), grads_.data());
+                                       zero_options_of(cfg_, layout, spec_, plan_, stage_, stages_),
+                                       params_.data(), grads_.data());
     const ZeroPartition& part = sync_->partition();
     optimizer_ =
         std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, sync_->optimizer_params(), spec_.numel,

@@ -73,8 +73,8 @@ bool zero_in_effect(const Config& cfg, bool dp_group);
 // The ZeRO shard group's size over dp data-parallel ranks (MiCS: zero_optimization.
 // mics_shard_size), 1 without ZeRO; an InputError for a size that does not divide dp.
 int shard_group_size(const Config& cfg, int dp, bool dp_group);
-// ZeRO-3 with a pipeline (refused) and the pipeline schedule's own checks.
-void check_pipeline_layout(const Config& cfg, int stages, bool dp_group);
+// The pipeline schedule's own checks (every ZeRO stage composes with every schedule).
+void check_pipeline_layout(const Config& cfg, int stages);
 // The model spec of tensor-parallel rank tp_rank of stage `stage`: its slices of the units that
 // stage holds (all of them for one stage; the vocabulary units too on the last stage with tied
 // embeddings), padded for a shard group of `shard` ranks. `plan` receives every global chunk's

@@ -36,6 +36,7 @@ double Engine::evaluate(int64_t iters) {
   // each pass ends with nothing gathered, as a step does.
   std::function<void()> drop;
   if (sync_ && shard_ != nullptr && cfg_.zero.stage == 3) drop = [this] { sync_->drop_gathered(); };
+  if (sync_) sync_->begin_eval();
   double loss_sum = 0.0;
   for (int64_t i = 0; i < iters; ++i) {
     const int64_t first = data::Sampler::first_sample_of(i * gbs, data_rank_, data_size_, gbs);

@@ -1,5 +1,6 @@
 #include "strata/zero/param_cache.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "strata/core/check.h"
@@ -20,11 +21,41 @@ ParamCache::ParamCache(const ModelSpec& spec, const ZeroOptions& o, const ZeroBu
       released_(size_t(bufs.param_slot_count)) {
   STRATA_CHECK(persistent_.size() == units_.size(), "one persistent entry per unit");
   for (int k = bufs.param_slot_count - 1; k >= 0; --k) free_slots_.push_back(k);
-  RecomputeOptions rc;
-  rc.full = o.recompute_full;
-  trace_ = param_trace(spec, UnitHook::Pass::Forward, rc);
-  forward_len_ = trace_.size();
-  for (int u : param_trace(spec, UnitHook::Pass::Backward, rc)) trace_.push_back(u);
+  step_ = index(o.step_order.empty() ? one_micro_order(spec, o.recompute_full) : o.step_order);
+  eval_ = index(o.eval_order.empty() ? forward_order(spec, o.recompute_full) : o.eval_order);
+  o_.step_order = {}, o_.eval_order = {};  // kept indexed
+  use(step_);
+}
+
+ParamCache::Order ParamCache::index(GatherOrder o) const {
+  Order r;
+  r.uses.resize(units_.size());
+  r.before.reserve(o.units.size() + 1);
+  r.before.push_back(0);
+  for (size_t j = 0; j < o.units.size(); ++j) {
+    const int u = o.units[j];
+    STRATA_CHECK(u >= 0 && size_t(u) < units_.size(), "ZeRO stage 3: the gather order names unit ",
+                 u, " of a model of ", units_.size());
+    r.uses[size_t(u)].push_back(int(j));
+    r.before.push_back(r.before.back() + units_[size_t(u)].numel);
+  }
+  for (size_t p = 0; p < o.passes.size(); ++p) {
+    STRATA_CHECK(
+        o.passes[p].at <= o.units.size() && (p == 0 || o.passes[p - 1].at <= o.passes[p].at),
+        "ZeRO stage 3: the gather order's passes are not in order");
+  }
+  STRATA_CHECK(!o.passes.empty() && o.passes.front().at == 0,
+               "ZeRO stage 3: a gather order starts with a pass");
+  r.order = std::move(o);
+  return r;
+}
+
+// Follows `o` from its start; units still resident stay so (each order begins after drop_all,
+// or an evaluation after a step).
+void ParamCache::use(const Order& o) {
+  now_ = &o;
+  trace_ = &o.order.units;
+  pos_ = 0, next_pass_ = 0;
 }
 
 char* ParamCache::slot_data(const State& st) const {
@@ -32,16 +63,13 @@ char* ParamCache::slot_data(const State& st) const {
 }
 
 int ParamCache::next_use(int unit, size_t from) const {
-  for (size_t j = from; j < trace_.size(); ++j) {
-    if (trace_[j] == unit) return int(j);
-  }
-  return -1;
+  const std::vector<int>& u = now_->uses[size_t(unit)];
+  const auto it = std::lower_bound(u.begin(), u.end(), int(from));
+  return it == u.end() ? -1 : *it;
 }
 
 int64_t ParamCache::distance(size_t from, size_t to) const {
-  int64_t d = 0;
-  for (size_t j = from; j < to; ++j) d += units_[size_t(trace_[j])].numel;
-  return d;
+  return now_->before[to] - now_->before[from];
 }
 
 void ParamCache::evict(int unit) {
@@ -70,7 +98,7 @@ bool ParamCache::make_room(int unit, int64_t use_at, bool must) {
       const State& st = state_[u];
       if (st.slot < 0 || st.refs > 0 || st.prefetched) continue;
       int64_t nu = next_use(int(u), pos_);
-      if (nu < 0) nu = int64_t(trace_.size());
+      if (nu < 0) nu = int64_t(trace_->size());
       if (nu > victim_use) victim = int(u), victim_use = nu;
     }
     if (victim < 0 || (!must && victim_use <= use_at)) {
@@ -100,8 +128,8 @@ void ParamCache::prefetch() {
   for (size_t u = 0; u < state_.size(); ++u) {
     if (state_[u].prefetched) ahead += units_[u].numel;
   }
-  for (size_t j = pos_; j < trace_.size(); ++j) {
-    const int u = trace_[j];
+  for (size_t j = pos_; j < trace_->size(); ++j) {
+    const int u = (*trace_)[j];
     State& st = state_[size_t(u)];
     if (persistent_[size_t(u)] != nullptr || st.slot >= 0) continue;
     const int64_t n = units_[size_t(u)].numel;
@@ -113,11 +141,21 @@ void ParamCache::prefetch() {
 }
 
 void ParamCache::begin_pass(UnitHook::Pass pass) {
-  pos_ = pass == UnitHook::Pass::Forward ? 0 : forward_len_;
+  const std::vector<GatherOrder::PassStart>& passes = now_->order.passes;
+  if (next_pass_ == passes.size() && pos_ == trace_->size()) pos_ = 0, next_pass_ = 0;  // again
+  const bool ok = next_pass_ < passes.size() && passes[next_pass_].at == pos_ &&
+                  passes[next_pass_].pass == pass;
+  STRATA_CHECK(ok, "ZeRO stage 3: a ", pass == UnitHook::Pass::Forward ? "forward" : "backward",
+               " pass began at acquire ", pos_, " of ", trace_->size(), " (pass ", next_pass_,
+               " of ", passes.size(),
+               "), out of the static gather order (a model/schedule/trace mismatch)");
+  ++next_pass_;
 }
 
 const void* ParamCache::acquire(int unit) {
-  STRATA_CHECK(pos_ < trace_.size() && trace_[pos_] == unit,
+  const std::vector<GatherOrder::PassStart>& passes = now_->order.passes;
+  const size_t pass_end = next_pass_ < passes.size() ? passes[next_pass_].at : trace_->size();
+  STRATA_CHECK(pos_ < pass_end && (*trace_)[pos_] == unit,
                "ZeRO stage 3: ", units_[size_t(unit)].name,
                " was acquired out of the static gather order (a model/trace mismatch)");
   ++pos_;
@@ -149,7 +187,10 @@ void ParamCache::release(int unit) {
                " released more often than acquired");
   if (--st.refs > 0) return;
   const int next = next_use(unit, pos_);
-  if (next < 0 || distance(pos_, size_t(next)) > o_.max_reuse_distance) evict(unit);
+  if (next < 0) return evict(unit);
+  if (o_.reshard_after_forward && distance(pos_, size_t(next)) > o_.max_reuse_distance) {
+    evict(unit);
+  }
 }
 
 void ParamCache::drop_all() {

@@ -35,8 +35,10 @@ ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOption
       }
     }
     if (gathered > 0) {
-      // The unit being read plus what the prefetch bucket may hold ahead, within max_live.
-      int64_t k = 1 + (o.prefetch_elems + largest - 1) / largest;
+      // The unit being read plus what the prefetch bucket may hold ahead, or every gathered unit
+      // when units stay resident for the step; within max_live.
+      int64_t k =
+          o.reshard_after_forward ? 1 + (o.prefetch_elems + largest - 1) / largest : gathered;
       k = std::min(k, std::max<int64_t>(1, o.max_live / largest));
       b.param_slot_count = int(std::min(k, gathered));
       b.param_slot_elems = largest;

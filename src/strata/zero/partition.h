@@ -12,6 +12,7 @@
 #include "strata/core/dtype.h"
 #include "strata/model/param_spec.h"
 #include "strata/optim/optimizer.h"
+#include "strata/zero/gather_order.h"
 
 namespace strata {
 
@@ -24,9 +25,20 @@ struct ZeroOptions {
   int64_t persistence_threshold = 100000;
   int64_t max_live = 1000000000;
   int64_t max_reuse_distance = 1000000000;
+  // stage3_reshard_after_forward. true: a unit is released after each use and gathered again at
+  // its next one, unless max_reuse_distance keeps it resident while a buffer is free (DeepSpeed's
+  // rule; 1 + ⌈prefetch / unit⌉ buffers). false: a unit stays resident from its first gather in
+  // the step to its last use (torchtitan's reshard_after_forward=False: under a pipeline one
+  // gather per unit per step instead of one per micro-batch pass), with a buffer for every
+  // gathered unit of the stage (max_live still bounds them).
+  bool reshard_after_forward = true;
   // By model block: fully recomputed (activation checkpointing). Stage 3 gathers such a block's
   // units again for the recompute, in param_trace()'s order.
   std::vector<char> recompute_full;
+  // Stage 3's gather order (gather_order.h) of a training step and of an evaluation's forward
+  // passes; empty: one micro-batch of the whole model (forward then backward) repeated, and its
+  // forward repeated.
+  GatherOrder step_order, eval_order;
 };
 
 // Bytes of each buffer ZeRO allocates on one rank, for the start-up prediction and the tests.
@@ -40,8 +52,9 @@ struct ZeroBuffers {
   int grad_slot_count = 0;       // stages 2-3: 2 with overlap_comm, else 1
   int64_t param_slot_elems = 0;  // stage 3: elements of one gathered-unit buffer (the largest
                                  // non-persistent unit)
-  int param_slot_count = 0;      // stage 3: units resident at once: 1 + ⌈prefetch / slot⌉, at
-                                 // most max_live / slot (at least 1)
+  int param_slot_count = 0;      // stage 3: units resident at once: 1 + ⌈prefetch / slot⌉
+                                 // (without reshard_after_forward: every gathered unit), at most
+                                 // max_live / slot (at least 1)
 };
 ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOptions& o);
 

@@ -69,7 +69,11 @@ const void* ZeroSync::optimizer_grads() const {
 void ZeroSync::begin_step() {
   reducer_.reset_wait();
   replica_wait_s_ = 0.0;
-  if (cache_) cache_->reset_wait();
+  if (cache_) cache_->reset_wait(), cache_->begin_step();
+}
+
+void ZeroSync::begin_eval() {
+  if (cache_) cache_->begin_eval();
 }
 
 void ZeroSync::begin_pass(Pass pass) {

@@ -51,8 +51,11 @@ class ZeroSync final : public UnitHook {
   const void* optimizer_grads() const;
   Packed packed() const { return {stage_ == 3, stage_ >= 2}; }
 
-  // At the start of a step (resets the wait counters).
+  // At the start of a step (resets the wait counters; stage 3 follows the step's gather order
+  // from its start).
   void begin_step();
+  // Before an evaluation's forward passes (stage 3: their gather order, from its start).
+  void begin_eval();
   // Before each micro-batch: `boundary` for the last one of the accumulation.
   void begin_micro(bool boundary) override { reducer_.begin_micro(boundary); }
   void begin_pass(Pass pass) override;
