@@ -1,6 +1,7 @@
 // The core invariant for context parallelism (DESIGN.md §1; transformer.h ContextOptions): every
 // sequence split over 2 or 4 ranks, by Ulysses' all-to-alls or by ring attention, alone or with
-// data, tensor (± sequence) and pipeline parallelism, ZeRO 1-3 and activation recompute, gives
+// data, tensor (± sequence) and pipeline parallelism, ZeRO 1-3 (stage 3 under a pipeline too) and
+// activation recompute, gives
 // the single-process losses and gradient norms at every step, and the same validation loss.
 // Runs under mpirun with 2, 4 and 8 ranks (tests/CMakeLists.txt); each rank computes the
 // single-process reference itself, without communication.
@@ -160,6 +161,7 @@ std::vector<Case> cases() {
     v.push_back({.preset = "llama-tiny", .impl = "ring", .tp = 2, .zero = 3, .recompute = "full"});
     v.push_back({.preset = "llama-tiny", .impl = impl, .pp = 2, .micro = 4});
     v.push_back({.preset = "gpt2-tiny", .impl = impl, .tp = 2, .pp = 2, .zero = 1, .micro = 2});
+    v.push_back({.preset = "llama-tiny", .impl = impl, .pp = 2, .zero = 3, .micro = 2});
   }
   return v;
 }

@@ -305,6 +305,51 @@ TEST(OpsPosition, RowsStartAtPos0) {
   EXPECT_LT(rel_err(dwpe, dref), 1e-6);
 }
 
+// Context parallelism's positions: row n of a sequence part sits at pos[(pos0 + n) % T], the
+// table holding the whole sequence's rows; RoPE rotates row t by pos[t] (the same as the row at
+// that position of a whole sequence).
+TEST(OpsPosition, MappedPositionsReadTheirOwnRows) {
+  const int64_t T = 4, Tw = 16, C = 3, N = 8;       // two sequences' parts of 4 rows
+  const std::vector<int32_t> pos = {2, 3, 12, 13};  // the zig-zag chunks 1 and 6 of 8
+  auto wpe = test::randn(Tw * C, "wpe"), base = test::randn(N * C, "base");
+  auto dout = test::randn(N * C, "dout"), dwpe0 = test::randn(Tw * C, "dwpe0");
+  auto out = base, dwpe = dwpe0;
+  position_forward(view(out, {N, C}), view(wpe, {Tw, C}), T, 0, pos.data());
+  position_backward(view(dwpe, {Tw, C}), view(dout, {N, C}), T, 0, pos.data());
+  std::vector<double> ref(base.begin(), base.end()), dref(dwpe0.begin(), dwpe0.end());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      ref[n * C + c] += wpe[pos[n % T] * C + c];
+      dref[pos[n % T] * C + c] += dout[n * C + c];
+    }
+  EXPECT_LT(rel_err(out, ref), 1e-6);
+  EXPECT_LT(rel_err(dwpe, dref), 1e-6);
+  // RoPE of a part equals the whole sequence's rows at those positions.
+  const AttentionShape whole{1, int(Tw), 1, 1, 8};
+  AttentionShape part{1, int(T), 1, 1, 8, pos.data()};
+  auto qkv = test::randn(Tw * 3 * 8, "qkv");
+  std::vector<float> mine;
+  for (int32_t p : pos) mine.insert(mine.end(), qkv.begin() + p * 24, qkv.begin() + p * 24 + 24);
+  rope_forward(view(qkv, {Tw, 24}), whole, 10000.0f);
+  rope_forward(view(mine, {T, 24}), part, 10000.0f);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int k = 0; k < 24; ++k) EXPECT_EQ(mine[t * 24 + k], qkv[pos[t] * 24 + k]) << t << " " << k;
+  }
+}
+
+// copy_2d moves a block of rows between strides and touches nothing else.
+TEST(OpsCopy2d, BlocksMoveBetweenStrides) {
+  std::vector<float> src(5 * 7), dst(4 * 9, -1.0f);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = float(i);
+  copy_2d(view(dst, {36}).slice0(2, 36), 9, view(src, {35}).slice0(1, 35), 7, 4, 3);
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 9; ++c) {
+      const bool in = c >= 2 && c < 5;
+      EXPECT_EQ(dst[r * 9 + c], in ? src[1 + r * 7 + (c - 2)] : -1.0f) << r << " " << c;
+    }
+  EXPECT_THROW(copy_2d(view(dst, {36}), 9, view(src, {35}), 7, 5, 3), Error);  // dst too small
+}
+
 // --- vocabulary-parallel cross-entropy
 // ------------------------------------------------------------
 

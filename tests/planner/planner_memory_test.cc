@@ -1,6 +1,7 @@
 // The planner against the engine, under mpirun: for a spread of the layouts `strata plan` calls
-// valid at this world size (data, tensor and pipeline parallelism with every schedule, ZeRO 0-3
-// and MiCS, sequence parallelism, recompute, micro-batch × accumulation), the engine is built and
+// valid at this world size (data, tensor, context (Ulysses and ring) and pipeline parallelism with
+// every schedule, ZeRO 0-3 and MiCS, sequence parallelism, recompute, micro-batch ×
+// accumulation), the engine is built and
 // steps once, and every memory category each rank allocates equals the planner's prediction for
 // that rank's stage, byte for byte: the model states, activations and checkpoints exactly; the
 // communication buffers and workspace at least (see below). The layouts the planner refuses are
@@ -59,14 +60,15 @@ class PlannerMemory : public ::testing::Test {
                                                        const planner::Candidate& c, int* stage) {
     Config cfg = parse_config(planner::candidate_config(in.base, c));
     resolve_batch(cfg, c.dp);
-    const comm::RankGrid grid(world_size(), c.tp, c.pp);
+    const comm::RankGrid grid(world_size(), c.tp, c.pp, "tp-dp-pp", c.cp);
     std::unique_ptr<comm::ProcessGroups> groups;
     if (world_size() > 1) groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
     MemoryTracker& mem = MemoryTracker::instance();
     std::array<size_t, kNumMemCategories> before{}, got{};
     for (int k = 0; k < kNumMemCategories; ++k) before[size_t(k)] = mem.current(MemCategory(k));
-    Engine engine(cfg, dataset_.get(), groups ? &groups->dp() : nullptr,
-                  groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr);
+    Engine engine(cfg, dataset_.get(), groups ? &groups->dp_cp() : nullptr,
+                  groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr,
+                  groups ? &groups->cp() : nullptr);
     const StepMetrics s = engine.train_batch();
     for (int k = 0; k < kNumMemCategories; ++k) {
       got[size_t(k)] = s.peak_bytes[size_t(k)] - before[size_t(k)];
@@ -96,7 +98,8 @@ std::vector<planner::Row> sample(const std::vector<planner::Row>& rows) {
     if (!r.valid()) continue;
     const std::string kind = std::to_string(r.c.tp) + "/" + std::to_string(r.c.pp) + "/" +
                              r.c.schedule + "/" + std::to_string(r.c.zero) + "/" +
-                             std::to_string(r.c.sequence_parallel) + "/" + r.c.recompute;
+                             std::to_string(r.c.sequence_parallel) + "/" + r.c.recompute + "/" +
+                             std::to_string(r.c.cp) + r.c.context_impl;
     const bool fresh = std::find(seen.begin(), seen.end(), kind) == seen.end();
     if (fresh) seen.push_back(kind);
     if ((fresh && out.size() < 40) || i++ % 7 == 0) out.push_back(r);

@@ -36,7 +36,7 @@ TEST(PlannerSearch, EveryCandidateCoversTheClusterAndTheBatch) {
   const std::vector<planner::Candidate> all = planner::enumerate(in);
   ASSERT_GT(all.size(), 1000u);
   for (const planner::Candidate& c : all) {
-    EXPECT_EQ(c.dp * c.tp * c.pp, 8) << planner::describe(c);
+    EXPECT_EQ(c.dp * c.cp * c.tp * c.pp, 8) << planner::describe(c);
     EXPECT_EQ(c.micro_batch * c.accumulation * c.dp, 16) << planner::describe(c);
     if (!planner::evaluate(in, c).valid()) continue;
     Config cfg = parse_config(planner::candidate_config(in.base, c));
@@ -74,6 +74,55 @@ TEST(PlannerSearch, ZeroStage3IsPlannedUnderEveryPipelineSchedule) {
   EXPECT_EQ(resharded.p.gathers, kept.p.gathers * 2.0 * double(probe->accumulation));
   EXPECT_GT(kept.p.stage_bytes[0][size_t(MemCategory::Params)],
             resharded.p.stage_bytes[0][size_t(MemCategory::Params)]);
+}
+
+// Context parallelism is a fourth axis on the CPU (the CUDA backend refuses it): both
+// implementations are enumerated, written into the config, and halve a rank's activations at cp 2
+// for the price of their exchanges.
+TEST(PlannerSearch, ContextParallelismIsPlannedOnTheCpu) {
+  auto cpu = [](int devices) {
+    planner::PlanInput in = input({{"preset", "llama-tiny"}, {"layers", 4}, {"seq_len", 256}}, 1,
+                                  devices, devices, "h100");
+    in.device.name = "cpu", in.device.gpu = false, in.device.cores = devices;
+    in.device.memory_bytes = in.device.host_memory_bytes = 1ull << 40;
+    return in;
+  };
+  const planner::PlanInput one = cpu(1), two = cpu(2);
+  std::vector<std::string> impls;
+  const planner::Row* ring = nullptr;
+  const std::vector<planner::Row> rows = planner::plan(two);
+  for (const planner::Row& r : rows) {
+    if (!r.valid() || r.c.cp == 1) continue;
+    EXPECT_EQ(r.c.dp * r.c.cp * r.c.tp * r.c.pp, 2);
+    if (std::find(impls.begin(), impls.end(), r.c.context_impl) == impls.end()) {
+      impls.push_back(r.c.context_impl);
+    }
+    if (ring == nullptr && r.c.context_impl == "ring" && r.c.recompute == "none" && r.c.zero == 0) {
+      ring = &r;
+    }
+  }
+  EXPECT_EQ(impls.size(), 2u) << "ulysses and ring";
+  ASSERT_NE(ring, nullptr);
+  EXPECT_NE(planner::describe(ring->c).find("cp2/ring"), std::string::npos);
+  const Config cfg = parse_config(planner::candidate_config(two.base, ring->c));
+  EXPECT_EQ(cfg.parallelism.context, 2);
+  EXPECT_EQ(cfg.parallelism.context_impl, "ring");
+  EXPECT_GT(ring->p.cp_comm_s, 0.0);
+  // The same layout on one process: twice the activations.
+  planner::Candidate whole = ring->c;
+  whole.cp = 1;
+  const planner::Row alone = planner::evaluate(one, whole);
+  ASSERT_TRUE(alone.valid()) << alone.reason;
+  const double acts = double(ring->p.bytes[size_t(MemCategory::Activations)]);
+  const double acts1 = double(alone.p.bytes[size_t(MemCategory::Activations)]);
+  EXPECT_LT(acts, 0.6 * acts1);
+  EXPECT_GT(acts, 0.4 * acts1);
+  EXPECT_GT(ring->p.collectives, alone.p.collectives);
+  // On a GPU there is none.
+  for (const planner::Candidate& c :
+       planner::enumerate(input({{"preset", "gpt2-tiny"}}, 4, 4, 4, "h100"))) {
+    EXPECT_EQ(c.cp, 1) << planner::describe(c);
+  }
 }
 
 TEST(PlannerSearch, TenThousandLayoutsInUnderTwoSeconds) {

@@ -1,6 +1,8 @@
 // ops.h: dry runs, memory, token checks, streams and events (the dispatch: dispatch.h).
 #include "strata/kernels/ops.h"
 
+#include <tuple>
+
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/elementwise.h"
 #include "strata/kernels/cpu/embedding.h"
@@ -50,6 +52,27 @@ void copy(Tensor dst, Tensor src) {
   expect_numel(op, "dst", dst, src.numel());
   STRATA_ON_CUDA(access, copy(dst, src));
   convert(dst.data, dst.dtype, src.data, src.dtype, size_t(src.numel()));
+}
+
+void copy_2d(Tensor dst, int64_t dst_ld, Tensor src, int64_t src_ld, int64_t rows, int64_t cols) {
+  constexpr const char* op = "copy_2d";
+  const Call access = on_device(op, {dst, src});
+  if (access.dry || rows == 0 || cols == 0) return;
+  same_dtype(op, {dst, src});
+  STRATA_CHECK(rows > 0 && cols > 0 && cols <= dst_ld && cols <= src_ld, op, ": ", rows, " x ",
+               cols, " with row strides ", dst_ld, " and ", src_ld);
+  for (const auto& [name, t, ld] : {std::tuple{"dst", dst, dst_ld}, {"src", src, src_ld}}) {
+    STRATA_CHECK(t.numel() >= (rows - 1) * ld + cols, op, ": ", name, " ", t.shape_str(),
+                 " holds fewer than ", rows, " rows of ", cols, " at stride ", ld);
+  }
+  STRATA_ON_CUDA(access, copy_2d(dst, dst_ld, src, src_ld, rows, cols));
+  const size_t e = dtype_size(dst.dtype), row = size_t(cols) * e;
+  char* d = static_cast<char*>(dst.data);
+  const char* s = static_cast<const char*>(src.data);
+#pragma omp parallel for schedule(static) if (rows * cols >= kernels::kParallelMinWork)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(d + size_t(r * dst_ld) * e, s + size_t(r * src_ld) * e, row);
+  }
 }
 
 void copy_from_host(Tensor dst, const void* src) {

@@ -56,6 +56,9 @@ void synchronize(Device device);
 void fill_zero(Tensor t);
 // dst = src, converting dtypes (same numel).
 void copy(Tensor dst, Tensor src);
+// rows × cols elements, row r of dst at element r·dst_ld and of src at r·src_ld (same dtype,
+// apart): blocks of rows and columns moved between layouts (Ulysses' exchanges).
+void copy_2d(Tensor dst, int64_t dst_ld, Tensor src, int64_t src_ld, int64_t rows, int64_t cols);
 // dst = dst.nbytes() bytes at host address src (same dtype): host data (token ids) onto dst's
 // device.
 void copy_from_host(Tensor dst, const void* src);

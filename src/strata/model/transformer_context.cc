@@ -1,7 +1,6 @@
 // The attention core of a block, with or without context parallelism (transformer.h,
 // ContextOptions): Ulysses' all-to-all exchanges between rows and heads, and ring attention's
 // passes of keys and values around the context-parallel group.
-#include <cstring>
 #include <limits>
 
 #include "strata/comm/communicator.h"
@@ -55,28 +54,20 @@ void TransformerImpl::ulysses_to_heads(void* p, int64_t width) {
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
   const int P = cx.size;
-  const int64_t B = B_, Tl = T_, G = tpl_.groups, share = G / P * width;
-  const size_t e = dtype_size(pt_), row = size_t(G * width) * e, part = size_t(share) * e;
-  char* x = static_cast<char*>(p);
-  char* send = static_cast<char*>(cpa_);
-  char* recv = static_cast<char*>(cpb_);
+  const int64_t B = B_, Tl = T_, row = tpl_.groups * width, share = row / P;
   const int64_t block = B * Tl * share;  // elements per rank
+  const Tensor x = vec(p, pt_, B * Tl * row), send = vec(cpa_, pt_, P * block),
+               recv = vec(cpb_, pt_, P * block);
   // send[j][b][t] = x[b][t][j's groups]
-#pragma omp parallel for collapse(2) schedule(static)
   for (int j = 0; j < P; ++j) {
-    for (int64_t bt = 0; bt < B * Tl; ++bt) {
-      std::memcpy(send + (size_t(j) * size_t(B * Tl) + size_t(bt)) * part,
-                  x + size_t(bt) * row + size_t(j) * part, part);
-    }
+    ops::copy_2d(send.slice0(j * block, (j + 1) * block), share, x.slice0(j * share, x.numel()),
+                 row, B * Tl, share);
   }
-  cx.comm->all_to_all(send, recv, size_t(block), pt_);
-  // y[b][i·Tl + t] = recv[i][b][t]: Tl whole rows at a time.
-#pragma omp parallel for collapse(2) schedule(static)
+  cx.comm->all_to_all(send.data, recv.data, size_t(block), pt_);
+  // x[b][i·Tl + t] (now rows of `share`) = recv[i][b][t]: Tl whole rows at a time.
   for (int i = 0; i < P; ++i) {
-    for (int64_t b = 0; b < B; ++b) {
-      std::memcpy(x + size_t(b * P * Tl + i * Tl) * part,
-                  recv + (size_t(i) * size_t(B * Tl) + size_t(b * Tl)) * part, size_t(Tl) * part);
-    }
+    ops::copy_2d(x.slice0(i * Tl * share, x.numel()), P * Tl * share,
+                 recv.slice0(i * block, (i + 1) * block), Tl * share, B, Tl * share);
   }
 }
 
@@ -84,28 +75,20 @@ void TransformerImpl::ulysses_to_rows(void* p, int64_t width) {
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
   const int P = cx.size;
-  const int64_t B = B_, Tl = T_, G = tpl_.groups, share = G / P * width;
-  const size_t e = dtype_size(pt_), row = size_t(G * width) * e, part = size_t(share) * e;
-  char* y = static_cast<char*>(p);
-  char* send = static_cast<char*>(cpa_);
-  char* recv = static_cast<char*>(cpb_);
+  const int64_t B = B_, Tl = T_, row = tpl_.groups * width, share = row / P;
   const int64_t block = B * Tl * share;
+  const Tensor y = vec(p, pt_, B * Tl * row), send = vec(cpa_, pt_, P * block),
+               recv = vec(cpb_, pt_, P * block);
   // send[i][b][t] = y[b][i·Tl + t]
-#pragma omp parallel for collapse(2) schedule(static)
   for (int i = 0; i < P; ++i) {
-    for (int64_t b = 0; b < B; ++b) {
-      std::memcpy(send + (size_t(i) * size_t(B * Tl) + size_t(b * Tl)) * part,
-                  y + size_t(b * P * Tl + i * Tl) * part, size_t(Tl) * part);
-    }
+    ops::copy_2d(send.slice0(i * block, (i + 1) * block), Tl * share,
+                 y.slice0(i * Tl * share, y.numel()), P * Tl * share, B, Tl * share);
   }
-  cx.comm->all_to_all(send, recv, size_t(block), pt_);
-  // x[b][t][j's groups] = recv[j][b][t]
-#pragma omp parallel for collapse(2) schedule(static)
+  cx.comm->all_to_all(send.data, recv.data, size_t(block), pt_);
+  // y[b][t][j's groups] (rows of `row` again) = recv[j][b][t]
   for (int j = 0; j < P; ++j) {
-    for (int64_t bt = 0; bt < B * Tl; ++bt) {
-      std::memcpy(y + size_t(bt) * row + size_t(j) * part,
-                  recv + (size_t(j) * size_t(B * Tl) + size_t(bt)) * part, part);
-    }
+    ops::copy_2d(y.slice0(j * share, y.numel()), row, recv.slice0(j * block, (j + 1) * block),
+                 share, B * Tl, share);
   }
 }
 

@@ -37,6 +37,7 @@ Cluster uniform_cluster(int devices, int per_node) {
 std::string describe(const Candidate& c) {
   std::string s = "dp" + std::to_string(c.dp) + " tp" + std::to_string(c.tp);
   if (c.sequence_parallel) s += "+sp";
+  if (c.cp > 1) s += " cp" + std::to_string(c.cp) + "/" + c.context_impl;
   s += " pp" + std::to_string(c.pp);
   if (c.pp > 1) {
     s += "/" + c.schedule;
@@ -79,6 +80,11 @@ json candidate_config(const json& base, const Candidate& c) {
   if (!p.is_object()) p = json::object();
   p["tensor"] = c.tp, p["pipeline"] = c.pp, p["sequence_parallel"] = c.sequence_parallel;
   p["schedule"] = c.schedule, p["virtual_stages"] = c.virtual_stages;
+  if (c.cp > 1) {
+    p["context"] = c.cp, p["context_impl"] = c.context_impl;
+  } else {
+    p.erase("context"), p.erase("context_impl");
+  }
   json& z = j["zero_optimization"];
   if (!z.is_object()) z = json::object();
   z["stage"] = c.zero;
@@ -101,33 +107,46 @@ std::vector<Candidate> enumerate(const PlanInput& in) {
   const int64_t G = global_batch(in.base);
   const Config base = parse_config(in.base);
   const int N = in.cluster.devices, layers = base.model.layers;
+  // Context parallelism: powers of two up to 8 that split the sequence, by either
+  // implementation, on the CPU backend (the CUDA backend has no context-parallel attention).
+  std::vector<std::pair<int, std::string>> contexts = {{1, "ulysses"}};
+  if (!in.device.gpu) {
+    for (int cp = 2; cp <= 8; cp *= 2) {
+      if (base.model.seq_len % cp == 0) contexts.emplace_back(cp, "ulysses");
+      if (base.model.seq_len % (2 * cp) == 0) contexts.emplace_back(cp, "ring");
+    }
+  }
   std::vector<Candidate> out;
   for (int tp : divisors(N, 64)) {
     for (int pp : divisors(N / tp, layers)) {
-      const int dp = N / tp / pp;
-      if (G % dp != 0) continue;  // no micro-batch × accumulation gives the global batch
-      const int64_t per_rank = G / dp;
-      std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
-      if (pp > 1) {
-        schedules = {{"1f1b", 1}, {"gpipe", 1}, {"zero_bubble", 1}};
-        for (int v = 2; v <= 4 && pp * v <= layers; ++v) schedules.emplace_back("interleaved", v);
-      }
-      std::vector<int64_t> mics = {-1};
-      for (int g : divisors(dp, dp - 1)) {
-        if (g > 1 && int64_t(g) * tp <= in.cluster.per_node) mics.push_back(g);
-      }
-      for (int64_t mb : divisors(per_rank, per_rank)) {
-        for (const auto& [sched, v] : schedules) {
-          for (int zero = 0; zero <= 3; ++zero) {
-            for (int64_t g : mics) {
-              if (g > 0 && zero == 0) continue;
-              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
-                for (const char* rc : {"none", "selective", "full"}) {
-                  Candidate c;
-                  c.dp = dp, c.tp = tp, c.pp = pp, c.virtual_stages = v, c.schedule = sched;
-                  c.zero = zero, c.mics = g, c.sequence_parallel = sp != 0, c.recompute = rc;
-                  c.micro_batch = mb, c.accumulation = per_rank / mb;
-                  out.push_back(c);
+      for (const auto& [cp, impl] : contexts) {
+        if ((N / tp / pp) % cp != 0) continue;
+        const int dp = N / tp / pp / cp;
+        if (G % dp != 0) continue;  // no micro-batch × accumulation gives the global batch
+        const int64_t per_rank = G / dp;
+        std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+        if (pp > 1) {
+          schedules = {{"1f1b", 1}, {"gpipe", 1}, {"zero_bubble", 1}};
+          for (int v = 2; v <= 4 && pp * v <= layers; ++v) schedules.emplace_back("interleaved", v);
+        }
+        std::vector<int64_t> mics = {-1};
+        for (int g : divisors(dp, dp - 1)) {
+          if (g > 1 && int64_t(g) * tp <= in.cluster.per_node) mics.push_back(g);
+        }
+        for (int64_t mb : divisors(per_rank, per_rank)) {
+          for (const auto& [sched, v] : schedules) {
+            for (int zero = 0; zero <= 3; ++zero) {
+              for (int64_t g : mics) {
+                if (g > 0 && zero == 0) continue;
+                for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                  for (const char* rc : {"none", "selective", "full"}) {
+                    Candidate c;
+                    c.dp = dp, c.tp = tp, c.pp = pp, c.virtual_stages = v, c.schedule = sched;
+                    c.zero = zero, c.mics = g, c.sequence_parallel = sp != 0, c.recompute = rc;
+                    c.cp = cp, c.context_impl = impl;
+                    c.micro_batch = mb, c.accumulation = per_rank / mb;
+                    out.push_back(c);
+                  }
                 }
               }
             }
@@ -151,7 +170,11 @@ struct StageCost {
   int blocks = 0;
   int64_t numel = 0;  // this rank's parameter elements
   uint64_t tp_bytes = 0;
-  int tp_collectives = 0;    // per micro-batch
+  int tp_collectives = 0;  // per micro-batch
+  // Context parallelism, per micro-batch: bytes of the exchanges the compute waits for, their
+  // calls, and the ring's key/value passes (overlapped with the blocks' compute).
+  double cp_bytes = 0, cp_overlapped_bytes = 0;
+  int cp_collectives = 0;
   double forward_calls = 0;  // kernel calls per micro-batch forward
   int units = 0;             // ZeRO's units held here
   int gathered_units = 0;    // of which stage 3 gathers (above the persistence threshold)
@@ -170,13 +193,14 @@ struct SpecCache {
   std::map<std::array<int, 5>, Entry> entries;
   // A chunk's arena bytes by (its cut, units, B, slots, input slots, deferred weight gradients,
   // recompute, sequence parallelism): sizing one walks every unit and parameter of the spec.
-  std::map<std::tuple<const Entry*, int, int, int, int, int, bool, std::string, bool, int>,
+  std::map<std::tuple<const Entry*, int, int, int, int, int, bool, std::string, bool, int, int>,
            ArenaBytes>
       arenas;
   ArenaBytes arena_of(const Entry& e, DType pt, DType gt, int B, int T, const ChunkOptions& ch,
                       bool sp, const std::string& recompute) {
+    const int context = ch.context.size * 2 + (ch.context.impl == ContextOptions::Impl::Ring);
     const auto key = std::make_tuple(&e, ch.unit_begin, ch.unit_end, B, ch.slots, ch.input_slots,
-                                     ch.defer_weight, recompute, sp, int(ch.device));
+                                     ch.defer_weight, recompute, sp, int(ch.device), context);
     auto it = arenas.find(key);
     if (it == arenas.end()) {
       it = arenas.emplace(key, transformer_arena_bytes(e.spec, pt, gt, B, T, ch, sp)).first;
@@ -234,7 +258,8 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   const DType pt = o.param_dtype, gt = o.grad_dtype;
   const pipeline::UnitFlops& uf = entry.flops;
   const int B = int(c.micro_batch);
-  const double T = double(cfg.model.seq_len), C = double(cfg.model.hidden);
+  // This rank's rows of each sequence (T/cp); attention's T² work splits over cp as well.
+  const double T = double(cfg.model.seq_len) / c.cp, C = double(cfg.model.hidden);
   for (int k = 0; k < o.virtual_stages; ++k) {
     const int g = pipeline::global_chunk(k, stage, c.pp);
     ChunkOptions ch;
@@ -243,16 +268,23 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
     ch.defer_weight = cs.defer_weight;
     ch.recompute = o.recompute;
     ch.device = device;
-    const ArenaBytes a = cache.arena_of(entry, pt, gt, B, int(cfg.model.seq_len), ch,
-                                        c.sequence_parallel, c.recompute);
+    ch.context = o.context;
+    const ArenaBytes a =
+        cache.arena_of(entry, pt, gt, B, int(o.seq_len), ch, c.sequence_parallel, c.recompute);
     s.bytes[size_t(MemCategory::Activations)] += a.activations;
     s.bytes[size_t(MemCategory::Workspace)] += a.workspace;
     s.bytes[size_t(a.host_checkpoints ? MemCategory::HostCheckpoints
                                       : MemCategory::CheckpointedActivations)] += a.checkpoints;
   }
-  // The step's token ids and targets (the engine's, host memory).
+  // The step's token ids and targets (the engine's, host memory), and under context parallelism
+  // this rank's rows of them.
+  const size_t sequences = size_t(c.micro_batch * c.accumulation);
   s.bytes[size_t(MemCategory::Activations)] +=
-      2 * size_t(c.micro_batch * c.accumulation) * size_t(cfg.model.seq_len) * sizeof(int32_t);
+      2 * sequences * size_t(cfg.model.seq_len) * sizeof(int32_t);
+  if (c.cp > 1) {
+    s.bytes[size_t(MemCategory::Activations)] +=
+        2 * sequences * size_t(cfg.model.seq_len / c.cp) * sizeof(int32_t);
+  }
   // FLOPs of the blocks this stage holds (the plan's, or the whole model's without a pipeline).
   if (c.pp > 1) {
     for (int k = 0; k < o.virtual_stages; ++k) {
@@ -274,10 +306,14 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
       if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B;
     }
   }
-  // Selective recompute reruns the attention core: 4·T²·(heads held·head dim) per block.
+  // Context parallelism: each rank computes 1/cp of every sequence's work (its rows through the
+  // linear layers; under either attention its share of the T² scores).
+  s.forward_flops /= c.cp, s.recompute_flops /= c.cp;
+  // Selective recompute reruns the attention core: 4·T²·(heads held·head dim) per block over the
+  // whole sequence, 1/cp of it here.
   if (o.recompute.selective) {
-    const double heads_dim = C / double(c.tp);
-    s.recompute_flops += 4.0 * T * T * heads_dim * B * s.blocks;
+    const double heads_dim = C / double(c.tp), Tw = double(cfg.model.seq_len);
+    s.recompute_flops += 4.0 * Tw * Tw / c.cp * heads_dim * B * s.blocks;
   }
   const double rows = double(B) * T;
   const double ffn = double(cfg.model.ffn_hidden > 0 ? cfg.model.ffn_hidden : 4 * cfg.model.hidden);
@@ -295,10 +331,38 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   if (c.tp > 1) {
     plan::Layout one = layout;
     one.accumulation = 1;
+    one.seq_len = int64_t(T);  // this rank's rows
     const ModelSpec& whole = cache.at(cfg, c.tp, 1, 1, shard, 0).spec;
     const double share = double(s.blocks) / double(std::max(1, cfg.model.layers));
     s.tp_bytes = uint64_t(double(plan::predict_tp_bytes(one, whole)) * share);
     s.tp_collectives = 4 * s.blocks + (c.sequence_parallel ? 2 * s.blocks : 0) + 2;
+  }
+  // Context parallelism, per micro-batch and block: Ulysses' all-to-alls of the QKV and the
+  // attention output forward, of their gradients backward (and the forward's again for a full
+  // recompute), each moving (cp−1)/cp of its buffer; ring attention's cp−1 passes of the keys and
+  // values forward and again backward (overlapped with the blocks in hand) and cp hops of their
+  // fp32 gradients (waited for).
+  if (c.cp > 1) {
+    const double heads_dim = C / double(c.tp),
+                 kv_dim = 2.0 * heads_dim * double(cfg.model.kv_heads) / double(cfg.model.heads);
+    const double qkv = rows * (heads_dim + kv_dim), out = rows * heads_dim;
+    const double f = double(c.cp - 1) / c.cp, b = double(dtype_size(pt));
+    int recomputed = 0;
+    for (int k = 0; k < o.virtual_stages; ++k) {
+      const int g = c.pp > 1 ? pipeline::global_chunk(k, stage, c.pp) : 0;
+      const int first = c.pp > 1 ? plan.layers_begin[size_t(g)] : 0;
+      const int n = c.pp > 1 ? plan.blocks[size_t(g)] : cfg.model.layers;
+      for (int blk = first; blk < first + n; ++blk) recomputed += o.recompute.is_full(blk) ? 1 : 0;
+    }
+    if (c.context_impl == "ring") {
+      const double kv = rows * kv_dim * b;
+      s.cp_overlapped_bytes = (2.0 * s.blocks + recomputed) * (c.cp - 1) * kv;
+      s.cp_bytes = s.blocks * double(c.cp) * 2.0 * kv;  // the gradients in fp32
+      s.cp_collectives = (2 * s.blocks + recomputed) * (c.cp - 1) + s.blocks * c.cp;
+    } else {
+      s.cp_bytes = (2.0 * s.blocks + recomputed) * f * (qkv + out) * b;
+      s.cp_collectives = 4 * s.blocks + 2 * recomputed;
+    }
   }
   // The pipeline's buffers: the send ring and a receive buffer per direction and chunk (and a
   // GPU's receive stage in host memory).
@@ -344,10 +408,12 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     Config cfg = parse_config(j);
     resolve_batch(cfg, c.dp);
     const int world = in.cluster.devices;
-    const comm::RankGrid grid(world, c.tp, c.pp);
+    const comm::RankGrid grid(world, c.tp, c.pp, "tp-dp-pp", c.cp);
     comm::check_tp_within_hosts(grid, in.cluster.hosts);
     const bool dp_group = world > 1;
-    const int shard = shard_group_size(cfg, c.dp, dp_group);
+    // Gradients are summed and ZeRO shards over dp × cp (the parameters are whole on every
+    // context-parallel rank).
+    const int shard = shard_group_size(cfg, c.dp * c.cp, dp_group);
     check_pipeline_layout(cfg, c.pp);
     const bool zero = zero_in_effect(cfg, dp_group);
     const DeviceProfile& d = in.device;
@@ -387,10 +453,12 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const Link& intra = d.intra_node;
     const Link& inter = d.inter_node;
     const Link& tp_link = intra;  // check_tp_within_hosts holds
-    const bool pp_intra = int64_t(c.tp) * c.dp * c.pp <= in.cluster.per_node;
-    const bool dp_intra = int64_t(c.tp) * c.dp <= in.cluster.per_node;
+    const bool pp_intra = int64_t(c.tp) * c.cp * c.dp * c.pp <= in.cluster.per_node;
+    const bool dp_intra = int64_t(c.tp) * c.cp * c.dp <= in.cluster.per_node;
+    const Link& cp_link = int64_t(c.tp) * c.cp <= in.cluster.per_node ? intra : inter;
     const int m = int(cfg.gradient_accumulation_steps);
     std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)), tpc(size_t(c.pp));
+    std::vector<double> cpc(size_t(c.pp));
     for (int s = 0; s < c.pp; ++s) {
       const StageCost& sc = stages[size_t(s)];
       const double eff_call = sc.gemm_call_flops;
@@ -404,18 +472,27 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
           c.tp > 1 ? collective_s(tp_link, double(sc.tp_bytes), sc.tp_collectives * 2 * (c.tp - 1))
                    : 0.0;
       const double calls = d.overhead_seconds(sc.forward_calls, sharing);
-      fwd[size_t(s)] = gemm(sc.forward_flops) + ew + calls + tp_s / 2;
+      // The ring's key/value passes hide behind the blocks' compute where it is longer.
+      const double cp_s = c.cp > 1
+                              ? collective_s(cp_link, sc.cp_bytes, sc.cp_collectives) +
+                                    std::max(0.0, collective_s(cp_link, sc.cp_overlapped_bytes, 0) -
+                                                      gemm(3 * sc.forward_flops))
+                              : 0.0;
+      fwd[size_t(s)] = gemm(sc.forward_flops) + ew + calls + tp_s / 2 + cp_s / 2;
       rec[size_t(s)] = sc.recompute_flops > 0 ? gemm(sc.recompute_flops) + ew + calls : 0.0;
-      bwd[size_t(s)] = gemm(2 * sc.forward_flops) + 2 * ew + 2 * calls + tp_s / 2 + rec[size_t(s)];
+      bwd[size_t(s)] =
+          gemm(2 * sc.forward_flops) + 2 * ew + 2 * calls + tp_s / 2 + cp_s / 2 + rec[size_t(s)];
       tpc[size_t(s)] = tp_s;
+      cpc[size_t(s)] = cp_s;
     }
     size_t slowest = 0;
     for (size_t s = 1; s < fwd.size(); ++s) {
       if (fwd[s] + bwd[s] > fwd[slowest] + bwd[slowest]) slowest = s;
     }
-    p.compute_s = m * (fwd[slowest] + bwd[slowest] - tpc[slowest]);
+    p.compute_s = m * (fwd[slowest] + bwd[slowest] - tpc[slowest] - cpc[slowest]);
     p.recompute_s = m * rec[slowest];
     p.tp_comm_s = m * tpc[slowest];
+    p.cp_comm_s = m * cpc[slowest];
     double span = m * (fwd[slowest] + bwd[slowest]);
     if (c.pp > 1) {
       const pipeline::ExecutorOptions o = executor_options(cfg, 0, c.pp);
@@ -442,13 +519,13 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       p.bubble_fraction = chk.bubble_fraction;
       p.pp_comm_s = 2.0 * m * v * costs.send;
     }
-    p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s);
+    p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s - p.cp_comm_s);
 
     // Data parallel and ZeRO, over the slowest stage's parameters.
     const StageCost& sc = stages[slowest];
     const double wire = double(dtype_size(cfg.comm_dtype()));
     const double elems = double(sc.numel);
-    const int dpn = c.dp;
+    const int dpn = c.dp * c.cp;  // the gradients' group
     const Link& dl = dp_intra ? intra : inter;
     const double f = dpn > 1 ? double(dpn - 1) / dpn : 0.0;
     double reduce = 0, gather = 0, gather_per_pass = 0;
@@ -497,6 +574,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     // micro-batch; 3: also a gather per gathered unit and pass); MiCS's replica sums; pipeline
     // sends and receives. Stage 3's parameter gathers are counted apart: the compute waits on them.
     double coll = c.tp > 1 ? double(m) * sc.tp_collectives : 0.0;
+    coll += double(m) * sc.cp_collectives;
     if (dpn > 1 || zero) {  // ZeRO on a group of one still runs its reductions
       const double units = sc.units;
       if (!zero || cfg.zero.stage == 0) {
@@ -582,10 +660,10 @@ std::string explain(const PlanInput& in, const Row& r) {
   s += "  (not counted: the communicators' scratch buffers, which grow to the largest collective "
        "needing a dtype conversion)\n";
   std::snprintf(line, sizeof line,
-                "step %.4f s = compute %.4f (recompute %.4f) + tensor-parallel %.4f + bubble "
-                "%.4f (checker: %.1f%% idle, sends %.4f) + exposed data-parallel %.4f (of %.4f) "
-                "+ optimizer %.4f\n",
-                p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.bubble_s,
+                "step %.4f s = compute %.4f (recompute %.4f) + tensor-parallel %.4f + "
+                "context-parallel %.4f + bubble %.4f (checker: %.1f%% idle, sends %.4f) + exposed "
+                "data-parallel %.4f (of %.4f) + optimizer %.4f\n",
+                p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.cp_comm_s, p.bubble_s,
                 100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s);
   s += line;
   if (const StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {

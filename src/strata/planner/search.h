@@ -34,7 +34,9 @@ struct Candidate {
   int zero = 0;
   int64_t mics = -1;  // zero_optimization.mics_shard_size (-1: the whole data-parallel group)
   bool sequence_parallel = false;
-  std::string recompute = "none";  // none | selective | full
+  int cp = 1;                            // parallelism.context
+  std::string context_impl = "ulysses";  // ulysses | ring (with cp > 1)
+  std::string recompute = "none";        // none | selective | full
   int64_t micro_batch = 1, accumulation = 1;
 };
 // "dp4 tp2 pp2/1f1b z1 mb2x4 sp rc=full" and the like.
@@ -53,6 +55,8 @@ struct Prediction {
   double compute_s = 0;        // the slowest stage's forward, backward and recompute
   double recompute_s = 0;      // of which recompute
   double tp_comm_s = 0;        // tensor-parallel collectives (all exposed)
+  double cp_comm_s = 0;        // context-parallel exchanges (Ulysses' all-to-alls, the ring's
+                               // gradient hops; the ring's key/value passes overlap compute)
   double pp_comm_s = 0;        // pipeline sends of the slowest stage
   double bubble_s = 0;         // the span beyond the slowest stage's own work
   double bubble_fraction = 0;  // the schedule checker's, over every stage

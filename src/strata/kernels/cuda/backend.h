@@ -19,6 +19,8 @@ namespace strata::ops::cuda {
 // --- memory (runtime.cc) ----------------------------------------------------------------------
 void fill_zero(Tensor t);
 void copy(Tensor dst, Tensor src);  // dtype conversion on the device (elementwise.cu)
+void copy_2d(Tensor dst, int64_t dst_ld, Tensor src, int64_t src_ld, int64_t rows,
+             int64_t cols);  // runtime.cc
 void copy_from_host(Tensor dst, const void* src);
 void copy_to_host(void* dst, Tensor src);
 void add_inplace(Tensor y, Tensor x);

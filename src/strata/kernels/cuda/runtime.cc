@@ -313,6 +313,13 @@ void copy_from_host(Tensor dst, const void* src) {
   if (attr.type == cudaMemoryTypeHost) synchronize_compute();
 }
 
+void copy_2d(Tensor dst, int64_t dst_ld, Tensor src, int64_t src_ld, int64_t rows, int64_t cols) {
+  const size_t e = dtype_size(dst.dtype);
+  STRATA_CUDA_CHECK(cudaMemcpy2DAsync(dst.data, size_t(dst_ld) * e, src.data, size_t(src_ld) * e,
+                                      size_t(cols) * e, size_t(rows), cudaMemcpyDeviceToDevice,
+                                      compute_stream()));
+}
+
 void copy_to_host(void* dst, Tensor src) {
   STRATA_CUDA_CHECK(
       cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, compute_stream()));
