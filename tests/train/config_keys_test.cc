@@ -134,6 +134,7 @@ const Implemented kImplemented[] = {
     {"parallelism.pipeline", "RankGrid's pp axis; Engine's stages (pipeline/schedule.h)"},
     {"parallelism.virtual_stages", "Engine: model chunks per stage (interleaved schedule)"},
     {"parallelism.partition_blocks", "pipeline::partition, explicit method"},
+    {"sequence_parallel_size", "parallelism.context with context_impl ulysses (DeepSpeed's key)"},
     {"parallelism.context",
      "RankGrid's cp axis; the Transformer's ContextOptions split every sequence over it"},
     {"data.path", "open_dataset"},

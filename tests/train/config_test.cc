@@ -263,6 +263,28 @@ TEST(Config, OverlapCommFollowsTheStageWhenUnset) {
   EXPECT_TRUE(zero({{"stage", 3}, {"overlap_comm", nullptr}}).overlap_comm);
 }
 
+// DeepSpeed's sequence_parallel_size is DeepSpeed-Ulysses' degree: strata's context parallelism
+// by all-to-all; naming a different parallelism.context too is refused.
+TEST(Config, SequenceParallelSizeIsUlyssesContextParallelism) {
+  const json model = {{"preset", "gpt2-tiny"}};
+  const Config c = parse_config(with(kMinimal, {{"sequence_parallel_size", 2}, {"model", model}}));
+  EXPECT_EQ(c.parallelism.context, 2);
+  EXPECT_EQ(c.parallelism.context_impl, "ulysses");
+  EXPECT_EQ(parse_config(with(kMinimal, {{"sequence_parallel_size", 2},
+                                         {"model", model},
+                                         {"parallelism", {{"context", 2}}}}))
+                .parallelism.context,
+            2);
+  try {
+    parse_config(
+        with(kMinimal,
+             {{"sequence_parallel_size", 2}, {"model", model}, {"parallelism", {{"context", 4}}}}));
+    ADD_FAILURE() << "disagreeing sizes accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, AutoMeansDefaultInsideDeepSpeedsPydanticBlocks) {
   Config c = parse_config(with(kMinimal, {{"zero_optimization",
                                            {{"stage", "auto"},

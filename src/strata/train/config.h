@@ -243,6 +243,9 @@ struct Config {
   // Which of the three batch keys the user gave (0 = not given). parse_config leaves the three
   // resolved fields above at 0; resolve_batch fills them.
   int64_t given_train_batch_size = 0, given_micro_batch = 0, given_grad_accum = 0;
+  // DeepSpeed's sequence_parallel_size (DeepSpeed-Ulysses' degree), 0 when absent: the
+  // parallelism block's context with context_impl "ulysses".
+  int ds_sequence_parallel_size = 0;
   bool given_model = false;  // a model block was given (else the demo model, or a checkpoint's)
 
   DType param_dtype() const {

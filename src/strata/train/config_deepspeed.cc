@@ -80,6 +80,7 @@ void parse_batch_and_top(const Block& top, Config& c) {
   top.get_int("train_micro_batch_size_per_gpu", c.given_micro_batch, 1);
   top.get_int("gradient_accumulation_steps", c.given_grad_accum, 1);
   top.get_number("gradient_clipping", c.gradient_clipping, 0.0, HUGE_VAL);
+  top.get_int("sequence_parallel_size", c.ds_sequence_parallel_size, 1);
   if (top.is_null("steps_per_print")) {
     c.steps_per_print = 0;  // DeepSpeed's None: no progress line
   } else {

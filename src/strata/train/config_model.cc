@@ -270,8 +270,16 @@ void parse_layout_blocks(const Block& top, Config& c) {
   pb.get_int("virtual_stages", p.virtual_stages, 1);
   pb.get_choice("schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zero_bubble"});
   pb.get_bool("sequence_parallel", p.sequence_parallel);
-  pb.get_int("context", p.context, 1);
+  const bool context_given = pb.get_int("context", p.context, 1);
   pb.get_choice("context_impl", p.context_impl, {"ulysses", "ring"});
+  if (const int ds = c.ds_sequence_parallel_size; ds > 0) {  // DeepSpeed-Ulysses' degree
+    if (context_given && p.context != ds) {
+      STRATA_INPUT_FAIL("sequence_parallel_size=", ds,
+                        " (DeepSpeed-Ulysses) and parallelism.context=", p.context,
+                        " disagree; they name the same split of each sequence: keep one");
+    }
+    p.context = ds;
+  }
   pb.get_int("timeout_s", p.timeout_s, 0);
   pb.get_choice("partition", p.partition, {"uniform", "parameters", "time", "explicit"});
   if (pb.has("partition_blocks")) {
