@@ -1,8 +1,6 @@
 // The attention core of a block, with or without context parallelism (transformer.h,
 // ContextOptions): Ulysses' all-to-all exchanges between rows and heads, and ring attention's
 // passes of keys and values around the context-parallel group.
-#include <limits>
-
 #include "strata/comm/communicator.h"
 #include "strata/model/transformer_impl.h"
 
