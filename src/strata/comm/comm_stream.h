@@ -56,6 +56,9 @@ struct Op {
   int src = 0;   // SendRecv: the source (peer is the destination)
   int tag = 0;
   uint64_t flight = 0;  // its flight recorder entry (comm/flight_recorder.h); 0: not recorded
+  // Issued asynchronously on a communicator set_polled_background: while it waits for its peers
+  // its thread polls and sleeps instead of spinning inside MPI (Communicator, communicator.cc).
+  bool background = false;
 };
 
 // Its sequence numbers are the events of the communication stream it plays (ops::Completion).

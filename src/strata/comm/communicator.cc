@@ -1,8 +1,11 @@
 #include "strata/comm/communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <exception>
+#include <thread>
 #include <utility>
 
 #include "strata/comm/comm_stream.h"
@@ -35,6 +38,7 @@ struct CommState {
   std::string nccl_note;
 #endif
   int flight_group = 0;     // its id in the flight recorder
+  bool polled = false;      // set_polled_background
   uint64_t wire_bytes = 0;  // see Communicator::wire_bytes(); written by the issuing thread
   std::unique_ptr<CommStream> stream;
 };
@@ -73,20 +77,49 @@ bool overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
   return pa < pb + b_bytes && pb < pa + a_bytes;
 }
 
-void all_reduce_in_place(CommState& s, void* buf, size_t n, DType t) {
+// Threads of this process inside a blocking MPI operation: each of them drives MPI's progress
+// engine, which advances every request of the process, the background ones included.
+std::atomic<int> g_blocking_in_mpi{0};
+
+// A background operation's request to completion, polled (MPI_Test progresses every request of
+// the process). While another thread is inside a blocking MPI operation it progresses this one
+// too, so this thread sleeps between polls (20 µs) rather than spin beside it: a blocking
+// collective of the compute thread (tensor parallelism's, on cores the ranks share) would
+// otherwise wait for a peer whose core this thread takes. Alone, it polls, yielding the core.
+void wait_sleeping(MPI_Request& r) {
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    STRATA_MPI_CHECK(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if (g_blocking_in_mpi.load(std::memory_order_relaxed) > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else if (polls > 64) {
+      std::this_thread::yield();
+    }
+  }
+}
+
+void all_reduce_in_place(CommState& s, void* buf, size_t n, DType t, bool background) {
   char* p = static_cast<char*>(buf);
   for (size_t off = 0; off < n; off += kMaxCount) {
     const int count = int(std::min(kMaxCount, n - off));
+    if (background) {
+      MPI_Request r = MPI_REQUEST_NULL;
+      STRATA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, p + off * dtype_size(t), count,
+                                      detail::mpi_datatype(t), detail::mpi_sum(t), s.comm, &r));
+      wait_sleeping(r);
+      continue;
+    }
     STRATA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, p + off * dtype_size(t), count,
                                    detail::mpi_datatype(t), detail::mpi_sum(t), s.comm));
   }
 }
 
 void run_all_reduce(CommState& s, const Op& op) {
-  if (op.wire == op.dtype) return all_reduce_in_place(s, op.out, op.n, op.dtype);
+  if (op.wire == op.dtype) return all_reduce_in_place(s, op.out, op.n, op.dtype, op.background);
   char* w = scratch(s, op.n * dtype_size(op.wire));
   to_wire(w, op.wire, op.out, op.dtype, op.n);
-  all_reduce_in_place(s, w, op.n, op.wire);
+  all_reduce_in_place(s, w, op.n, op.wire, op.background);
   to_wire(op.out, op.dtype, w, op.wire, op.n);
 }
 
@@ -104,8 +137,16 @@ void run_reduce_scatter(CommState& s, const Op& op) {
     send = w;
   }
   void* result = via_scratch ? w + in_bytes : op.out;
-  STRATA_MPI_CHECK(MPI_Reduce_scatter_block(send, result, int(op.n), detail::mpi_datatype(op.wire),
-                                            detail::mpi_sum(op.wire), s.comm));
+  if (op.background) {
+    MPI_Request r = MPI_REQUEST_NULL;
+    STRATA_MPI_CHECK(MPI_Ireduce_scatter_block(send, result, int(op.n),
+                                               detail::mpi_datatype(op.wire),
+                                               detail::mpi_sum(op.wire), s.comm, &r));
+    wait_sleeping(r);
+  } else {
+    STRATA_MPI_CHECK(MPI_Reduce_scatter_block(
+        send, result, int(op.n), detail::mpi_datatype(op.wire), detail::mpi_sum(op.wire), s.comm));
+  }
   if (via_scratch) to_wire(op.out, op.dtype, result, op.wire, op.n);
 }
 
@@ -171,6 +212,15 @@ void run_send_recv(CommState& s, const Op& op) {
 void execute_host(CommState& s, const Op& op) {
   // The transport reads and writes device memory itself, as NCCL does a GPU's.
   const device_memory::Access access;
+  struct Blocking {  // counted in g_blocking_in_mpi while it runs (wait_sleeping)
+    explicit Blocking(bool on) : on(on) {
+      if (on) g_blocking_in_mpi.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~Blocking() {
+      if (on) g_blocking_in_mpi.fetch_sub(1, std::memory_order_relaxed);
+    }
+    const bool on;
+  } blocking(!op.background);
   switch (op.kind) {
     case OpKind::AllReduce:
       return run_all_reduce(s, op);
@@ -484,9 +534,11 @@ Op recorded(const CommState& s, Op op) {
 
 }  // namespace
 
-Handle Communicator::enqueue(const detail::Op& op, const ops::Event& after) {
-  s_->wire_bytes += wire_bytes_of(*s_, op);
-  return Handle(s_->stream.get(), s_->stream->submit(recorded(*s_, op), after));
+Handle Communicator::enqueue(const detail::Op& op_in, const ops::Event& after) {
+  s_->wire_bytes += wire_bytes_of(*s_, op_in);
+  Op op = recorded(*s_, op_in);
+  op.background = s_->polled;
+  return Handle(s_->stream.get(), s_->stream->submit(op, after));
 }
 
 void Communicator::run(const detail::Op& op_in) {
@@ -508,6 +560,10 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   auto out = std::make_unique<Communicator>(sub, std::move(name));
   MPI_Comm_free(&sub);
   return out;
+}
+
+void Communicator::set_polled_background(bool on) {
+  s_->polled = on;
 }
 
 MPI_Comm Communicator::mpi_comm() const {

@@ -92,6 +92,14 @@ class Communicator {
   // Default 600 s; 0 disables it.
   void set_timeout(std::chrono::seconds t);
   std::chrono::seconds timeout() const;
+  // Asynchronous all-reduces and reduce-scatters issued from now on run as non-blocking MPI
+  // requests their thread polls, sleeping while another thread of the process is inside a
+  // blocking MPI operation (which progresses them too), instead of blocking calls that spin.
+  // For the background reductions beside the compute thread's own blocking collectives (tensor
+  // or context parallelism) on cores the ranks share: measured 43 -> 18 ms a step at dp 2 x tp 2
+  // + sp with overlap_comm on 2 cores. Off by default: alone, MPI's blocking algorithms are
+  // faster (dp 2 on bench-23M: 0.50 s a step against 0.53 s polled).
+  void set_polled_background(bool on);
 
   // buf (n): summed over the group, in place.
   void all_reduce(void* buf, size_t n, DType dtype, DType wire);

@@ -243,6 +243,12 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     context_targets_ = Buffer::host(MemCategory::Activations, batch_bytes / size_t(cp_size_));
   }
   flops_per_token_ = train_flops_per_token(spec_);
+  // The reductions that overlap backward run beside the compute thread's blocking tensor- and
+  // context-parallel collectives: poll them rather than spin (Communicator::set_polled_background).
+  const bool beside = (tp_comm_ != nullptr && tp_comm_->size() > 1) || cp_comm_ != nullptr;
+  for (comm::Communicator* c : {dp_, shard_comm_.get(), replica_comm_.get()}) {
+    if (c != nullptr) c->set_polled_background(beside);
+  }
   if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
     ZeroOptions o = plan::zero_options(layout);
     o.stage = 0;
