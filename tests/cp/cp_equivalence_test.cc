@@ -79,13 +79,8 @@ class Context : public ::testing::Test {
     double val = 0;
   };
 
-  static Run serial(const Case& c, int gbs) {
-    auto j = config(c, gbs);
-    j["activation_checkpointing"] = {{"recompute_granularity", "none"}};
-    j["train_micro_batch_size_per_gpu"] = gbs;
-    Config cfg = parse_config(j);
-    resolve_batch(cfg, 1);
-    Engine engine(cfg, dataset_.get());
+  // kSteps steps, then the validation loss over 2 batches.
+  static Run steps(Engine& engine) {
     engine.set_validation(*dataset_);
     Run r;
     for (int i = 0; i < kSteps; ++i) {
@@ -94,6 +89,16 @@ class Context : public ::testing::Test {
     }
     r.val = engine.evaluate(2);
     return r;
+  }
+
+  static Run serial(const Case& c, int gbs) {
+    auto j = config(c, gbs);
+    j["activation_checkpointing"] = {{"recompute_granularity", "none"}};
+    j["train_micro_batch_size_per_gpu"] = gbs;
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, 1);
+    Engine engine(cfg, dataset_.get());
+    return steps(engine);
   }
 
   static Run parallel(const Case& c, int gbs) {
@@ -112,14 +117,7 @@ class Context : public ::testing::Test {
     Config cfg = parse_config(j);
     resolve_batch(cfg, grid.dp());
     Engine engine(cfg, dataset_.get(), &groups.dp_cp(), &groups.tp(), &groups.pp(), &groups.cp());
-    engine.set_validation(*dataset_);
-    Run r;
-    for (int i = 0; i < kSteps; ++i) {
-      const StepMetrics m = engine.train_batch();
-      r.loss.push_back(m.loss), r.norm.push_back(m.grad_norm);
-    }
-    r.val = engine.evaluate(2);
-    return r;
+    return steps(engine);
   }
 
   static void expect_same(const Run& got, const Run& ref, const std::string& what) {

@@ -112,23 +112,29 @@ void ring_blocks(int s, int r, int P, int rows, F&& f) {
 
 }  // namespace
 
+// Step s of the ring (of P): unless it is the last, the keys and values in kv_[cur] start for the
+// next rank while the previous rank's arrive in kv_[1 - cur], on the communication thread.
+comm::Handle TransformerImpl::pass_kv(int s, int cur, int64_t kvn) {
+  const ContextOptions& cx = chunk_.context;
+  if (s + 1 == cx.size) return {};
+  return cx.comm->send_recv_async(kv_[cur], (cx.rank + 1) % cx.size, kv_[1 - cur],
+                                  (cx.rank + cx.size - 1) % cx.size, size_t(kvn), pt_, kRingKv);
+}
+
 // Forward: this rank's queries against every rank's keys and values, which travel the ring
 // (rank r sends to r + 1) while the blocks in hand are computed; the blocks merge into o and the
 // lse, which is the saved state.
 void TransformerImpl::ring_forward(const BlockActs& a, void* out) {
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
-  const int P = cx.size, r = cx.rank, next = (r + 1) % P, prev = (r + P - 1) % P, c = T_ / 2;
+  const int P = cx.size, r = cx.rank, c = T_ / 2;
   const int64_t kvn = N_ * tpl_.groups * 2 * ash_.hd;
   const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_), o = f32(o32_, N_ * Hl_), lse = att_view(a.att);
   ops::attention_lse_clear(lse);
   ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, ash_);
   int cur = 0;
   for (int s = 0; s < P; ++s) {
-    comm::Handle h;
-    if (s + 1 < P) {
-      h = cx.comm->send_recv_async(kv_[cur], next, kv_[1 - cur], prev, size_t(kvn), pt_, kRingKv);
-    }
+    comm::Handle h = pass_kv(s, cur, kvn);
     const Tensor kv = vec(kv_[cur], pt_, kvn);
     ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
       ops::attention_block_forward(o, lse, qkv, q0, c, kv, k0, c, ash_, causal);
@@ -154,10 +160,7 @@ void TransformerImpl::ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv
   ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, ash_);
   int cur = 0;
   for (int s = 0; s < P; ++s) {
-    comm::Handle h;
-    if (s + 1 < P) {
-      h = cx.comm->send_recv_async(kv_[cur], next, kv_[1 - cur], prev, size_t(kvn), pt_, kRingKv);
-    }
+    comm::Handle h = pass_kv(s, cur, kvn);
     const Tensor kv = vec(kv_[cur], pt_, kvn), dkv = f32(dkv_[cur], kvn);
     ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
       ops::attention_block_backward(dq, dkv, dout, qkv, lse, delta, q0, c, kv, k0, c, ash_, causal);

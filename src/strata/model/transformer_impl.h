@@ -7,6 +7,7 @@
 #include <array>
 #include <vector>
 
+#include "strata/comm/communicator.h"
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
 #include "strata/kernels/ops.h"
@@ -217,6 +218,7 @@ class TransformerImpl final : public Transformer {
   // (B, T rows, groups/cp × width) of its share of the groups. width: a group's elements.
   void ulysses_to_heads(void* p, int64_t width);
   void ulysses_to_rows(void* p, int64_t width);
+  comm::Handle pass_kv(int s, int cur, int64_t kvn);  // a ring step's key/value exchange
   void ring_forward(const BlockActs& a, void* out);
   void ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
   // Weight halves from the tensors the input halves leave.
