@@ -8,10 +8,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "strata/data/llmc_shard.h"
@@ -415,6 +418,43 @@ TEST_F(CliRunTest, LaunchReturnsTheJobsExitCode) {
   EXPECT_NE(err.find("missing.json"), std::string::npos) << err;
   EXPECT_NE(err.find("rank"), std::string::npos) << err;
   EXPECT_EQ(run("launch -n 2", &err), 2);  // nothing to launch
+}
+
+// More ranks than CPUs: launch pins them to the CPUs round robin, so that consecutive ranks (a
+// tensor-, context- or data-parallel group, which run at the same time) sit on different CPUs;
+// with no more ranks than CPUs it leaves placement to the scheduler. OpenMPI reports the bindings.
+TEST_F(CliRunTest, LaunchPinsRanksRoundRobinWhenTheyOutnumberTheCpus) {
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (cpus + 1 > 8) GTEST_SKIP() << cpus << " CPUs: more ranks than this test should start";
+  write(dir_ + "/any.json",
+        R"({"train_micro_batch_size_per_gpu": 1, "model": {"preset": "gpt2-tiny"}})");
+  auto bindings = [&](int n) {
+    setenv("OMPI_MCA_hwloc_base_report_bindings", "1", 1);
+    std::string err;
+    const int rc = run("launch -n " + std::to_string(n) + " -- topology --config " + dir_ +
+                           "/any.json -n " + std::to_string(n),
+                       &err);
+    unsetenv("OMPI_MCA_hwloc_base_report_bindings");
+    EXPECT_EQ(rc, 0) << err;
+    std::map<int, std::string> mask;  // rank: its CPU mask, "" where not bound
+    const std::regex line(R"(MCW rank ([0-9]+) (bound to|is not bound)[^\n]*?(\[[^\n]*\])?\n)");
+    for (auto it = std::sregex_iterator(err.begin(), err.end(), line); it != std::sregex_iterator();
+         ++it) {
+      mask[std::stoi((*it)[1])] = (*it)[2] == "bound to" ? std::string((*it)[3]) : "";
+    }
+    EXPECT_EQ(mask.size(), size_t(n)) << err;
+    return mask;
+  };
+  std::map<int, std::string> mask = bindings(cpus + 1);
+  for (const auto& [rank, m] : mask) EXPECT_FALSE(m.empty()) << "rank " << rank << " not bound";
+  if (cpus >= 2) {
+    EXPECT_NE(mask[0], mask[1]);
+  }
+  EXPECT_EQ(mask[0], mask[cpus]);  // round robin: rank `cpus` is back on rank 0's CPU
+  if (cpus >= 2) {
+    mask = bindings(2);
+    for (const auto& [rank, m] : mask) EXPECT_TRUE(m.empty()) << "rank " << rank << " bound: " << m;
+  }
 }
 
 TEST_F(CliRunTest, TopologyPrintsTheGrid) {

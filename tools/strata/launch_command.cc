@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -211,7 +212,18 @@ int threads_per_rank(int n, int requested, bool one_host) {
 
 std::vector<std::string> mpirun_command(int n, const std::string& hostfile, int threads,
                                         const std::vector<std::string>& command) {
-  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(n), "--bind-to", "none"};
+  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(n)};
+  const int cpus = int(std::max(1u, std::thread::hardware_concurrency()));
+  if (hostfile.empty() && int64_t(n) * threads > cpus) {
+    // More ranks than CPUs: each is pinned to one, round robin, so that consecutive ranks (a
+    // tensor-, context- or data-parallel group, which run at the same time) sit on different
+    // CPUs. Left to the scheduler, its wake-up placement stacked such peers on one CPU now and
+    // then: one 4-rank layout on 2 CPUs measured 0.19 s or 0.34 s a step from run to run, pinned
+    // 0.20-0.21 s every time.
+    argv.insert(argv.end(), {"--map-by", "hwthread", "--bind-to", "hwthread:overload-allowed"});
+  } else {
+    argv.insert(argv.end(), {"--bind-to", "none"});
+  }
   if (!hostfile.empty()) {
     argv.insert(argv.end(), {"--hostfile", hostfile});
   } else {
