@@ -60,6 +60,10 @@ void expect_usable(const planner::DeviceProfile& p) {
   }
   EXPECT_GT(p.memory_bytes_per_s, 1e8);
   EXPECT_GT(p.op_overhead_s, 0.0);
+  EXPECT_FALSE(p.elementwise_bytes_per_s.empty());
+  for (const auto& [family, rate] : p.elementwise_bytes_per_s) EXPECT_GT(rate, 1e7) << family;
+  EXPECT_FALSE(p.attention_flops.empty());
+  for (const auto& [T, rate] : p.attention_flops) EXPECT_GT(rate, 1e8) << T;
   EXPECT_GT(p.intra_node.bytes_per_s, 0.0);
   EXPECT_GE(p.intra_node.alpha_s, 0.0);
   EXPECT_GT(p.inter_node.bytes_per_s, 0.0);
@@ -68,6 +72,17 @@ void expect_usable(const planner::DeviceProfile& p) {
   // The planner's time model takes it: a GEMM's time is finite and positive.
   EXPECT_GT(p.gemm_seconds(1e9, DType::BF16), 0.0);
   EXPECT_TRUE(std::isfinite(p.gemm_seconds(1e9, DType::F32)));
+}
+
+// The families whose block kernels were timed, and the sequence lengths attention was.
+void expect_kernels(const planner::DeviceProfile& p, const std::vector<std::string>& families,
+                    const std::vector<double>& seq_lens) {
+  std::vector<std::string> f;
+  for (const auto& [family, rate] : p.elementwise_bytes_per_s) f.push_back(family);
+  EXPECT_EQ(f, families);
+  std::vector<double> t;
+  for (const auto& [T, rate] : p.attention_flops) t.push_back(T);
+  EXPECT_EQ(t, seq_lens);
 }
 
 TEST_F(Calibrate, OneRankWritesAProfileThatReadsBack) {
@@ -82,10 +97,17 @@ TEST_F(Calibrate, OneRankWritesAProfileThatReadsBack) {
       << p.source;
   EXPECT_DOUBLE_EQ(p.intra_node.alpha_s, 5e-6);
   EXPECT_EQ(p.inter_node.bytes_per_s, p.intra_node.bytes_per_s);
-  // The generic shapes: M ∈ {64, 256, 1024, 4096} rows of C = 256 and 768's MLP products, whose
-  // up and down share a FLOP count; a too long call may be left out, never a short one.
-  EXPECT_DOUBLE_EQ(p.gemm_efficiency.front().first, 2.0 * 64 * 1024 * 256);
-  EXPECT_LE(p.gemm_efficiency.size(), 8u);
+  // The generic shapes: M ∈ {64, 128, 256, 512, 1024, 4096} rows of C = 512's MLP products,
+  // whose up and down share a FLOP count (one point a row count, keyed by rows too); a too long
+  // call may be left out, never a short one.
+  EXPECT_DOUBLE_EQ(p.gemm_efficiency.front().first, 2.0 * 64 * 2048 * 512);
+  EXPECT_LE(p.gemm_efficiency.size(), 6u);
+  EXPECT_GE(p.gemm_efficiency.size(), 5u);
+  ASSERT_EQ(p.gemm_efficiency_rows.size(), p.gemm_efficiency.size());
+  EXPECT_DOUBLE_EQ(p.gemm_efficiency_rows.front().first, 64);
+  EXPECT_DOUBLE_EQ(p.gemm_efficiency_rows[1].first, 128);
+  // Both families' block kernels, and attention at three lengths.
+  expect_kernels(p, {"gpt2", "llama"}, {128, 512, 2048});
   // And `strata plan --device FILE` reads it.
   EXPECT_EQ(planner::load_profile(out, "/nonexistent").fp32_flops, p.fp32_flops);
 }
@@ -118,11 +140,45 @@ TEST_F(Calibrate, AModelsShapesMakeTheCurve) {
   std::vector<double> flops;
   for (const auto& [f, e] : planner::read_profile(out).gemm_efficiency) flops.push_back(f);
   std::vector<double> want;
-  for (double M : {64, 256, 1024, 4096}) want.insert(want.end(), {4096 * M, 8192 * M});
+  for (double M : {64, 128, 256, 512, 1024, 4096}) want.insert(want.end(), {4096 * M, 8192 * M});
   std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());  // M = 128's QKV is M = 64's up
   EXPECT_EQ(flops, want);
   EXPECT_EQ(strata("bench --calibrate --model no-such-model --output '" + out + "x'", &err), 2);
   EXPECT_NE(err.find("no-such-model"), std::string::npos) << err;
+}
+
+// A --config's model gives the shapes: its GEMMs, its family's elementwise kernels at its widths
+// (and the other family's at the same C), attention at T/4 and T.
+TEST_F(Calibrate, AConfigsModelGivesTheShapes) {
+  {
+    std::ofstream f(path("c.json"));
+    f << R"({"train_micro_batch_size_per_gpu": 1, "model": {"family": "gpt2", "layers": 1,
+             "hidden": 64, "heads": 4, "vocab": 128, "seq_len": 64}})";
+  }
+  const std::string out = path("p.json");
+  std::string err;
+  ASSERT_EQ(
+      strata("bench --calibrate --config '" + path("c.json") + "' --output '" + out + "'", &err), 0)
+      << err;
+  const planner::DeviceProfile p = planner::read_profile(out);
+  expect_usable(p);
+  std::vector<double> flops, want;
+  for (const auto& [f, e] : p.gemm_efficiency) flops.push_back(f);
+  // QKV (M, 192, 64); MLP up (M, 256, 64) and down (M, 64, 256) share a count; by rows, one
+  // point a row count.
+  for (double M : {64, 128, 256, 512, 1024, 4096}) {
+    want.insert(want.end(), {24576 * M, 32768 * M});
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(flops, want);
+  EXPECT_EQ(p.gemm_efficiency_rows.size(), 6u);
+  expect_kernels(p, {"gpt2", "llama"}, {16, 64});
+  EXPECT_EQ(strata("bench --calibrate --config '" + path("none.json") + "' --output '" + out + "x'",
+                   &err),
+            2);
+  EXPECT_NE(err.find("none.json"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(out + "x"));
 }
 
 TEST_F(Calibrate, AnOutputThatCannotBeWrittenIsAnInputErrorLeavingNoFile) {

@@ -345,11 +345,15 @@ TEST_F(PlanCli, FitMeasuresProbesAndThePlanThenUsesIt) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
       text, m,
-      std::regex("\nfit: ([0-9]+) probe layouts, 2 timed steps each \\(configs and logs in "
-                 "(.+)\\)\n")))
+      std::regex("\nfit: ([0-9]+) probe layouts \\(([0-9]+) at batch ([0-9]+), ([0-9]+) at "
+                 "([0-9]+)\\), 2 timed steps each \\(configs and logs in (.+)\\)\n")))
       << text;
-  verify_dirs_.push_back(m[2]);
+  verify_dirs_.push_back(m[6]);
   EXPECT_EQ(std::stoi(m[1]), 7) << text;
+  // Probes at two global batches, so that the per-step terms are told from the compute's.
+  EXPECT_EQ(std::stoi(m[2]) + std::stoi(m[4]), 7) << text;
+  EXPECT_GE(std::stoi(m[4]), 3) << text;
+  EXPECT_EQ(std::stoi(m[5]) * 2, std::stoi(m[3])) << text;
   ASSERT_TRUE(std::regex_search(
       text, m,
       std::regex(

@@ -125,6 +125,48 @@ TEST(PlannerSearch, ContextParallelismIsPlannedOnTheCpu) {
   }
 }
 
+// Four CPU ranks on two cores: each op is timed at a core's speed and the step is at least the
+// node's busy core-seconds over its cores. Data parallelism keeps every rank busy: that bound
+// sets the step, each rank's work at half a core. One micro-batch through four stages runs them
+// one after another, a core each while the other waits: the critical path sets the step, near
+// the whole model's work on one core (plus the stages' sends), where charging
+// each stage at half a core would double it.
+TEST(PlannerSearch, RanksOutnumberingTheCoresShareThem) {
+  auto cpu = [](int ranks, int cores) {
+    planner::PlanInput in = input({{"preset", "llama-tiny"},
+                                   {"layers", 4},
+                                   {"seq_len", 256},
+                                   {"hidden", 256},
+                                   {"ffn_hidden", 512}},
+                                  4, ranks, ranks, "h100");
+    in.device.name = "cpu", in.device.gpu = false, in.device.cores = cores;
+    in.device.threads_per_rank = 1,
+    in.device.memory_bytes = in.device.host_memory_bytes = 1ull << 40;
+    in.device.op_overhead_s = 3e-7;  // a CPU's kernel call and shared-memory link, not a GPU's
+    in.device.intra_node = in.device.inter_node = {3e-7, 1e12};  // sends all but free
+    return in;
+  };
+  planner::Candidate dp, pp, one;
+  dp.dp = 4, dp.micro_batch = 1;
+  pp.pp = 4, pp.micro_batch = 4, pp.schedule = "gpipe";
+  one.micro_batch = 4;
+  const planner::Row a = planner::evaluate(cpu(4, 2), dp), b = planner::evaluate(cpu(4, 2), pp);
+  const planner::Row alone = planner::evaluate(cpu(1, 1), one);
+  ASSERT_TRUE(a.valid() && b.valid() && alone.valid()) << a.reason << b.reason << alone.reason;
+  EXPECT_GT(a.p.cores_bound_s, 0.0);
+  EXPECT_DOUBLE_EQ(a.p.model_step_s, a.p.cores_bound_s);
+  // Busy: compute and optimizer (the columns, at half a core) and the reductions' copies and sums.
+  EXPECT_GT(a.p.dp_comm_s, 0.0);
+  EXPECT_NEAR(a.p.cores_bound_s, a.p.compute_s + a.p.optimizer_s + 2 * a.p.dp_comm_s,
+              1e-9 * a.p.cores_bound_s);
+  EXPECT_EQ(alone.p.cores_bound_s, 0.0);  // no more ranks than cores: no bound
+  EXPECT_GT(b.p.model_step_s, 1.5 * b.p.cores_bound_s);
+  EXPECT_GT(b.p.model_step_s, 0.8 * alone.p.model_step_s);
+  EXPECT_LT(b.p.model_step_s, 1.3 * alone.p.model_step_s)
+      << planner::explain(cpu(4, 2), b) << planner::explain(cpu(1, 1), alone);
+  EXPECT_NE(planner::explain(cpu(4, 2), a).find("ranks outnumber the cores"), std::string::npos);
+}
+
 TEST(PlannerSearch, TenThousandLayoutsInUnderTwoSeconds) {
   const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 1024, 64, 8, "h100");
   const auto t0 = std::chrono::steady_clock::now();
@@ -202,12 +244,25 @@ TEST_F(PlannerProfiles, BuiltInsAndFiles) {
   const std::string dir = dir_.string();
   planner::DeviceProfile p = planner::load_profile("h200", "/nonexistent");
   p.name = "mine";
+  p.elementwise_bytes_per_s = {{"gpt2", 9e9}, {"llama", 6e9}};
+  p.attention_flops = {{512, 1.5e11}, {128, 1e11}};
   planner::write_profile(p, dir + "/p.json");
   const planner::DeviceProfile q = planner::load_profile(dir + "/p.json", "/nonexistent");
   EXPECT_EQ(q.name, "mine");
   EXPECT_EQ(q.memory_bytes, p.memory_bytes);
   EXPECT_DOUBLE_EQ(q.bf16_flops, p.bf16_flops);
   EXPECT_EQ(q.gemm_efficiency.size(), p.gemm_efficiency.size());
+  // The kernels' own rates: elementwise by family, attention by sequence length (sorted; log-T
+  // interpolation between, the end points' rates beyond).
+  ASSERT_EQ(q.elementwise_bytes_per_s.size(), 2u);
+  EXPECT_DOUBLE_EQ(q.elementwise_seconds(9e9, "gpt2"), 1.0);
+  EXPECT_DOUBLE_EQ(q.elementwise_seconds(6e9, "llama"), 1.0);
+  EXPECT_DOUBLE_EQ(q.elementwise_seconds(1e9, "other"), q.memory_seconds(1e9));
+  ASSERT_EQ(q.attention_flops.size(), 2u);
+  EXPECT_DOUBLE_EQ(q.attention_flops.front().first, 128);
+  EXPECT_DOUBLE_EQ(q.attention_seconds(1e11, 64, DType::BF16), 1.0);
+  EXPECT_DOUBLE_EQ(q.attention_seconds(1.5e11, 4096, DType::BF16), 1.0);
+  EXPECT_DOUBLE_EQ(q.attention_seconds(1.25e11, 256, DType::BF16), 1.0);  // halfway in log T
   // A machine never calibrated, a name that is not a device, a file that is not a profile.
   auto message = [](const std::string& name, const std::string& calib) {
     try {
@@ -221,6 +276,16 @@ TEST_F(PlannerProfiles, BuiltInsAndFiles) {
   EXPECT_NE(message("h300", "").find("unknown --device \"h300\""), std::string::npos);
   std::ofstream(dir + "/bad.json") << "{\"name\": 1}";
   EXPECT_NE(message(dir + "/bad.json", "").find("strata_device_profile"), std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/p.json"));
+  j["attention_tflops"] = {{128, -1}};
+  std::ofstream(dir + "/bad_attention.json") << j.dump();
+  EXPECT_NE(message(dir + "/bad_attention.json", "").find("\"attention_tflops\""),
+            std::string::npos);
+  j.erase("attention_tflops");
+  j["elementwise_gbps"] = {{"gpt2", "fast"}};
+  std::ofstream(dir + "/bad_elementwise.json") << j.dump();
+  EXPECT_NE(message(dir + "/bad_elementwise.json", "").find("\"elementwise_gbps\".gpt2"),
+            std::string::npos);
 }
 
 TEST(PlannerSearch, AConfigWithoutAGlobalBatchIsRefused) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -380,14 +381,24 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--sequence-parallel", args->sequence_parallel,
                 "with --tensor > 1: split activations outside the tensor-parallel regions");
   cmd->add_flag("--calibrate", args->calibrate,
-                "measure this machine (GEMM peak and efficiency, memory bandwidth, links) into "
-                "the device profile strata plan --device cpu reads, instead of timing steps");
+                "measure this machine (GEMM peak and efficiency, the block's other kernels and "
+                "attention at --config's or --model's shapes, memory bandwidth, links) into the "
+                "device profile strata plan --device cpu reads, instead of timing steps");
   args->output = planner::default_calibration_path();
   cmd->add_option("--output", args->output, "with --calibrate: the profile's path")
       ->capture_default_str();
   cmd->callback([args, model] {
     if (args->calibrate) {
-      run_calibrate(args->output, model->count() > 0 ? args->model : "", args->device);
+      // The shapes the calibration times: a --config's model, a --model preset's, or none.
+      std::optional<ModelConfig> shapes;
+      if (!args->config.empty()) {
+        shapes = load_config(args->config, args->overrides).model;
+      } else if (model->count() > 0) {
+        shapes = parse_config(
+                     {{"train_micro_batch_size_per_gpu", 1}, {"model", {{"preset", args->model}}}})
+                     .model;
+      }
+      run_calibrate(args->output, shapes, args->device);
     } else {
       run_bench(*args);
     }

@@ -1,8 +1,10 @@
 // strata bench --calibrate: this machine measured into the device profile the layout planner
 // divides by (planner/device_profile.h). Rank 0 times, with its OpenMP threads while the other
-// ranks wait idle, the dense GEMM peak per dtype, the efficiency of Transformer-shaped GEMMs by
-// size, the memory bandwidth of an elementwise op and the fixed cost of a kernel call; all ranks
-// then time strata's own all-reduce for the links' α–β; rank 0 writes the profile.
+// ranks wait idle, the dense GEMM peak per dtype, the efficiency of a linear layer's training
+// products by size, the model's own block kernels beyond its GEMMs (elementwise per family,
+// causal attention by sequence length; at a --config's or --model's shapes), the memory bandwidth
+// of a streaming op and the fixed cost of a kernel call; all ranks then time strata's own
+// all-reduce for the links' α–β; rank 0 writes the profile.
 #include <mpi.h>
 #include <omp.h>
 #include <unistd.h>
@@ -97,14 +99,15 @@ struct GemmShape {
 };
 
 // The products of a Transformer block at M rows: a model's QKV (M, qkv, C), MLP up (M, up, C) and
-// down (M, C, ffn); without a model, the MLP's of C = 256 and 768 (QKV's are like up's).
-std::vector<GemmShape> curve_shapes(const std::string& model) {
+// down (M, C, ffn); without a model, the MLP's of C = 512 (QKV's are like up's).
+std::vector<GemmShape> curve_shapes(const std::optional<ModelConfig>& model) {
   std::vector<std::array<int64_t, 2>> nk;
-  if (model.empty()) {
-    for (int64_t C : {256, 768}) nk.insert(nk.end(), {{4 * C, C}, {C, 4 * C}});
+  if (!model) {
+    // One width, so that the curve's FLOPs order its points by rows as a model's do.
+    constexpr int64_t C = 512;
+    nk = {{4 * C, C}, {C, 4 * C}};
   } else {
-    const ModelConfig m =
-        parse_config({{"train_micro_batch_size_per_gpu", 1}, {"model", {{"preset", model}}}}).model;
+    const ModelConfig& m = *model;
     const int64_t C = m.hidden, hd = m.hidden / m.heads;
     const int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
     const int64_t ffn = m.ffn_hidden > 0 ? m.ffn_hidden : 4 * C;
@@ -112,18 +115,50 @@ std::vector<GemmShape> curve_shapes(const std::string& model) {
     nk = {{(m.heads + 2 * kv) * hd, C}, {up, C}, {C, ffn}};
   }
   std::vector<GemmShape> shapes;
-  for (int64_t M : {64, 256, 1024, 4096}) {
+  for (int64_t M : {64, 128, 256, 512, 1024, 4096}) {
     for (const auto& [N, K] : nk) shapes.push_back({M, N, K});
   }
   return shapes;
 }
 
+// The median seconds of fn (synchronized): at least 3 runs and as many as fit in budget_s (at most
+// 50), after one warm-up run (oneDNN's JIT, first touches).
+double median_seconds(const std::function<void()>& fn, double budget_s) {
+  auto run = [&] {
+    fn();
+    ops::synchronize(default_device());
+  };
+  run();
+  std::vector<double> t;
+  double spent = 0;
+  for (int i = 0; i < 50 && (i < 3 || spent < budget_s); ++i) {
+    const auto t0 = Clock::now();
+    run();
+    t.push_back(seconds_since(t0));
+    spent += t.back();
+  }
+  std::nth_element(t.begin(), t.begin() + long(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+// A buffer of n random normal values in dtype (random, not zeros: multiplying zeros draws less
+// power, which lets a chip clock higher than training's data would).
+Buffer random_buffer(size_t n, DType dtype, const char* name) {
+  Buffer buf(MemCategory::Workspace, n * dtype_size(dtype));
+  std::vector<float> v(n);
+  std::vector<char> h(n * dtype_size(dtype));
+  rng_fill_normal(v.data(), rng_key(1234, name), 0, n, 0.0f, 1.0f);
+  convert(h.data(), dtype, v.data(), DType::F32, n);
+  ops::copy_from_host(Tensor(buf.data(), dtype, {int64_t(n)}), h.data());
+  return buf;
+}
+
 // The cubes whose best rate is a dtype's peak.
 constexpr int64_t kPeakSizes[] = {1024, 1536, 2048};
 
-// Random normal operands A and B in dtype and a result C in dtype, each large enough for every
-// shape it is given (views of their beginnings). Random, not zeros: multiplying zeros draws less
-// power, which lets a chip clock higher than training's data would.
+// Random normal operands A and B in dtype and a result C in dtype, and for the training products
+// a random dy, a dx in dtype and an fp32 dw, each large enough for every shape it is given (views
+// of their beginnings).
 class GemmBench {
  public:
   GemmBench(DType dtype, const std::vector<GemmShape>& shapes) : dtype_(dtype) {
@@ -134,6 +169,36 @@ class GemmBench {
     }
     a_ = random(a, "calibrate a"), b_ = random(b, "calibrate b");
     c_ = Buffer(MemCategory::Workspace, c * dtype_size(dtype));
+    dy_ = random(c, "calibrate dy"), dx_ = Buffer(MemCategory::Workspace, a * dtype_size(dtype));
+    // Copies of a layer's weights and fp32 gradients, 64 MiB of weights at least (at most 32
+    // copies): each run takes the next, so that the products meet them cold.
+    weights_ = b,
+    copies_ = std::clamp<size_t>((size_t(64) << 20) / (b * dtype_size(dtype) + 1) + 1, 1, 32);
+    w_ = random(b * copies_, "calibrate w");
+    dw_ = Buffer(MemCategory::Workspace, b * copies_ * sizeof(float));
+    ops::fill_zero(Tensor(dw_.data(), DType::F32, {int64_t(b * copies_)}));
+  }
+
+  // FLOP/s of a linear layer's training products at s: forward y = x·wᵀ, backward dx = dy·w and
+  // dw += dyᵀ·x into fp32 gradients (as mixed precision keeps them), with the model's own
+  // kernels; the median of at least 3 runs and of as many as fit in budget_s, after a warm-up.
+  // The median, not the best: a step meets these products with its caches as they come.
+  double training_rate(const GemmShape& s, double budget_s) const {
+    const Tensor x(a_.data(), dtype_, {s.M, s.K});
+    const Tensor y(c_.data(), dtype_, {s.M, s.N}), dy(dy_.data(), dtype_, {s.M, s.N});
+    const Tensor dx(dx_.data(), dtype_, {s.M, s.K});
+    size_t next = 0;
+    const double t = median_seconds(
+        [&] {
+          const size_t at = (next++ % copies_) * weights_;
+          const Tensor w(static_cast<char*>(w_.data()) + at * dtype_size(dtype_), dtype_,
+                         {s.N, s.K});
+          const Tensor dw(dw_.as<float>() + at, DType::F32, {s.N, s.K});
+          ops::linear_forward(y, x, w, Tensor());
+          ops::linear_backward(dx, dw, Tensor(), dy, x, w);
+        },
+        budget_s);
+    return 3.0 * s.flops() / t;
   }
 
   // FLOP/s of s: the best of at least 3 runs, and of as many as fit in budget_s, after a warm-up
@@ -159,19 +224,162 @@ class GemmBench {
   }
 
  private:
-  Buffer random(size_t n, const char* name) const {
-    Buffer buf(MemCategory::Workspace, n * dtype_size(dtype_));
-    std::vector<float> v(n);
-    std::vector<char> h(n * dtype_size(dtype_));
-    rng_fill_normal(v.data(), rng_key(1234, name), 0, n, 0.0f, 1.0f);
-    convert(h.data(), dtype_, v.data(), DType::F32, n);
-    ops::copy_from_host(Tensor(buf.data(), dtype_, {int64_t(n)}), h.data());
-    return buf;
-  }
+  Buffer random(size_t n, const char* name) const { return random_buffer(n, dtype_, name); }
 
   DType dtype_;
-  Buffer a_, b_, c_;
+  Buffer a_, b_, c_, dy_, dx_, w_, dw_;
+  size_t weights_ = 0, copies_ = 1;  // elements of one copy of w_ and dw_, and how many
 };
+
+// A family's block widths for the kernels beyond its GEMMs: a model's, or without one a
+// mid-sized block of each family (C 512, 8 heads of 64; GPT-2's MLP 4·C, Llama's 2/3 of it with 2
+// key/value heads), and the sequence lengths attention is timed at.
+struct BlockShape {
+  std::string family;
+  int64_t C = 0, F = 0, heads = 0, kv = 0, hd = 0;
+  std::vector<int64_t> seq_lens;
+};
+
+std::vector<BlockShape> block_shapes(const std::optional<ModelConfig>& model) {
+  if (!model) {
+    return {{"gpt2", 512, 2048, 8, 8, 64, {128, 512, 2048}},
+            {"llama", 512, 1376, 8, 2, 64, {128, 512, 2048}}};
+  }
+  // The model's family at its widths, and the other family at the same C (its usual MLP), so
+  // that a plan for either finds a rate.
+  const ModelConfig& m = *model;
+  BlockShape b{m.family,
+               m.hidden,
+               m.ffn_hidden > 0 ? m.ffn_hidden : 4 * int64_t(m.hidden),
+               m.heads,
+               m.kv_heads > 0 ? m.kv_heads : m.heads,
+               m.hidden / m.heads,
+               {}};
+  for (int64_t T : {int64_t(m.seq_len) / 4, int64_t(m.seq_len)}) {
+    // A point's forward and backward stay under about 30 GFLOP (a second or so here).
+    const double flops = 12.0 * double(T) * double(T) * double(m.hidden) * double(1024 / T + 1);
+    if (T >= 16 && flops < 3e10) b.seq_lens.push_back(T);
+  }
+  if (b.seq_lens.empty()) b.seq_lens.push_back(std::min<int64_t>(m.seq_len, 1024));
+  BlockShape other = b;
+  if (m.family == "llama") {
+    other.family = "gpt2", other.F = 4 * b.C, other.kv = b.heads;
+  } else {
+    other.family = "llama", other.F = (8 * b.C / 3 + 63) / 64 * 64;
+    other.kv = b.heads % 2 == 0 ? b.heads / 2 : b.heads;
+  }
+  other.seq_lens.clear();  // attention's rate is timed once, with the model's heads
+  return {b, other};
+}
+
+// The planner's count of a block's elementwise bytes over M rows, forward and backward (its
+// StageCost::elementwise_bytes, three times): about twelve (M, C) tensors and three (M, F) ones
+// read and written a pass.
+double elementwise_bytes(const BlockShape& b, int64_t M, DType dtype) {
+  return 3.0 * (12.0 * double(M * b.C) + 3.0 * double(M * b.F)) * double(dtype_size(dtype));
+}
+
+// Bytes (the planner's count) per second of the family's elementwise kernels of one block's
+// forward and backward over M rows, timed together: two norms, the activation, two residual adds,
+// and Llama's RoPE on the query and key heads.
+double elementwise_rate(const BlockShape& b, int64_t M, DType dtype) {
+  const int64_t C = b.C, F = b.F, up = b.family == "llama" ? 2 * F : F;
+  const int64_t qkv_w = (b.heads + 2 * b.kv) * b.hd;
+  const Buffer x = random_buffer(size_t(M * C), dtype, "ew x");
+  const Buffer y = random_buffer(size_t(M * C), dtype, "ew y");
+  const Buffer dy = random_buffer(size_t(M * C), dtype, "ew dy");
+  const Buffer u = random_buffer(size_t(M * up), dtype, "ew u");
+  const Buffer dh = random_buffer(size_t(M * F), dtype, "ew dh");
+  const Buffer qkv = random_buffer(size_t(M * qkv_w), dtype, "ew qkv");
+  const Buffer w = random_buffer(size_t(C), dtype, "ew w"),
+               bias = random_buffer(size_t(C), dtype, "ew b");
+  Buffer out(MemCategory::Workspace, size_t(M * C) * dtype_size(dtype));
+  Buffer dx(MemCategory::Workspace, size_t(M * C) * dtype_size(dtype));
+  Buffer h(MemCategory::Workspace, size_t(M * F) * dtype_size(dtype));
+  Buffer du(MemCategory::Workspace, size_t(M * up) * dtype_size(dtype));
+  Buffer stats(MemCategory::Workspace, size_t(2 * M) * sizeof(float));
+  Buffer dwb(MemCategory::Workspace, size_t(2 * C) * sizeof(float));
+  Buffer scratch(MemCategory::Workspace, ops::norm_backward_scratch_floats(M, C) * sizeof(float));
+  const Tensor tx(x.data(), dtype, {M, C}), ty(y.data(), dtype, {M, C});
+  const Tensor tdy(dy.data(), dtype, {M, C}), tout(out.data(), dtype, {M, C});
+  const Tensor tdx(dx.data(), dtype, {M, C}), tw(w.data(), dtype, {C}), tb(bias.data(), dtype, {C});
+  const Tensor tu(u.data(), dtype, {M, up}), th(h.data(), dtype, {M, F});
+  const Tensor tdh(dh.data(), dtype, {M, F}), tdu(du.data(), dtype, {M, up});
+  const Tensor mean(stats.as<float>(), DType::F32, {M}),
+      rstd(stats.as<float>() + M, DType::F32, {M});
+  const Tensor dw(dwb.as<float>(), DType::F32, {C}), db(dwb.as<float>() + C, DType::F32, {C});
+  const Tensor tscratch(scratch.as<float>(), DType::F32,
+                        {int64_t(ops::norm_backward_scratch_floats(M, C))});
+  const Tensor tqkv(qkv.data(), dtype, {M, qkv_w});
+  ops::AttentionShape rs;
+  rs.B = 1, rs.T = int(M), rs.groups = int(b.kv), rs.rep = int(b.heads / b.kv), rs.hd = int(b.hd);
+  const bool llama = b.family == "llama";
+  ops::fill_zero(tdx);
+  const double t = median_seconds(
+      [&] {
+        for (int i = 0; i < 2; ++i) {  // forward
+          if (llama) {
+            ops::rmsnorm_forward(tout, rstd, tx, tw, 1e-5f);
+          } else {
+            ops::layernorm_forward(tout, mean, rstd, tx, tw, tb, 1e-5f);
+          }
+          ops::add_inplace(ty, tout);
+        }
+        if (llama) {
+          ops::swiglu_forward(th, tu);
+          ops::rope_forward(tqkv, rs, 10000.0f);
+        } else {
+          ops::gelu_forward(th, tu);
+        }
+        for (int i = 0; i < 2; ++i) {  // backward
+          if (llama) {
+            ops::rmsnorm_backward(tdx, dw, tscratch, tdy, tx, tw, rstd);
+          } else {
+            ops::layernorm_backward(tdx, dw, db, tscratch, tdy, tx, tw, mean, rstd);
+          }
+          ops::add_inplace(ty, tdx);
+        }
+        if (llama) {
+          ops::swiglu_backward(tdu, tdh, tu);
+          ops::rope_backward(tqkv, rs, 10000.0f);
+        } else {
+          ops::gelu_backward(tdu, tu, tdh);
+        }
+      },
+      0.3);
+  return elementwise_bytes(b, M, dtype) / t;
+}
+
+// The planner's attention FLOPs (4·T²·heads·hd a sequence, forward; twice that backward) per
+// second of causal attention's forward and backward at sequence length T, over enough sequences
+// for about 1024 rows.
+double attention_rate(const BlockShape& b, int64_t T, DType dtype) {
+  ops::AttentionShape s;
+  s.B = int(std::max<int64_t>(1, 1024 / T)), s.T = int(T), s.groups = int(b.kv);
+  s.rep = int(b.heads / b.kv), s.hd = int(b.hd);
+  const int64_t rows = int64_t(s.B) * T, width = b.heads * b.hd;
+  const int64_t qkv_w = (b.heads + 2 * b.kv) * b.hd;
+  const Buffer qkv = random_buffer(size_t(rows * qkv_w), dtype, "att qkv");
+  const Buffer dout = random_buffer(size_t(rows * width), dtype, "att dout");
+  const ops::AttentionSaved saved = ops::attention_saved(Device::CPU, dtype, s);
+  Buffer out(MemCategory::Workspace, size_t(rows * width) * dtype_size(dtype));
+  Buffer att(MemCategory::Workspace, size_t(saved.numel) * dtype_size(saved.dtype));
+  Buffer dqkv(MemCategory::Workspace, size_t(rows * qkv_w) * dtype_size(dtype));
+  const size_t scratch_floats = ops::attention_backward_scratch_floats(Device::CPU, dtype, s);
+  Buffer scratch(MemCategory::Workspace, std::max<size_t>(1, scratch_floats) * sizeof(float));
+  const Tensor tqkv(qkv.data(), dtype, {rows, qkv_w}), tdout(dout.data(), dtype, {rows, width});
+  const Tensor tout(out.data(), dtype, {rows, width}), tatt(att.data(), saved.dtype, {saved.numel});
+  const Tensor tdqkv(dqkv.data(), dtype, {rows, qkv_w});
+  const Tensor tscratch(scratch.as<float>(), DType::F32,
+                        {int64_t(std::max<size_t>(1, scratch_floats))});
+  const double t = median_seconds(
+      [&] {
+        ops::attention_forward(tout, tatt, tqkv, s);
+        ops::attention_backward(tdqkv, tscratch, tdout, tqkv, tatt, s);
+      },
+      0.3);
+  return 3.0 * 4.0 * double(T) * double(T) * double(width) * double(s.B) / t;
+}
 
 // Bytes read and written per second by y += x over two 128 MiB fp32 buffers (well past any
 // cache): 3 × 128 MiB a call, the best of 5 after a warm-up (the first touch).
@@ -224,7 +432,8 @@ struct ComputeNotes {
 };
 
 // Rank 0: the rates of planner::DeviceProfile that one rank's threads measure.
-ComputeNotes measure_compute(const std::vector<GemmShape>& curve, planner::DeviceProfile* p) {
+ComputeNotes measure_compute(const std::vector<GemmShape>& curve,
+                             const std::vector<BlockShape>& blocks, planner::DeviceProfile* p) {
   ComputeNotes notes;
   std::vector<GemmShape> cubes;
   for (int64_t n : kPeakSizes) cubes.push_back({n, n, n});
@@ -241,17 +450,36 @@ ComputeNotes measure_compute(const std::vector<GemmShape>& curve, planner::Devic
     if (dtype != notes.curve_dtype) continue;
     // Equal FLOPs (an MLP's up and down) share one point, their mean. A call longer than half a
     // second at the peak is past the knee: the curve's last point stands for it.
-    std::map<double, std::pair<double, int>> by_flops;
+    // The same points by rows too: each row count's mean over the shapes.
+    std::map<double, std::pair<double, int>> by_flops, by_rows;
     for (const GemmShape& s : curve) {
       if (s.flops() / peak > 0.5) {
         ++notes.skipped;
         continue;
       }
+      const double e = std::clamp(bench.training_rate(s, 0.3) / peak, 1e-6, 1.5);
       auto& [sum, n] = by_flops[s.flops()];
-      sum += std::clamp(bench.rate(s, 0.3) / peak, 1e-6, 1.5), ++n;
+      sum += e, ++n;
+      auto& [rsum, rn] = by_rows[double(s.M)];
+      rsum += e, ++rn;
     }
     for (const auto& [f, e] : by_flops) p->gemm_efficiency.emplace_back(f, e.first / e.second);
+    for (const auto& [m, e] : by_rows) p->gemm_efficiency_rows.emplace_back(m, e.first / e.second);
   }
+  for (const BlockShape& b : blocks) {
+    p->elementwise_bytes_per_s.emplace_back(b.family, elementwise_rate(b, 1024, notes.curve_dtype));
+    for (int64_t T : b.seq_lens) {
+      const double rate = attention_rate(b, T, notes.curve_dtype);
+      auto same = std::find_if(p->attention_flops.begin(), p->attention_flops.end(),
+                               [&](const auto& e) { return e.first == double(T); });
+      if (same == p->attention_flops.end()) {
+        p->attention_flops.emplace_back(double(T), rate);
+      } else {
+        same->second = 0.5 * (same->second + rate);  // two families' at one length: their mean
+      }
+    }
+  }
+  std::sort(p->attention_flops.begin(), p->attention_flops.end());
   p->memory_bytes_per_s = memory_bandwidth();
   p->op_overhead_s = op_overhead();
   return notes;
@@ -380,8 +608,21 @@ void print_summary(const planner::DeviceProfile& p, const ComputeNotes& notes, c
                 dtype_name(notes.curve_dtype), p.gemm_efficiency.size(), skipped.c_str(),
                 lo->second, lo->first, hi->second, hi->first);
   }
+  if (!p.gemm_efficiency_rows.empty()) {
+    std::printf("  by rows (weights cold):");
+    for (const auto& [m, e] : p.gemm_efficiency_rows) std::printf(" %.0f: %.3g", m, e);
+    std::printf("\n");
+  }
   std::printf("  memory bandwidth %.1f GB/s, kernel call %.1f us\n", p.memory_bytes_per_s / 1e9,
               p.op_overhead_s * 1e6);
+  std::printf("  block elementwise kernels (the planner's bytes per second, 1024 rows):");
+  for (const auto& [family, rate] : p.elementwise_bytes_per_s) {
+    std::printf(" %s %.1f GB/s", family.c_str(), rate / 1e9);
+  }
+  std::printf("\n  causal attention forward + backward:");
+  for (const auto& [T, rate] : p.attention_flops)
+    std::printf(" T %.0f %.1f GFLOP/s", T, rate / 1e9);
+  std::printf("\n");
   auto how = [](const std::optional<LinkFit>& f) {
     return f ? "all-reduce measured" : "estimated, not measured";
   };
@@ -396,14 +637,16 @@ void print_summary(const planner::DeviceProfile& p, const ComputeNotes& notes, c
 
 }  // namespace
 
-void run_calibrate(const std::string& output, const std::string& model, const std::string& device) {
+void run_calibrate(const std::string& output, const std::optional<ModelConfig>& model,
+                   const std::string& device) {
   STRATA_INPUT_CHECK(device == "cpu", "strata bench --calibrate --device ", device,
                      " is not supported yet (strata cannot query a GPU's memory from the CLI); "
                      "plan for a GPU with a built-in profile (strata plan --device a100|h100|h200) "
                      "or a profile file written by hand (planner/device_profile.h)");
   const auto start = Clock::now();
   kernels::bf16_matmul_path();  // a bad STRATA_BF16_MATMUL is every rank's input error
-  const std::vector<GemmShape> curve = curve_shapes(model);  // a bad --model: every rank's too
+  const std::vector<GemmShape> curve = curve_shapes(model);
+  const std::vector<BlockShape> blocks = block_shapes(model);
   const int ranks = comm::initialized() ? comm::world_size() : 1;
   const MPI_Comm world = ranks > 1 ? MPI_COMM_WORLD : MPI_COMM_NULL;
   on_rank0(world, [&] { check_output(output); });
@@ -417,7 +660,7 @@ void run_calibrate(const std::string& output, const std::string& model, const st
   p.memory_bytes = p.host_memory_bytes =
       uint64_t(sysconf(_SC_PHYS_PAGES)) * uint64_t(sysconf(_SC_PAGE_SIZE));
   ComputeNotes notes;
-  on_rank0(world, [&] { notes = measure_compute(curve, &p); });
+  on_rank0(world, [&] { notes = measure_compute(curve, blocks, &p); });
   const Links links = measure_links(world, p.memory_bytes_per_s);
   on_rank0(world, [&] {
     p.intra_node = links.intra, p.inter_node = links.inter;
@@ -425,8 +668,27 @@ void run_calibrate(const std::string& output, const std::string& model, const st
                std::to_string(ranks) + (ranks == 1 ? " rank x " : " ranks x ") +
                std::to_string(p.threads_per_rank) + " threads; " + links.how + "; " +
                kernels::describe_cpu();
+    // The step fits a profile of this machine already holds at the output are kept: they are
+    // what the planner's model misses on this CPU whatever the model (strata plan --fit), while
+    // the rates above are re-measured at this model's shapes.
+    size_t kept = 0;
+    try {
+      if (std::filesystem::exists(output)) {
+        const planner::DeviceProfile old = planner::read_profile(output);
+        if (!old.gpu && old.name == p.name && old.cores == p.cores &&
+            old.threads_per_rank == p.threads_per_rank) {
+          p.step_fits = old.step_fits, kept = old.step_fits.size();
+        }
+      }
+    } catch (const InputError&) {
+      // Not a profile this machine wrote: replaced whole.
+    }
     planner::write_profile(p, output);
     print_summary(p, notes, links, output, seconds_since(start));
+    if (kept > 0) {
+      std::printf("  kept the %zu step fit(s) %s held for this CPU (strata plan --fit)\n", kept,
+                  output.c_str());
+    }
   });
 }
 

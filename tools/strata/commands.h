@@ -3,8 +3,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "strata/model/model_config.h"
 
 namespace strata::cli {
 
@@ -30,7 +33,8 @@ void add_report_command(CLI::App& app);
 // writes its device profile (planner/device_profile.h) to `output`. `model`: a preset whose GEMM
 // shapes the efficiency curve follows ("": generic Transformer shapes). `device` "cuda" is an
 // InputError for now.
-void run_calibrate(const std::string& output, const std::string& model, const std::string& device);
+void run_calibrate(const std::string& output, const std::optional<ModelConfig>& model,
+                   const std::string& device);
 
 // train.device: "cuda" puts this rank on a GPU (local rank mod the visible GPUs) before anything
 // is allocated, and makes it the device every Buffer and view of the run lives on; "cpu" notes a

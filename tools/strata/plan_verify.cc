@@ -190,26 +190,46 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
                      "--fit runs probe layouts here, on the CPU: plan with --device cpu (or a CPU "
                      "profile file)");
   STRATA_INPUT_CHECK(k >= 7, "--fit ", k, ": a step fit has seven terms; give at least 7 probes");
-  size_t valid = 0;
+  // Half the probes at the config's global batch, half at half of it (twice it when odd): the
+  // same kinds of layout over half the compute, so that the fit can tell what grows with the
+  // model's work from what each step costs whatever the work (on one batch those move together,
+  // and a fit read on one model then misjudged the others).
+  planner::PlanInput other = in;
+  const int64_t batch = in.base.value("train_batch_size", int64_t(0));
+  other.base["train_batch_size"] = batch % 2 == 0 ? batch / 2 : batch * 2;
+  const std::vector<planner::Row> other_rows = planner::plan(other);
+  size_t valid = 0, other_valid = 0;
   for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
+  for (const planner::Row& r : other_rows) other_valid += r.valid() ? 1 : 0;
   STRATA_INPUT_CHECK(valid >= 7, "--fit needs at least 7 valid layouts to probe; this plan has ",
                      valid);
-  std::vector<size_t> pick;
-  const size_t n = std::min(valid, size_t(k));
-  for (size_t i = 0; i < n; ++i) {
-    const size_t at = n == 1 ? 0 : (i * (valid - 1) + (n - 1) / 2) / (n - 1);
-    if (pick.empty() || pick.back() != at) pick.push_back(at);
-  }
+  // `count` rows spread evenly over the first `valid` of `from`, best and worst included.
+  std::vector<const planner::Row*> pick;
+  auto spread = [&](const std::vector<planner::Row>& from, size_t valid_rows, size_t count) {
+    const size_t n = std::min(valid_rows, count);
+    size_t last = valid_rows;
+    for (size_t i = 0; i < n; ++i) {
+      const size_t at = n == 1 ? 0 : (i * (valid_rows - 1) + (n - 1) / 2) / (n - 1);
+      if (at != last) pick.push_back(&from[at]);
+      last = at;
+    }
+  };
+  const size_t halves = other_valid >= 4 ? std::min(other_valid, size_t(k) / 2) : 0;
+  spread(rows, valid, size_t(k) - halves);
+  spread(other_rows, other_valid, halves);
   char tmpl[] = "/tmp/strata_plan_fit_XXXXXX";
   STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
   const std::string dir = tmpl;
-  std::printf("\nfit: %zu probe layouts, %d timed steps each (configs and logs in %s)\n",
-              pick.size(), steps, dir.c_str());
+  std::printf(
+      "\nfit: %zu probe layouts (%zu at batch %lld, %zu at %lld), %d timed steps each (configs and "
+      "logs in %s)\n",
+      pick.size(), pick.size() - halves, static_cast<long long>(batch), halves,
+      static_cast<long long>(other.base["train_batch_size"].get<int64_t>()), steps, dir.c_str());
   std::vector<planner::StepSample> samples;
   std::vector<size_t> used;
-  for (size_t i : pick) {
-    const planner::Row& r = rows[i];
-    const Measured m = run_one(in, r, dir, int(i + 1), steps);
+  for (size_t i = 0; i < pick.size(); ++i) {
+    const planner::Row& r = *pick[i];
+    const Measured m = run_one(i < pick.size() - halves ? in : other, r, dir, int(i + 1), steps);
     if (!m.ok) {
       std::printf("probe %zu %s failed: %s\n", i + 1, planner::describe(r.c).c_str(),
                   m.error.c_str());
@@ -222,17 +242,21 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
   f.source = source;
   std::printf(
-      "| # | layout | collectives | gathers | messages | kernel calls | tp beside reductions | "
-      "model s | fitted s | measured s | error |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| # | layout | batch | collectives | gathers | messages | kernel calls | tp beside "
+      "reductions | model s | fitted s | measured s | error |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<double> errors;
   for (size_t j = 0; j < samples.size(); ++j) {
     const planner::StepSample& s = samples[j];
     const double fit = planner::fitted_step(f, s);
     errors.push_back(std::fabs(fit - s.measured_s) / s.measured_s);
-    std::printf("| %zu | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | %+.1f%% |\n",
-                used[j] + 1, planner::describe(rows[used[j]].c).c_str(), s.collectives, s.gathers,
-                s.messages, s.calls, s.tp_beside, s.model_s, fit, s.measured_s,
-                100.0 * (fit - s.measured_s) / s.measured_s);
+    const planner::Candidate& c = pick[used[j]]->c;
+    std::printf(
+        "| %zu | %s | %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | %+.1f%% |\n",
+        used[j] + 1, planner::describe(c).c_str(),
+        static_cast<long long>(int64_t(c.dp) * c.micro_batch * c.accumulation), s.collectives,
+        s.gathers, s.messages, s.calls, s.tp_beside, s.model_s, fit, s.measured_s,
+        100.0 * (fit - s.measured_s) / s.measured_s);
   }
   std::printf(
       "fit at %d ranks per node: step = %.3f x model + %.1f us x collectives + %.1f us x messages "

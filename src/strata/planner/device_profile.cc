@@ -60,11 +60,48 @@ double DeviceProfile::gemm_seconds(double flops, DType dtype, int ranks_sharing)
   return flops / rate;
 }
 
+double DeviceProfile::gemm_seconds(double flops, double rows, DType dtype,
+                                   int ranks_sharing) const {
+  if (gemm_efficiency_rows.empty()) return gemm_seconds(flops, dtype, ranks_sharing);
+  if (flops <= 0) return 0.0;
+  const double rate =
+      peak_flops(dtype) * efficiency(gemm_efficiency_rows, rows) * cpu_share(*this, ranks_sharing);
+  return flops / rate;
+}
+
 double DeviceProfile::memory_seconds(double bytes, int ranks_sharing) const {
   if (bytes <= 0 || memory_bytes_per_s <= 0) return 0.0;
   // Memory bandwidth is the host's: ranks sharing it divide it.
   const double share = gpu ? 1.0 : 1.0 / double(std::max(1, ranks_sharing));
   return bytes / (memory_bytes_per_s * share);
+}
+
+double DeviceProfile::elementwise_seconds(double bytes, const std::string& family,
+                                          int ranks_sharing) const {
+  for (const auto& [f, rate] : elementwise_bytes_per_s) {
+    if (f == family && rate > 0 && bytes > 0)
+      return bytes / (rate * cpu_share(*this, ranks_sharing));
+  }
+  return memory_seconds(bytes, ranks_sharing);
+}
+
+double DeviceProfile::attention_seconds(double flops, double T, DType dtype,
+                                        int ranks_sharing) const {
+  if (flops <= 0) return 0.0;
+  if (attention_flops.empty()) return gemm_seconds(flops, dtype, ranks_sharing);
+  // The measured rates interpolated in log T, the first's below it and the last's beyond.
+  double rate = attention_flops.front().second;
+  for (size_t i = 1; i < attention_flops.size(); ++i) {
+    const auto& [t0, r0] = attention_flops[i - 1];
+    const auto& [t1, r1] = attention_flops[i];
+    if (T <= t0) break;
+    rate = r1;
+    if (T <= t1) {
+      rate = r0 + (std::log(T) - std::log(t0)) / (std::log(t1) - std::log(t0)) * (r1 - r0);
+      break;
+    }
+  }
+  return flops / (rate * cpu_share(*this, ranks_sharing));
 }
 
 double DeviceProfile::overhead_seconds(double calls, int ranks_sharing) const {
@@ -143,6 +180,30 @@ Link read_link(const json& j, const std::string& path, const char* key) {
   return {j["alpha_us"].get<double>() * 1e-6, j["bandwidth_gbps"].get<double>() * kGB};
 }
 
+// An optional list of [x, y] pairs at j[key], sorted by x: x >= x_min, 0 < y (<= y_max where
+// y_max > 0).
+std::vector<std::pair<double, double>> read_curve(const json& j, const std::string& path,
+                                                  const char* key, const char* x, double x_min,
+                                                  const char* y, double y_max) {
+  std::vector<std::pair<double, double>> curve;
+  if (!j.contains(key)) return curve;
+  const json& c = j[key];
+  STRATA_INPUT_CHECK(c.is_array(), "device profile ", path, ": \"", key, "\" must be a list of [",
+                     x, ", ", y, "] pairs");
+  for (const json& e : c) {
+    STRATA_INPUT_CHECK(e.is_array() && e.size() == 2 && e[0].is_number() && e[1].is_number() &&
+                           e[0].get<double>() >= x_min && e[1].get<double>() > 0 &&
+                           (y_max <= 0 || e[1].get<double>() <= y_max),
+                       "device profile ", path, ": each \"", key, "\" entry must be [", x,
+                       x_min < 1 ? " > 0" : " >= 1", ", ", y,
+                       y_max > 0 ? " in (0, " + std::to_string(y_max).substr(0, 3) + "]" : " > 0",
+                       "]");
+    curve.emplace_back(e[0].get<double>(), e[1].get<double>());
+  }
+  std::sort(curve.begin(), curve.end());
+  return curve;
+}
+
 }  // namespace
 
 std::vector<std::string> builtin_profile_names() {
@@ -200,22 +261,21 @@ DeviceProfile read_profile(const std::string& path) {
   p.fp32_flops = g["fp32"].get<double>() * 1e12;
   if (g.contains("bf16") && g["bf16"].is_number()) p.bf16_flops = g["bf16"].get<double>() * 1e12;
   if (g.contains("fp16") && g["fp16"].is_number()) p.fp16_flops = g["fp16"].get<double>() * 1e12;
-  if (j.contains("gemm_efficiency")) {
-    const json& c = j["gemm_efficiency"];
-    STRATA_INPUT_CHECK(c.is_array(), "device profile ", path,
-                       ": \"gemm_efficiency\" must be a list of [flops, fraction] pairs");
-    for (const json& e : c) {
-      STRATA_INPUT_CHECK(e.is_array() && e.size() == 2 && e[0].is_number() && e[1].is_number() &&
-                             e[0].get<double>() > 0 && e[1].get<double>() > 0 &&
-                             e[1].get<double>() <= 1.5,
-                         "device profile ", path,
-                         ": each \"gemm_efficiency\" entry must be [flops > 0, fraction in (0, "
-                         "1.5]]");
-      p.gemm_efficiency.emplace_back(e[0].get<double>(), e[1].get<double>());
-    }
-    std::sort(p.gemm_efficiency.begin(), p.gemm_efficiency.end());
-  }
+  p.gemm_efficiency = read_curve(j, path, "gemm_efficiency", "flops", 1e-300, "fraction", 1.5);
+  p.gemm_efficiency_rows = read_curve(j, path, "gemm_efficiency_rows", "rows", 1, "fraction", 1.5);
   p.memory_bytes_per_s = num("memory_bandwidth_gbps", 0) * kGB;
+  if (j.contains("elementwise_gbps")) {
+    const json& e = j["elementwise_gbps"];
+    STRATA_INPUT_CHECK(e.is_object(), "device profile ", path,
+                       ": \"elementwise_gbps\" must be an object of family: rate > 0");
+    for (const auto& [family, rate] : e.items()) {
+      STRATA_INPUT_CHECK(rate.is_number() && rate.get<double>() > 0, "device profile ", path,
+                         ": \"elementwise_gbps\".", family, " must be a number > 0");
+      p.elementwise_bytes_per_s.emplace_back(family, rate.get<double>() * kGB);
+    }
+  }
+  p.attention_flops = read_curve(j, path, "attention_tflops", "seq_len", 1, "TFLOP/s", 0);
+  for (auto& [T, rate] : p.attention_flops) rate *= 1e12;
   if (j.contains("op_overhead_us")) p.op_overhead_s = num("op_overhead_us", 0) * 1e-6;
   STRATA_INPUT_CHECK(j.contains("intra_node"), "device profile ", path,
                      ": \"intra_node\" {\"alpha_us\", \"bandwidth_gbps\"} is missing");
@@ -282,6 +342,21 @@ void write_profile(const DeviceProfile& p, const std::string& path) {
             {"op_overhead_us", p.op_overhead_s * 1e6},
             {"intra_node", link_json(p.intra_node)},
             {"inter_node", link_json(p.inter_node)}};
+  if (!p.gemm_efficiency_rows.empty()) {
+    json rows = json::array();
+    for (const auto& [m, e] : p.gemm_efficiency_rows) rows.push_back({m, e});
+    j["gemm_efficiency_rows"] = rows;
+  }
+  if (!p.elementwise_bytes_per_s.empty()) {
+    json e = json::object();
+    for (const auto& [family, rate] : p.elementwise_bytes_per_s) e[family] = rate / kGB;
+    j["elementwise_gbps"] = e;
+  }
+  if (!p.attention_flops.empty()) {
+    json a = json::array();
+    for (const auto& [T, rate] : p.attention_flops) a.push_back({T, rate / 1e12});
+    j["attention_tflops"] = a;
+  }
   if (!p.step_fits.empty()) {
     json fits = json::array();
     for (const StepFit& f : p.step_fits) {

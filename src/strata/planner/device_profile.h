@@ -8,7 +8,10 @@
 //    "cores": N, "threads_per_rank": T,
 //    "gemm_tflops": {"fp32": x, "bf16": y, "fp16": z},
 //    "gemm_efficiency": [[flops_per_call, fraction_of_peak], ...],
+//    "gemm_efficiency_rows": [[rows, fraction_of_peak], ...],
 //    "memory_bandwidth_gbps": x, "op_overhead_us": x,
+//    "elementwise_gbps": {"gpt2": x, "llama": y},
+//    "attention_tflops": [[seq_len, rate], ...],
 //    "intra_node": {"alpha_us": a, "bandwidth_gbps": b},
 //    "inter_node": {"alpha_us": a, "bandwidth_gbps": b},
 //    "step_fits": [{"ranks_per_node": R, "model_scale": a, "per_collective_us": b,
@@ -19,8 +22,17 @@
 //
 // Rates are per device (a GPU) or per rank's share of a host's cores (a CPU; see cpu_share). A
 // GEMM of F FLOPs runs at gemm_tflops[dtype] × efficiency(F), the efficiency interpolated in log F
-// between the measured points (1 beyond the last). Collectives follow the α–β model: a message of
-// n bytes over a link costs alpha + n / bandwidth.
+// between the measured points (1 beyond the last). Measured here, a point is a linear layer's
+// forward and backward products together (y = x·wᵀ, dx = dy·w, dw += dyᵀ·x) with its weights
+// cold, as a step meets each layer's once a micro-batch; a calibration also keys the same points
+// by the products' rows (gemm_efficiency_rows), which carries over between models of other widths
+// where FLOPs do not (a CPU's small products are bound by streaming their weights), and the
+// planner uses that curve where it has one. A calibration also times the model's own kernels: a
+// block's elementwise ones (norms, activation, residual adds, RoPE) per family, as bytes of the
+// planner's count per second (elementwise_gbps; memory_bandwidth_gbps where a family was not
+// measured), and causal attention's forward and backward as the planner's 4·T²·width FLOPs per
+// second by sequence length (attention_tflops, interpolated in log T; the GEMM rate where absent).
+// Collectives follow the α–β model: a message of n bytes over a link costs alpha + n / bandwidth.
 //
 // A step fit corrects the model where it cannot see: what a step of R ranks on one node costs
 // beyond the α–β and FLOP model (the scheduler's slices between ranks that share cores, the
@@ -69,8 +81,12 @@ struct DeviceProfile {
   int threads_per_rank = 1;        // threads the calibration's GEMM rates were measured with
   double fp32_flops = 0.0, bf16_flops = 0.0, fp16_flops = 0.0;  // dense GEMM peak per device
   std::vector<std::pair<double, double>> gemm_efficiency;       // (FLOPs per call, fraction)
-  double memory_bytes_per_s = 0.0;  // elementwise ops: bytes read + written per second
-  double op_overhead_s = 0.0;       // fixed cost of one kernel call (launch, threads' fork-join)
+  std::vector<std::pair<double, double>> gemm_efficiency_rows;  // (rows, fraction)
+  double memory_bytes_per_s = 0.0;  // streaming ops (the optimizer): bytes read + written per s
+  // A family's ("gpt2", "llama") block elementwise kernels: the planner's bytes per second.
+  std::vector<std::pair<std::string, double>> elementwise_bytes_per_s;
+  std::vector<std::pair<double, double>> attention_flops;  // (seq_len, FLOP/s), by seq_len
+  double op_overhead_s = 0.0;  // fixed cost of one kernel call (launch, threads' fork-join)
   Link intra_node, inter_node;
   std::vector<StepFit> step_fits;  // by ranks_per_node (at most one each)
 
@@ -82,8 +98,14 @@ struct DeviceProfile {
   // Seconds of one GEMM of `flops` FLOPs in dtype on one rank, `ranks_sharing` ranks sharing this
   // device's (a CPU host's) cores.
   double gemm_seconds(double flops, DType dtype, int ranks_sharing = 1) const;
-  // Seconds of elementwise work moving `bytes`.
+  // The same for a product of `rows` rows: by gemm_efficiency_rows where the profile has it.
+  double gemm_seconds(double flops, double rows, DType dtype, int ranks_sharing) const;
+  // Seconds of streaming work moving `bytes`.
   double memory_seconds(double bytes, int ranks_sharing = 1) const;
+  // Seconds of a `family` block's elementwise kernels moving `bytes` (the planner's count).
+  double elementwise_seconds(double bytes, const std::string& family, int ranks_sharing = 1) const;
+  // Seconds of causal attention's `flops` (4·T²·width a sequence and pass) at sequence length T.
+  double attention_seconds(double flops, double T, DType dtype, int ranks_sharing = 1) const;
   // Seconds of `calls` kernel calls' fixed cost.
   double overhead_seconds(double calls, int ranks_sharing = 1) const;
 };

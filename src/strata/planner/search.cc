@@ -163,9 +163,13 @@ namespace {
 // Bytes of one stage's rank, by category, and what its compute is made of.
 struct StageCost {
   std::array<size_t, kNumMemCategories> bytes{};
-  double forward_flops = 0;      // per micro-batch, this rank
-  double recompute_flops = 0;    // per micro-batch
+  double forward_flops = 0;    // per micro-batch, this rank
+  double recompute_flops = 0;  // per micro-batch
+  // Of those, causal attention's scores and values (4·T²·width a block and sequence), which run
+  // at the attention kernels' rate rather than a GEMM's.
+  double attention_flops = 0, attention_recompute_flops = 0;
   double gemm_call_flops = 0;    // a typical GEMM's FLOPs (its efficiency)
+  double gemm_rows = 0;          // and its rows: the micro-batch's tokens here
   double elementwise_bytes = 0;  // per micro-batch forward: norms, activations, residuals
   int blocks = 0;
   int64_t numel = 0;  // this rank's parameter elements
@@ -286,6 +290,7 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
         2 * sequences * size_t(cfg.model.seq_len / c.cp) * sizeof(int32_t);
   }
   // FLOPs of the blocks this stage holds (the plan's, or the whole model's without a pipeline).
+  int full_blocks = 0;  // of them, those a full recompute reruns
   if (c.pp > 1) {
     for (int k = 0; k < o.virtual_stages; ++k) {
       const int g = pipeline::global_chunk(k, stage, c.pp);
@@ -293,7 +298,7 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
            b < plan.layers_begin[size_t(g)] + plan.blocks[size_t(g)]; ++b) {
         s.forward_flops += uf.block[size_t(b)] * B;
         s.blocks++;
-        if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B;
+        if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B, ++full_blocks;
       }
     }
     if (stage == 0) s.forward_flops += uf.embedding * B;
@@ -303,21 +308,26 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
     s.forward_flops += (uf.embedding + uf.head) * B;
     s.blocks = cfg.model.layers;
     for (int b = 0; b < cfg.model.layers; ++b) {
-      if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B;
+      if (o.recompute.is_full(b)) s.recompute_flops += uf.block[size_t(b)] * B, ++full_blocks;
     }
   }
   // Context parallelism: each rank computes 1/cp of every sequence's work (its rows through the
   // linear layers; under either attention its share of the T² scores).
   s.forward_flops /= c.cp, s.recompute_flops /= c.cp;
-  // Selective recompute reruns the attention core: 4·T²·(heads held·head dim) per block over the
-  // whole sequence, 1/cp of it here.
+  // The attention core: 4·T²·(heads held·head dim) per block over the whole sequence, 1/cp of it
+  // here (unit_flops counts it in the blocks'), again for each block a full recompute reruns.
+  const double heads_dim = C / double(c.tp), Tw = double(cfg.model.seq_len);
+  const double core = 4.0 * Tw * Tw / c.cp * heads_dim * B;
+  s.attention_flops = core * s.blocks;
+  s.attention_recompute_flops = core * full_blocks;
+  // Selective recompute reruns the attention core alone.
   if (o.recompute.selective) {
-    const double heads_dim = C / double(c.tp), Tw = double(cfg.model.seq_len);
-    s.recompute_flops += 4.0 * Tw * Tw / c.cp * heads_dim * B * s.blocks;
+    s.recompute_flops += core * s.blocks, s.attention_recompute_flops += core * s.blocks;
   }
   const double rows = double(B) * T;
   const double ffn = double(cfg.model.ffn_hidden > 0 ? cfg.model.ffn_hidden : 4 * cfg.model.hidden);
   s.gemm_call_flops = 2.0 * rows * C * ffn / double(c.tp);
+  s.gemm_rows = rows;
   // Kernel calls of a block's forward: 2 norms, 4 linears, attention, activation, 2 residual
   // adds, and their bias and copy steps (about 14); the embedding and the head's few.
   s.forward_calls = 14.0 * s.blocks + 6.0;
@@ -343,8 +353,7 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   // values forward and again backward (overlapped with the blocks in hand) and cp hops of their
   // fp32 gradients (waited for).
   if (c.cp > 1) {
-    const double heads_dim = C / double(c.tp),
-                 kv_dim = 2.0 * heads_dim * double(cfg.model.kv_heads) / double(cfg.model.heads);
+    const double kv_dim = 2.0 * heads_dim * double(cfg.model.kv_heads) / double(cfg.model.heads);
     const double qkv = rows * (heads_dim + kv_dim), out = rows * heads_dim;
     const double f = double(c.cp - 1) / c.cp, b = double(dtype_size(pt));
     int recomputed = 0;
@@ -418,7 +427,11 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const bool zero = zero_in_effect(cfg, dp_group);
     const DeviceProfile& d = in.device;
     const Device device = d.gpu ? Device::CUDA : Device::CPU;
-    const int sharing = d.gpu ? 1 : in.cluster.per_node;  // CPU ranks share a node's cores
+    // CPU ranks share a node's cores: each op is timed at the speed a rank has while at most
+    // `running` ranks run at once (one thread each once the ranks outnumber the cores); the ranks
+    // beyond them take turns, which the node's busy time bounds below (cores_bound_s).
+    const int sharing = d.gpu ? 1 : in.cluster.per_node;
+    const int running = d.gpu ? 1 : std::min(sharing, std::max(1, d.cores));
     const DType pt = cfg.param_dtype();
 
     // Memory: the stage whose rank holds the most.
@@ -465,23 +478,33 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       auto gemm = [&](double f) {
         // Calls of the typical size: their count times one call's time.
         const double calls = std::max(1.0, f / std::max(1.0, eff_call));
-        return calls * d.gemm_seconds(f / calls, pt, sharing);
+        return calls * d.gemm_seconds(f / calls, sc.gemm_rows, pt, running);
       };
-      const double ew = d.memory_seconds(sc.elementwise_bytes, sharing);
+      const double ew = d.elementwise_seconds(sc.elementwise_bytes, cfg.model.family, running);
+      // Ring attention computes in blocks of a zig-zag chunk's rows (T / 2cp) against another's.
+      const double Tw = double(cfg.model.seq_len) / (c.context_impl == "ring" ? 2.0 * c.cp : 1.0);
+      auto attention = [&](double f) {
+        return d.attention_flops.empty() ? gemm(f) : d.attention_seconds(f, Tw, pt, running);
+      };
       const double tp_s =
           c.tp > 1 ? collective_s(tp_link, double(sc.tp_bytes), sc.tp_collectives * 2 * (c.tp - 1))
                    : 0.0;
-      const double calls = d.overhead_seconds(sc.forward_calls, sharing);
+      const double calls = d.overhead_seconds(sc.forward_calls, running);
       // The ring's key/value passes hide behind the blocks' compute where it is longer.
       const double cp_s = c.cp > 1
                               ? collective_s(cp_link, sc.cp_bytes, sc.cp_collectives) +
                                     std::max(0.0, collective_s(cp_link, sc.cp_overlapped_bytes, 0) -
                                                       gemm(3 * sc.forward_flops))
                               : 0.0;
-      fwd[size_t(s)] = gemm(sc.forward_flops) + ew + calls + tp_s / 2 + cp_s / 2;
-      rec[size_t(s)] = sc.recompute_flops > 0 ? gemm(sc.recompute_flops) + ew + calls : 0.0;
-      bwd[size_t(s)] =
-          gemm(2 * sc.forward_flops) + 2 * ew + 2 * calls + tp_s / 2 + cp_s / 2 + rec[size_t(s)];
+      const double linear = sc.forward_flops - sc.attention_flops;
+      fwd[size_t(s)] =
+          gemm(linear) + attention(sc.attention_flops) + ew + calls + tp_s / 2 + cp_s / 2;
+      rec[size_t(s)] = sc.recompute_flops > 0
+                           ? gemm(sc.recompute_flops - sc.attention_recompute_flops) +
+                                 attention(sc.attention_recompute_flops) + ew + calls
+                           : 0.0;
+      bwd[size_t(s)] = gemm(2 * linear) + attention(2 * sc.attention_flops) + 2 * ew + 2 * calls +
+                       tp_s / 2 + cp_s / 2 + rec[size_t(s)];
       tpc[size_t(s)] = tp_s;
       cpc[size_t(s)] = cp_s;
     }
@@ -566,8 +589,29 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     // The optimizer reads and writes the fp32 master, the moments and the gradient of each
     // element it owns, and writes the parameter.
     const double owned = zero ? elems / shard : elems;
-    p.optimizer_s = d.memory_seconds(owned * (4.0 * 4 * 2 + double(dtype_size(pt))), sharing);
+    p.optimizer_s = d.memory_seconds(owned * (4.0 * 4 * 2 + double(dtype_size(pt))), running);
     p.model_step_s = span + p.dp_exposed_s + p.optimizer_s;
+    if (sharing > running) {
+      // More ranks than cores: a rank waiting (in a bubble, on a peer) yields its core to one
+      // with work, so the step is at least the node's busy core-seconds over its cores, whatever
+      // the critical path. Busy: each rank's compute, its collectives (on one host they are the
+      // cores' copies and sums, overlapped or not) and its optimizer step.
+      std::vector<double> node_busy(
+          size_t((world + in.cluster.per_node - 1) / in.cluster.per_node));
+      for (int rank = 0; rank < world; ++rank) {
+        const size_t s = size_t(grid.coord(rank).at(comm::Axis::PP));
+        node_busy[size_t(rank / in.cluster.per_node)] +=
+            m * (fwd[s] + bwd[s]) + p.dp_comm_s + p.optimizer_s;
+      }
+      p.cores_bound_s = *std::max_element(node_busy.begin(), node_busy.end()) / running;
+      // The columns at the rank's share of the cores: its compute takes sharing / running
+      // times as long, the bubble is what remains.
+      const double turns = double(sharing) / running;
+      p.compute_s *= turns, p.recompute_s *= turns, p.optimizer_s *= turns;
+      p.model_step_s = std::max(p.model_step_s, p.cores_bound_s);
+      p.bubble_s = std::max(0.0, p.model_step_s - p.compute_s - p.tp_comm_s - p.cp_comm_s -
+                                     p.dp_exposed_s - p.optimizer_s);
+    }
     // The calls the critical rank makes per step, which a step fit prices: tensor-parallel
     // collectives per micro-batch; the data-parallel reductions (stage 0: buckets once; 1: a
     // reduce-scatter per unit and the gather after the step; 2: a reduce-scatter per unit and
@@ -666,6 +710,13 @@ std::string explain(const PlanInput& in, const Row& r) {
                 p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.cp_comm_s, p.bubble_s,
                 100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s);
   s += line;
+  if (p.cores_bound_s > 0) {
+    std::snprintf(line, sizeof line,
+                  "  (ranks outnumber the cores: the step is at least the node's busy %.4f s of "
+                  "work per core%s)\n",
+                  p.cores_bound_s, p.cores_bound_s >= p.model_step_s ? ", which sets it" : "");
+    s += line;
+  }
   if (const StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {
     std::snprintf(
         line, sizeof line,

@@ -63,7 +63,11 @@ struct Prediction {
   double dp_comm_s = 0;        // data-parallel / ZeRO collectives
   double dp_exposed_s = 0;     // of which not hidden behind backward
   double optimizer_s = 0;
-  double model_step_s = 0;  // the sum of the above: the model's step
+  // CPU ranks outnumbering their node's cores: the busiest node's compute and optimizer
+  // core-seconds over its cores, a floor under the step (0 otherwise). The columns above are then
+  // at a rank's share of the cores, and the bubble what the step leaves beyond them.
+  double cores_bound_s = 0;
+  double model_step_s = 0;  // the sum of the above (at least cores_bound_s): the model's step
   // Per step on the critical rank: collective calls (but for stage 3's parameter gathers, counted
   // apart), pipeline sends and receives, kernel calls.
   double collectives = 0, gathers = 0, messages = 0, kernel_calls = 0;
