@@ -216,6 +216,7 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   };
   const size_t halves = other_valid >= 4 ? std::min(other_valid, size_t(k) / 2) : 0;
   spread(rows, valid, size_t(k) - halves);
+  const size_t first = pick.size();  // at the config's batch; the rest at the other
   spread(other_rows, other_valid, halves);
   char tmpl[] = "/tmp/strata_plan_fit_XXXXXX";
   STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
@@ -223,13 +224,13 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   std::printf(
       "\nfit: %zu probe layouts (%zu at batch %lld, %zu at %lld), %d timed steps each (configs and "
       "logs in %s)\n",
-      pick.size(), pick.size() - halves, static_cast<long long>(batch), halves,
+      pick.size(), first, static_cast<long long>(batch), pick.size() - first,
       static_cast<long long>(other.base["train_batch_size"].get<int64_t>()), steps, dir.c_str());
   std::vector<planner::StepSample> samples;
   std::vector<size_t> used;
   for (size_t i = 0; i < pick.size(); ++i) {
     const planner::Row& r = *pick[i];
-    const Measured m = run_one(i < pick.size() - halves ? in : other, r, dir, int(i + 1), steps);
+    const Measured m = run_one(i < first ? in : other, r, dir, int(i + 1), steps);
     if (!m.ok) {
       std::printf("probe %zu %s failed: %s\n", i + 1, planner::describe(r.c).c_str(),
                   m.error.c_str());
