@@ -54,19 +54,17 @@ double cpu_share(const DeviceProfile& p, int ranks) {
 }  // namespace
 
 double DeviceProfile::gemm_seconds(double flops, DType dtype, int ranks_sharing) const {
-  if (flops <= 0) return 0.0;
-  const double rate =
-      peak_flops(dtype) * efficiency(gemm_efficiency, flops) * cpu_share(*this, ranks_sharing);
-  return flops / rate;
+  return gemm_seconds(flops, 0.0, dtype, ranks_sharing);
 }
 
 double DeviceProfile::gemm_seconds(double flops, double rows, DType dtype,
                                    int ranks_sharing) const {
-  if (gemm_efficiency_rows.empty()) return gemm_seconds(flops, dtype, ranks_sharing);
   if (flops <= 0) return 0.0;
-  const double rate =
-      peak_flops(dtype) * efficiency(gemm_efficiency_rows, rows) * cpu_share(*this, ranks_sharing);
-  return flops / rate;
+  // By rows where the profile has that curve and the caller the rows, else by FLOPs.
+  const double eff = !gemm_efficiency_rows.empty() && rows > 0
+                         ? efficiency(gemm_efficiency_rows, rows)
+                         : efficiency(gemm_efficiency, flops);
+  return flops / (peak_flops(dtype) * eff * cpu_share(*this, ranks_sharing));
 }
 
 double DeviceProfile::memory_seconds(double bytes, int ranks_sharing) const {

@@ -98,7 +98,8 @@ struct DeviceProfile {
   // Seconds of one GEMM of `flops` FLOPs in dtype on one rank, `ranks_sharing` ranks sharing this
   // device's (a CPU host's) cores.
   double gemm_seconds(double flops, DType dtype, int ranks_sharing = 1) const;
-  // The same for a product of `rows` rows: by gemm_efficiency_rows where the profile has it.
+  // The same for a product of `rows` rows: by gemm_efficiency_rows where the profile has it (and
+  // rows > 0).
   double gemm_seconds(double flops, double rows, DType dtype, int ranks_sharing) const;
   // Seconds of streaming work moving `bytes`.
   double memory_seconds(double bytes, int ranks_sharing = 1) const;
