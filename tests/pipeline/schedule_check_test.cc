@@ -202,6 +202,44 @@ TEST(ScheduleCheck, TimelineTimes) {
   EXPECT_NEAR(r.bubble_fraction, 0.5, 1e-12);
 }
 
+// Ranks sharing cores (the planner's model of more CPU ranks than cores): with a core each it is
+// check()'s timeline plus the tails; on one core nothing is ever idle, so it is the total work;
+// in between it is traced by hand.
+TEST(ScheduleSharedCores, DedicatedSharedAndPinnedCores) {
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::Interleaved,
+                            ScheduleKind::ZeroBubble}) {
+    const ScheduleSpec s{kind, 4, 8, kind == ScheduleKind::Interleaved ? 2 : 1};
+    const Lists lists = generate(s);
+    const Costs c{1.0, 1.5, kind == ScheduleKind::ZeroBubble ? 0.7 : 0.0, 0.25};
+    const std::vector<double> scale = {1.0, 0.9, 1.1, 1.3};
+    const CheckResult r = check(s, lists, c, 0, scale);
+    EXPECT_NEAR(shared_makespan(s, lists, c, scale, {{0}, {1}, {2}, {3}}), r.makespan, 1e-9)
+        << schedule_name(kind);
+    // Sends cost nothing on one core; every action runs back to back.
+    const Costs free{c.forward, c.backward_input, c.backward_weight, 0.0};
+    double work = 0;
+    for (const TimedAction& t : check(s, lists, free, 0, scale).timeline) work += t.end - t.start;
+    EXPECT_NEAR(shared_makespan(s, lists, free, scale, {{0}, {0}, {0}, {0}}, {0.5, 0.5, 0.5, 0.5}),
+                work + 2.0, 1e-9)
+        << schedule_name(kind);
+    // Four stages round-robin on two cores: no faster than either bound, and slower than the
+    // busier core's work (the warm-up and the cool-down leave a core idle).
+    const double two = shared_makespan(s, lists, free, scale, {{0}, {1}, {0}, {1}});
+    EXPECT_GT(two, r.makespan - 4 * c.send);
+    EXPECT_GT(two, 1.02 * work * (1.0 + 1.1) / (1.0 + 0.9 + 1.1 + 1.3));
+  }
+  // By hand: two stages, one micro-batch, forward 1 and backward 2, tails of 2. Stage 0 forwards
+  // (0-1), stage 1 forwards (1-2) and backwards (2-4); then stage 0's backward and stage 1's tail
+  // run at once: on two cores 4-6, then stage 0's tail 6-8; on one core at half speed 4-8, then
+  // the tail 8-10.
+  const ScheduleSpec s{ScheduleKind::OneFOneB, 2, 1, 1};
+  const Costs c{1.0, 2.0, 0.0, 0.0};
+  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0}, {1}}, {2.0, 2.0}), 8.0, 1e-12);
+  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0}, {0}}, {2.0, 2.0}), 10.0, 1e-12);
+  // A stage's ranks (data-parallel replicas) on both cores go at the pace of the busier one.
+  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0, 1}, {0}}, {2.0, 2.0}), 10.0, 1e-12);
+}
+
 TEST(ScheduleTrace, ChromeTraceIsValidJsonWithOneEventPerComputeAction) {
   for (const ScheduleSpec& s : {ScheduleSpec{ScheduleKind::OneFOneB, 4, 8, 1},
                                 ScheduleSpec{ScheduleKind::Interleaved, 2, 4, 2},

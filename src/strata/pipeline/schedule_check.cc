@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "strata/core/check.h"
@@ -289,6 +290,109 @@ CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>&
   }
   r.bubble_fraction = 1.0 - busy / (double(p) * r.makespan);
   return r;
+}
+
+double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
+                       const Costs& c, const std::vector<double>& stage_scale,
+                       const std::vector<std::vector<int>>& rank_cpu,
+                       const std::vector<double>& tail) {
+  const int p = s.stages;
+  STRATA_CHECK(int(lists.size()) == p && int(rank_cpu.size()) == p &&
+                   (stage_scale.empty() || int(stage_scale.size()) == p) &&
+                   (tail.empty() || int(tail.size()) == p),
+               "shared_makespan: one list, core list, scale and tail per stage");
+  int cpus = 0;
+  for (const std::vector<int>& r : rank_cpu) {
+    STRATA_CHECK(!r.empty(), "shared_makespan: a stage without ranks");
+    for (int k : r) cpus = std::max(cpus, k + 1);
+  }
+  const Messages msg{p * s.virtual_stages};
+  std::vector<double> issued(size_t(s.micro) * size_t(msg.G) * 2, -1.0);
+  std::vector<size_t> pc(size_t(p), 0);
+  // Work left in the stage's current compute action (or its tail, at pc == size), in time units
+  // of a core of its own; -1: not started.
+  std::vector<double> left(size_t(p), -1.0);
+  std::vector<char> done(size_t(p), 0);
+  std::vector<int> load(static_cast<size_t>(cpus));
+  double now = 0;
+  for (int remaining = p;;) {
+    // Move every stage through its sends and arrived receives to its next compute action (or the
+    // end); the earliest message still in transit bounds the next step.
+    // (Until no stage moves: a send issued by a later stage may let an earlier one receive.)
+    double wake = std::numeric_limits<double>::infinity();
+    std::vector<char> runnable(size_t(p), 0);
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (int st = 0; st < p; ++st) {
+        if (done[size_t(st)]) continue;
+        const std::vector<Action>& list = lists[size_t(st)];
+        size_t& i = pc[size_t(st)];
+        for (; i < list.size() && left[size_t(st)] < 0; ++i, moved = true) {
+          const Action& a = list[i];
+          const int g = global_chunk(a.chunk, st, p);
+          if (is_send(a.op)) {
+            issued[msg.key(a.op, a.micro, destination(a, g))] = now;
+          } else if (is_recv(a.op)) {
+            const double t = issued[msg.key(a.op, a.micro, g)];
+            if (t < 0) break;
+            if (t + c.send > now) {
+              wake = std::min(wake, t + c.send);
+              break;
+            }
+          } else {
+            left[size_t(st)] =
+                cost(a.op, c) * (stage_scale.empty() ? 1.0 : stage_scale[size_t(st)]);
+            break;
+          }
+        }
+        if (i == list.size() && left[size_t(st)] < 0) {
+          left[size_t(st)] = tail.empty() ? 0.0 : tail[size_t(st)];
+        }
+        runnable[size_t(st)] = left[size_t(st)] >= 0 ? 1 : 0;
+      }
+    }
+    // Finished stages (at the end of their list with no work left) drop out.
+    for (int st = 0; st < p; ++st) {
+      if (!done[size_t(st)] && pc[size_t(st)] == lists[size_t(st)].size() &&
+          left[size_t(st)] <= 0) {
+        done[size_t(st)] = 1, runnable[size_t(st)] = 0, --remaining;
+      }
+    }
+    if (remaining == 0) break;
+    std::fill(load.begin(), load.end(), 0);
+    for (int st = 0; st < p; ++st) {
+      if (runnable[size_t(st)]) {
+        for (int k : rank_cpu[size_t(st)]) ++load[size_t(k)];
+      }
+    }
+    std::vector<double> speed(size_t(p), 0.0);
+    double next = wake;
+    for (int st = 0; st < p; ++st) {
+      if (!runnable[size_t(st)]) continue;
+      int most = 1;
+      for (int k : rank_cpu[size_t(st)]) most = std::max(most, load[size_t(k)]);
+      speed[size_t(st)] = 1.0 / most;
+      next = std::min(next, now + left[size_t(st)] * most);
+    }
+    STRATA_CHECK(std::isfinite(next), "shared_makespan: no stage can proceed (lists not checked?)");
+    for (int st = 0; st < p; ++st) {
+      if (!runnable[size_t(st)]) continue;
+      left[size_t(st)] -= speed[size_t(st)] * (next - now);
+      // The action whose end this step reached completes (rounding aside); the next one starts
+      // on the next pass.
+      if (left[size_t(st)] <= 1e-12 * std::max(1.0, next)) {
+        left[size_t(st)] = -1.0;
+        if (pc[size_t(st)] < lists[size_t(st)].size()) {
+          ++pc[size_t(st)];
+        } else {
+          done[size_t(st)] = 1, --remaining;
+        }
+      }
+    }
+    now = next;
+    if (remaining == 0) break;
+  }
+  return now;
 }
 
 std::optional<double> closed_form_bubble(const ScheduleSpec& s, const Costs& c) {

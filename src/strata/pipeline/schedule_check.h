@@ -61,6 +61,19 @@ CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>&
                   const Costs& c = {}, int max_in_flight = 0,
                   const std::vector<double>& stage_scale = {});
 
+// The makespan of valid lists (check() passed) when the pipeline's ranks share CPU cores:
+// rank_cpu[s] lists the cores stage s's ranks are pinned to (one entry a rank: its tensor-,
+// context- and data-parallel peers run the same list in step). At each moment a stage's compute
+// action progresses at 1 / (the ranks with a compute action to run on its most loaded core), as
+// the OS's scheduler shares a core between runnable processes; a stage waiting on a receive
+// leaves its core to the others. tail[s] (optional): work each rank of stage s does after its
+// list (the data-parallel reductions and the optimizer step), shared the same way. With a core
+// per rank it is check()'s makespan plus the largest tail.
+double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
+                       const Costs& c, const std::vector<double>& stage_scale,
+                       const std::vector<std::vector<int>>& rank_cpu,
+                       const std::vector<double>& tail = {});
+
 // The bubble fraction the literature gives, with sends free, in check's definition (idle time
 // over stages × makespan; a bubble B relative to the ideal time I is B / (B + I)):
 //   gpipe, 1f1b: (p-1)/(m+p-1) (arXiv 2104.04473 §2.2: bubble (p-1)/m of the ideal time);

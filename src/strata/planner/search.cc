@@ -517,6 +517,10 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     p.tp_comm_s = m * tpc[slowest];
     p.cp_comm_s = m * cpc[slowest];
     double span = m * (fwd[slowest] + bwd[slowest]);
+    // The schedule as simulated (one stage: its micro-batches in a row), kept for the cores' share.
+    pipeline::ScheduleSpec sim_spec{pipeline::ScheduleKind::OneFOneB, 1, m, 1};
+    pipeline::Costs sim_costs{fwd[0], bwd[0], 0.0, 0.0};
+    std::vector<double> sim_scale;
     if (c.pp > 1) {
       const pipeline::ExecutorOptions o = executor_options(cfg, 0, c.pp);
       const double msg = double(pipeline::pipeline_message_bytes(o, c.tp, c.sequence_parallel));
@@ -540,6 +544,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
           pipeline::check(spec, pipeline::generate(spec), costs, 0, scale);
       span = chk.makespan;
       p.bubble_fraction = chk.bubble_fraction;
+      sim_spec = spec, sim_costs = costs, sim_scale = scale;
       p.pp_comm_s = 2.0 * m * v * costs.send;
     }
     p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s - p.cp_comm_s);
@@ -552,9 +557,17 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const Link& dl = dp_intra ? intra : inter;
     const double f = dpn > 1 ? double(dpn - 1) / dpn : 0.0;
     double reduce = 0, gather = 0, gather_per_pass = 0;
+    // The reductions' own streaming work on the rank: the gradients converted to the wire dtype
+    // and back, the received chunks summed, and at stages 2-3 (on every micro-batch) the owned
+    // chunk added into the gradient partition and the unit's buffer zeroed for the next one.
+    const DType gt = executor_options(cfg, 0, c.pp).grad_dtype;
+    const double gsz = double(dtype_size(gt));
+    const double convert = gt != cfg.comm_dtype() ? gsz + wire : 0.0;  // bytes an element
+    double local_bytes = 0;
     if (dpn > 1) {
       if (!zero || cfg.zero.stage == 0) {
         reduce = collective_s(dl, 2.0 * f * elems * wire, 2 * (dpn - 1));
+        local_bytes = 2.0 * convert * elems + 3.0 * wire * f * elems;
       } else {
         const int g = shard;
         const double fg = double(g - 1) / g;
@@ -564,8 +577,11 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
           reduce +=
               collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire, 2 * (dpn / g - 1));
         }
+        local_bytes = convert * (elems + elems / g) + 3.0 * wire * fg * elems;
+        if (cfg.zero.stage >= 2) local_bytes = m * (local_bytes + 3.0 * gsz * elems / g + gsz * elems);
         if (cfg.zero.stage <= 2) {
           gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
+          if (cfg.zero.stage == 2) reduce *= m;  // a reduce-scatter per unit and micro-batch
         } else {
           // Stage 3: every micro-batch gathers each unit for forward and again for backward
           // (and for recompute), and reduce-scatters its gradients; without
@@ -576,15 +592,19 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
         }
       }
     }
-    p.dp_comm_s = reduce + gather;
+    // That work takes the rank's own cores (a GPU's memory) beside its compute: never hidden.
+    const double reduce_work = d.memory_seconds(local_bytes, running);
+    p.dp_comm_s = reduce + gather + reduce_work;
     const bool overlap = cfg.zero.overlap_comm;  // the parser applies DeepSpeed's default
     const double last_backward = bwd[slowest];
     if (cfg.zero.stage == 3 && zero) {
       // Prefetched gathers hide behind the compute they precede; reductions behind backward.
       const double hidden = overlap ? m * (fwd[slowest] + bwd[slowest]) : 0.0;
-      p.dp_exposed_s = std::max(0.0, reduce + gather - hidden);
+      p.dp_exposed_s = reduce_work + std::max(0.0, reduce + gather - hidden);
     } else {
-      p.dp_exposed_s = gather + (overlap ? std::max(0.0, reduce - last_backward) : reduce);
+      // Stage 2 reduces on every micro-batch, behind that micro-batch's backward.
+      const double hidden = (cfg.zero.stage == 2 && zero ? m : 1) * last_backward;
+      p.dp_exposed_s = reduce_work + gather + (overlap ? std::max(0.0, reduce - hidden) : reduce);
     }
     // The optimizer reads and writes the fp32 master, the moments and the gradient of each
     // element it owns, and writes the parameter.
@@ -592,23 +612,32 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     p.optimizer_s = d.memory_seconds(owned * (4.0 * 4 * 2 + double(dtype_size(pt))), running);
     p.model_step_s = span + p.dp_exposed_s + p.optimizer_s;
     if (sharing > running) {
-      // More ranks than cores: a rank waiting (in a bubble, on a peer) yields its core to one
-      // with work, so the step is at least the node's busy core-seconds over its cores, whatever
-      // the critical path. Busy: each rank's compute, its collectives (on one host they are the
-      // cores' copies and sums, overlapped or not) and its optimizer step.
+      // More ranks than cores: strata launch pins local rank l to core l mod cores, and a rank
+      // waiting (in a bubble, on a peer) leaves its core to those with work. The schedule is
+      // simulated with each stage's ranks sharing their cores with the stages runnable at each
+      // moment; after its list each rank does its data-parallel collectives' work (on one host
+      // they are the cores' copies and sums, overlapped or not). The gradients' global norm then
+      // waits for every rank, and all of them take their optimizer step at once, as many to a
+      // core as the busiest core holds.
+      std::vector<std::vector<int>> rank_cpu(size_t(c.pp));
       std::vector<double> node_busy(
           size_t((world + in.cluster.per_node - 1) / in.cluster.per_node));
       for (int rank = 0; rank < world; ++rank) {
         const size_t s = size_t(grid.coord(rank).at(comm::Axis::PP));
-        node_busy[size_t(rank / in.cluster.per_node)] +=
-            m * (fwd[s] + bwd[s]) + p.dp_comm_s + p.optimizer_s;
+        const int node = rank / in.cluster.per_node, local = rank % in.cluster.per_node;
+        rank_cpu[s].push_back(node * running + local % running);
+        node_busy[size_t(node)] += m * (fwd[s] + bwd[s]) + p.dp_comm_s + p.optimizer_s;
       }
+      // The node's busy core-seconds over its cores: what the step would be were no core idle.
       p.cores_bound_s = *std::max_element(node_busy.begin(), node_busy.end()) / running;
-      // The columns at the rank's share of the cores: its compute takes sharing / running
-      // times as long, the bubble is what remains.
+      const std::vector<double> tail(size_t(c.pp), p.dp_comm_s);
+      // The columns at the rank's share of the cores: its compute and its optimizer step take
+      // sharing / running times as long, the bubble is what remains.
       const double turns = double(sharing) / running;
       p.compute_s *= turns, p.recompute_s *= turns, p.optimizer_s *= turns;
-      p.model_step_s = std::max(p.model_step_s, p.cores_bound_s);
+      p.model_step_s = pipeline::shared_makespan(sim_spec, pipeline::generate(sim_spec), sim_costs,
+                                                 sim_scale, rank_cpu, tail) +
+                       p.optimizer_s;
       p.bubble_s = std::max(0.0, p.model_step_s - p.compute_s - p.tp_comm_s - p.cp_comm_s -
                                      p.dp_exposed_s - p.optimizer_s);
     }
@@ -712,9 +741,9 @@ std::string explain(const PlanInput& in, const Row& r) {
   s += line;
   if (p.cores_bound_s > 0) {
     std::snprintf(line, sizeof line,
-                  "  (ranks outnumber the cores: the step is at least the node's busy %.4f s of "
-                  "work per core%s)\n",
-                  p.cores_bound_s, p.cores_bound_s >= p.model_step_s ? ", which sets it" : "");
+                  "  (ranks outnumber the cores: the schedule simulated with the ranks sharing "
+                  "them takes %.4f s; the node's busy time is %.4f s a core)\n",
+                  p.model_step_s, p.cores_bound_s);
     s += line;
   }
   if (const StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {
