@@ -213,18 +213,20 @@ TEST(ScheduleSharedCores, DedicatedSharedAndPinnedCores) {
     const Costs c{1.0, 1.5, kind == ScheduleKind::ZeroBubble ? 0.7 : 0.0, 0.25};
     const std::vector<double> scale = {1.0, 0.9, 1.1, 1.3};
     const CheckResult r = check(s, lists, c, 0, scale);
-    EXPECT_NEAR(shared_makespan(s, lists, c, scale, {{0}, {1}, {2}, {3}}), r.makespan, 1e-9)
-        << schedule_name(kind);
+    const SharedResult own = shared_makespan(s, lists, c, scale, {{0}, {1}, {2}, {3}});
+    EXPECT_NEAR(own.makespan, r.makespan, 1e-9) << schedule_name(kind);
+    EXPECT_EQ(own.contended, std::vector<double>(4, 0.0));
     // Sends cost nothing on one core; every action runs back to back.
     const Costs free{c.forward, c.backward_input, c.backward_weight, 0.0};
     double work = 0;
     for (const TimedAction& t : check(s, lists, free, 0, scale).timeline) work += t.end - t.start;
-    EXPECT_NEAR(shared_makespan(s, lists, free, scale, {{0}, {0}, {0}, {0}}, {0.5, 0.5, 0.5, 0.5}),
-                work + 2.0, 1e-9)
+    EXPECT_NEAR(
+        shared_makespan(s, lists, free, scale, {{0}, {0}, {0}, {0}}, {0.5, 0.5, 0.5, 0.5}).makespan,
+        work + 2.0, 1e-9)
         << schedule_name(kind);
     // Four stages round-robin on two cores: no faster than either bound, and slower than the
     // busier core's work (the warm-up and the cool-down leave a core idle).
-    const double two = shared_makespan(s, lists, free, scale, {{0}, {1}, {0}, {1}});
+    const double two = shared_makespan(s, lists, free, scale, {{0}, {1}, {0}, {1}}).makespan;
     EXPECT_GT(two, r.makespan - 4 * c.send);
     EXPECT_GT(two, 1.02 * work * (1.0 + 1.1) / (1.0 + 0.9 + 1.1 + 1.3));
   }
@@ -234,10 +236,19 @@ TEST(ScheduleSharedCores, DedicatedSharedAndPinnedCores) {
   // the tail 8-10.
   const ScheduleSpec s{ScheduleKind::OneFOneB, 2, 1, 1};
   const Costs c{1.0, 2.0, 0.0, 0.0};
-  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0}, {1}}, {2.0, 2.0}), 8.0, 1e-12);
-  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0}, {0}}, {2.0, 2.0}), 10.0, 1e-12);
+  // On one core stage 0's backward (2 of its 3 units of work) shares it with stage 1's tail:
+  // contended; stage 1 never runs beside stage 0's compute.
+  const SharedResult apart = shared_makespan(s, generate(s), c, {}, {{0}, {1}}, {2.0, 2.0});
+  const SharedResult one = shared_makespan(s, generate(s), c, {}, {{0}, {0}}, {2.0, 2.0});
+  EXPECT_NEAR(apart.makespan, 8.0, 1e-12);
+  EXPECT_EQ(apart.contended, std::vector<double>(2, 0.0));
+  EXPECT_NEAR(one.makespan, 10.0, 1e-12);
+  ASSERT_EQ(one.contended.size(), 2u);
+  EXPECT_NEAR(one.contended[0], 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(one.contended[1], 0.0, 1e-12);
   // A stage's ranks (data-parallel replicas) on both cores go at the pace of the busier one.
-  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0, 1}, {0}}, {2.0, 2.0}), 10.0, 1e-12);
+  EXPECT_NEAR(shared_makespan(s, generate(s), c, {}, {{0, 1}, {0}}, {2.0, 2.0}).makespan, 10.0,
+              1e-12);
 }
 
 TEST(ScheduleTrace, ChromeTraceIsValidJsonWithOneEventPerComputeAction) {

@@ -335,7 +335,7 @@ TEST_F(PlanCli, FitMeasuresProbesAndThePlanThenUsesIt) {
   const std::string cal = calibrate();
   std::string err;
   ASSERT_EQ(strata("plan --config '" + path("tiny.json") + "' --devices 2 --device '" + cal +
-                       "' --fit 7 --verify-steps 2",
+                       "' --fit 8 --verify-steps 2",
                    &err),
             0)
       << err;
@@ -349,9 +349,9 @@ TEST_F(PlanCli, FitMeasuresProbesAndThePlanThenUsesIt) {
                  "([0-9]+)\\), 2 timed steps each \\(configs and logs in (.+)\\)\n")))
       << text;
   verify_dirs_.push_back(m[6]);
-  EXPECT_EQ(std::stoi(m[1]), 7) << text;
+  EXPECT_EQ(std::stoi(m[1]), 8) << text;
   // Probes at two global batches, so that the per-step terms are told from the compute's.
-  EXPECT_EQ(std::stoi(m[2]) + std::stoi(m[4]), 7) << text;
+  EXPECT_EQ(std::stoi(m[2]) + std::stoi(m[4]), 8) << text;
   EXPECT_GE(std::stoi(m[4]), 3) << text;
   EXPECT_EQ(std::stoi(m[5]) * 2, std::stoi(m[3])) << text;
   ASSERT_TRUE(std::regex_search(
@@ -360,22 +360,22 @@ TEST_F(PlanCli, FitMeasuresProbesAndThePlanThenUsesIt) {
           "\nfit at 2 ranks per node: step = ([0-9.]+) x model \\+ ([0-9.]+) us x "
           "collectives \\+ ([0-9.]+) us x messages \\+ ([0-9.]+) us x kernel calls \\+ "
           "([0-9.]+) us x ZeRO-3 gathers \\+ ([0-9.]+) us x tp collectives beside reductions "
-          "\\+ ([0-9.]+) us; error on the "
+          "\\+ ([0-9.]+) us x contended tp/cp collectives \\+ ([0-9.]+) us; error on the "
           "probes median ([0-9.]+)%")))
       << text;
   const planner::DeviceProfile p = planner::read_profile(cal);
   const planner::StepFit* f = p.step_fit(2);
   ASSERT_NE(f, nullptr);
-  EXPECT_EQ(f->probes, 7);
+  EXPECT_EQ(f->probes, 8);
   EXPECT_NEAR(f->model_scale, std::stod(m[1]), 1e-3);
-  EXPECT_NE(f->source.find("strata plan --fit 7 on"), std::string::npos) << f->source;
+  EXPECT_NE(f->source.find("strata plan --fit 8 on"), std::string::npos) << f->source;
   EXPECT_NE(text.find("\nwith the fit:\n" + kTableHeader), std::string::npos) << text;
   // A later plan says it uses the fit.
   ASSERT_EQ(
       strata("plan --config '" + path("tiny.json") + "' --devices 2 --device '" + cal + "'", &err),
       0)
       << err;
-  EXPECT_NE(out().find("step fit at 2 ranks per node: strata plan --fit 7 on"), std::string::npos)
+  EXPECT_NE(out().find("step fit at 2 ranks per node: strata plan --fit 8 on"), std::string::npos)
       << out();
 }
 

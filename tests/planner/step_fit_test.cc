@@ -17,7 +17,7 @@ namespace strata::planner {
 namespace {
 
 std::vector<StepSample> made(double a, double b, double c, double d, double e = 0, double g = 0,
-                             double h = 0) {
+                             double h = 0, double k = 0) {
   std::vector<StepSample> s;
   const double model[] = {0.008, 0.009, 0.0087, 0.0095, 0.0101, 0.0078, 0.0120, 0.0091};
   const double coll[] = {40, 120, 260, 75, 300, 18, 150, 90};
@@ -25,22 +25,24 @@ std::vector<StepSample> made(double a, double b, double c, double d, double e = 
   const double calls[] = {180, 400, 230, 900, 350, 700, 120, 520};
   const double gathers[] = {0, 60, 0, 24, 120, 0, 36, 0};
   const double beside[] = {0, 0, 130, 20, 0, 0, 90, 60};
+  const double contended[] = {0, 30, 0, 0, 70, 10, 0, 45};
   for (int i = 0; i < 8; ++i) {
-    s.push_back({model[i], coll[i], msg[i], calls[i], gathers[i], beside[i],
+    s.push_back({model[i], coll[i], msg[i], calls[i], gathers[i], beside[i], contended[i],
                  a * model[i] + b * coll[i] + c * msg[i] + e * calls[i] + g * gathers[i] +
-                     h * beside[i] + d});
+                     h * beside[i] + k * contended[i] + d});
   }
   return s;
 }
 
 TEST(StepFit, RecoversTheTermsThatMadeTheSteps) {
-  const StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3, 6e-6, 9e-4, 2e-4), 4);
+  const StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3, 6e-6, 9e-4, 2e-4, 3.5e-4), 4);
   EXPECT_NEAR(f.model_scale, 2.5, 1e-6);
   EXPECT_NEAR(f.per_collective_s, 4e-4, 1e-9);
   EXPECT_NEAR(f.per_message_s, 1.5e-4, 1e-9);
   EXPECT_NEAR(f.per_call_s, 6e-6, 1e-10);
   EXPECT_NEAR(f.per_gather_s, 9e-4, 1e-9);
   EXPECT_NEAR(f.per_tp_beside_s, 2e-4, 1e-9);
+  EXPECT_NEAR(f.per_contended_s, 3.5e-4, 1e-9);
   EXPECT_NEAR(f.per_step_s, 3e-3, 1e-8);
   EXPECT_EQ(f.ranks_per_node, 4);
   EXPECT_EQ(f.probes, 8);
@@ -62,7 +64,7 @@ TEST(StepFit, NoTermGoesNegative) {
 
 TEST(StepFit, FewerProbesThanTermsIsAnInputError) {
   std::vector<StepSample> s = made(1, 0, 0, 0);
-  s.resize(6);
+  s.resize(7);
   EXPECT_THROW(fit_step(s, 4), InputError);
 }
 
@@ -87,7 +89,7 @@ TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
   StepFit f;
   f.ranks_per_node = 4, f.model_scale = 2.0, f.per_collective_s = 5e-4, f.per_message_s = 2e-4;
   f.per_call_s = 1e-6, f.per_gather_s = 3e-4, f.per_tp_beside_s = 7e-4, f.per_step_s = 1e-3,
-  f.probes = 12, f.source = "strata plan --fit 12 (test)";
+  f.per_contended_s = 4e-4, f.probes = 12, f.source = "strata plan --fit 12 (test)";
   p.step_fits.push_back(f);
   write_profile(p, path("cpu.json"));
   const DeviceProfile q = read_profile(path("cpu.json"));
@@ -97,6 +99,7 @@ TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_call_s, 1e-6);
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_gather_s, 3e-4);
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_tp_beside_s, 7e-4);
+  EXPECT_DOUBLE_EQ(q.step_fit(4)->per_contended_s, 4e-4);
   EXPECT_EQ(q.step_fit(4)->source, f.source);
 
   PlanInput in;
@@ -137,12 +140,23 @@ TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
   const Row plain = evaluate(in, c);
   ASSERT_TRUE(plain.valid()) << plain.reason;
   EXPECT_DOUBLE_EQ(plain.p.step_s, plain.p.model_step_s);
-  // A pipeline's sends and receives are counted.
+  // A pipeline's sends and receives are counted (tensor-parallel pairs in two stages).
   c.dp = 1, c.pp = 2, c.zero = 1, c.micro_batch = 2, c.accumulation = 4;
   in.cluster = uniform_cluster(4, 4);
   const Row piped = evaluate(in, c);
   ASSERT_TRUE(piped.valid()) << piped.reason;
   EXPECT_EQ(piped.p.messages, 4 * 2.0);
+  // Two stages of tensor-parallel pairs on two cores: each core runs a rank of either stage, so
+  // the pairs' collectives are contended where both stages have work (not in the bubble).
+  EXPECT_GT(piped.p.contended_collectives, 0.0);
+  EXPECT_LT(piped.p.contended_collectives, piped.p.collectives);
+  EXPECT_DOUBLE_EQ(piped.p.step_s, 2.0 * piped.p.model_step_s + 5e-4 * piped.p.collectives +
+                                       2e-4 * piped.p.messages + 1e-6 * piped.p.kernel_calls +
+                                       7e-4 * piped.p.tp_beside_reductions +
+                                       4e-4 * piped.p.contended_collectives + 1e-3);
+  // On four cores no rank shares one.
+  in.device.cores = 4;
+  EXPECT_EQ(evaluate(in, c).p.contended_collectives, 0.0);
 }
 
 TEST_F(StepFitProfile, ABadFitEntryNamesTheKey) {

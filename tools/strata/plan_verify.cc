@@ -189,7 +189,7 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   STRATA_INPUT_CHECK(!in.device.gpu,
                      "--fit runs probe layouts here, on the CPU: plan with --device cpu (or a CPU "
                      "profile file)");
-  STRATA_INPUT_CHECK(k >= 7, "--fit ", k, ": a step fit has seven terms; give at least 7 probes");
+  STRATA_INPUT_CHECK(k >= 8, "--fit ", k, ": a step fit has eight terms; give at least 8 probes");
   // Half the probes at the config's global batch, half at half of it (twice it when odd): the
   // same kinds of layout over half the compute, so that the fit can tell what grows with the
   // model's work from what each step costs whatever the work (on one batch those move together,
@@ -201,7 +201,7 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   size_t valid = 0, other_valid = 0;
   for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
   for (const planner::Row& r : other_rows) other_valid += r.valid() ? 1 : 0;
-  STRATA_INPUT_CHECK(valid >= 7, "--fit needs at least 7 valid layouts to probe; this plan has ",
+  STRATA_INPUT_CHECK(valid >= 8, "--fit needs at least 8 valid layouts to probe; this plan has ",
                      valid);
   // `count` rows spread evenly over the first `valid` of `from`, best and worst included.
   std::vector<const planner::Row*> pick;
@@ -237,15 +237,16 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
       continue;
     }
     samples.push_back({r.p.model_step_s, r.p.collectives, r.p.messages, r.p.kernel_calls,
-                       r.p.gathers, r.p.tp_beside_reductions, m.step_s});
+                       r.p.gathers, r.p.tp_beside_reductions, r.p.contended_collectives,
+                       m.step_s});
     used.push_back(i);
   }
   planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
   f.source = source;
   std::printf(
       "| # | layout | batch | collectives | gathers | messages | kernel calls | tp beside "
-      "reductions | model s | fitted s | measured s | error |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "reductions | contended tp/cp | model s | fitted s | measured s | error |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<double> errors;
   for (size_t j = 0; j < samples.size(); ++j) {
     const planner::StepSample& s = samples[j];
@@ -253,18 +254,21 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
     errors.push_back(std::fabs(fit - s.measured_s) / s.measured_s);
     const planner::Candidate& c = pick[used[j]]->c;
     std::printf(
-        "| %zu | %s | %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | %+.1f%% |\n",
+        "| %zu | %s | %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | "
+        "%+.1f%% |\n",
         used[j] + 1, planner::describe(c).c_str(),
         static_cast<long long>(int64_t(c.dp) * c.micro_batch * c.accumulation), s.collectives,
-        s.gathers, s.messages, s.calls, s.tp_beside, s.model_s, fit, s.measured_s,
+        s.gathers, s.messages, s.calls, s.tp_beside, s.contended, s.model_s, fit, s.measured_s,
         100.0 * (fit - s.measured_s) / s.measured_s);
   }
   std::printf(
       "fit at %d ranks per node: step = %.3f x model + %.1f us x collectives + %.1f us x messages "
       "+ %.2f us x kernel calls + %.1f us x ZeRO-3 gathers + %.1f us x tp collectives beside "
-      "reductions + %.1f us; error on the probes median %.1f%%, worst %.1f%%\n",
+      "reductions + %.1f us x contended tp/cp collectives + %.1f us; error on the probes median "
+      "%.1f%%, worst %.1f%%\n",
       f.ranks_per_node, f.model_scale, f.per_collective_s * 1e6, f.per_message_s * 1e6,
-      f.per_call_s * 1e6, f.per_gather_s * 1e6, f.per_tp_beside_s * 1e6, f.per_step_s * 1e6,
+      f.per_call_s * 1e6, f.per_gather_s * 1e6, f.per_tp_beside_s * 1e6, f.per_contended_s * 1e6,
+      f.per_step_s * 1e6,
       100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()));
   planner::DeviceProfile p = planner::read_profile(profile_path);
   std::erase_if(p.step_fits,

@@ -292,10 +292,10 @@ CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>&
   return r;
 }
 
-double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
-                       const Costs& c, const std::vector<double>& stage_scale,
-                       const std::vector<std::vector<int>>& rank_cpu,
-                       const std::vector<double>& tail) {
+SharedResult shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
+                             const Costs& c, const std::vector<double>& stage_scale,
+                             const std::vector<std::vector<int>>& rank_cpu,
+                             const std::vector<double>& tail) {
   const int p = s.stages;
   STRATA_CHECK(int(lists.size()) == p && int(rank_cpu.size()) == p &&
                    (stage_scale.empty() || int(stage_scale.size()) == p) &&
@@ -313,7 +313,9 @@ double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Acti
   // of a core of its own; -1: not started.
   std::vector<double> left(size_t(p), -1.0);
   std::vector<char> done(size_t(p), 0);
-  std::vector<int> load(static_cast<size_t>(cpus));
+  std::vector<int> load(static_cast<size_t>(cpus)), own(static_cast<size_t>(cpus));
+  // Compute work done in all and while contended, per stage.
+  std::vector<double> work(size_t(p), 0.0), shared(size_t(p), 0.0);
   double now = 0;
   for (int remaining = p;;) {
     // Move every stage through its sends and arrived receives to its next compute action (or the
@@ -366,17 +368,28 @@ double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Acti
       }
     }
     std::vector<double> speed(size_t(p), 0.0);
+    std::vector<char> contended(size_t(p), 0);
     double next = wake;
     for (int st = 0; st < p; ++st) {
       if (!runnable[size_t(st)]) continue;
       int most = 1;
-      for (int k : rank_cpu[size_t(st)]) most = std::max(most, load[size_t(k)]);
+      for (int k : rank_cpu[size_t(st)]) ++own[size_t(k)];
+      for (int k : rank_cpu[size_t(st)]) {
+        most = std::max(most, load[size_t(k)]);
+        contended[size_t(st)] |= load[size_t(k)] > own[size_t(k)] ? 1 : 0;
+      }
+      for (int k : rank_cpu[size_t(st)]) --own[size_t(k)];
       speed[size_t(st)] = 1.0 / most;
       next = std::min(next, now + left[size_t(st)] * most);
     }
     STRATA_CHECK(std::isfinite(next), "shared_makespan: no stage can proceed (lists not checked?)");
     for (int st = 0; st < p; ++st) {
       if (!runnable[size_t(st)]) continue;
+      const double done_work = std::min(left[size_t(st)], speed[size_t(st)] * (next - now));
+      if (pc[size_t(st)] < lists[size_t(st)].size()) {  // a compute action, not the tail
+        work[size_t(st)] += done_work;
+        if (contended[size_t(st)]) shared[size_t(st)] += done_work;
+      }
       left[size_t(st)] -= speed[size_t(st)] * (next - now);
       // The action whose end this step reached completes (rounding aside); the next one starts
       // on the next pass.
@@ -392,7 +405,12 @@ double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Acti
     now = next;
     if (remaining == 0) break;
   }
-  return now;
+  SharedResult r;
+  r.makespan = now;
+  for (int st = 0; st < p; ++st) {
+    r.contended.push_back(work[size_t(st)] > 0 ? shared[size_t(st)] / work[size_t(st)] : 0.0);
+  }
+  return r;
 }
 
 std::optional<double> closed_form_bubble(const ScheduleSpec& s, const Costs& c) {

@@ -69,10 +69,17 @@ CheckResult check(const ScheduleSpec& s, const std::vector<std::vector<Action>>&
 // leaves its core to the others. tail[s] (optional): work each rank of stage s does after its
 // list (the data-parallel reductions and the optimizer step), shared the same way. With a core
 // per rank it is check()'s makespan plus the largest tail.
-double shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
-                       const Costs& c, const std::vector<double>& stage_scale,
-                       const std::vector<std::vector<int>>& rank_cpu,
-                       const std::vector<double>& tail = {});
+struct SharedResult {
+  double makespan = 0;
+  // Per stage: the share of its compute actions' work done while one of its cores also ran a
+  // rank of another stage (or another stage's tail). A tensor- or context-parallel collective
+  // issued then waits for a peer the scheduler may have switched away from.
+  std::vector<double> contended;
+};
+SharedResult shared_makespan(const ScheduleSpec& s, const std::vector<std::vector<Action>>& lists,
+                             const Costs& c, const std::vector<double>& stage_scale,
+                             const std::vector<std::vector<int>>& rank_cpu,
+                             const std::vector<double>& tail = {});
 
 // The bubble fraction the literature gives, with sends free, in check's definition (idle time
 // over stages × makespan; a bubble B relative to the ideal time I is B / (B + I)):

@@ -301,6 +301,9 @@ DeviceProfile read_profile(const std::string& path) {
       s.per_tp_beside_s = f.contains("per_tp_beside_reductions_us")
                               ? field("per_tp_beside_reductions_us", 0) * 1e-6
                               : 0.0;
+      s.per_contended_s = f.contains("per_contended_collective_us")
+                              ? field("per_contended_collective_us", 0) * 1e-6
+                              : 0.0;
       s.per_step_s = field("per_step_us", 0) * 1e-6;
       s.probes = int(f.value("probes", 0));
       s.source = f.value("source", std::string());
@@ -365,6 +368,7 @@ void write_profile(const DeviceProfile& p, const std::string& path) {
                       {"per_call_us", f.per_call_s * 1e6},
                       {"per_gather_us", f.per_gather_s * 1e6},
                       {"per_tp_beside_reductions_us", f.per_tp_beside_s * 1e6},
+                      {"per_contended_collective_us", f.per_contended_s * 1e6},
                       {"per_step_us", f.per_step_s * 1e6},
                       {"probes", f.probes},
                       {"source", f.source}});

@@ -16,7 +16,7 @@
 //    "inter_node": {"alpha_us": a, "bandwidth_gbps": b},
 //    "step_fits": [{"ranks_per_node": R, "model_scale": a, "per_collective_us": b,
 //                   "per_gather_us": g, "per_message_us": c, "per_call_us": e,
-//                   "per_tp_beside_reductions_us": h,
+//                   "per_tp_beside_reductions_us": h, "per_contended_collective_us": k,
 //                   "per_step_us": d, "probes": K,
 //                   "source": "..."}]}
 //
@@ -65,6 +65,7 @@ struct StepFit {
   double per_call_s = 0.0;        // e: per kernel call
   double per_gather_s = 0.0;      // g: per ZeRO-3 parameter gather
   double per_tp_beside_s = 0.0;   // h: per tp collective beside overlap_comm's reductions
+  double per_contended_s = 0.0;   // k: per tp/cp collective on cores another stage shares
   double per_step_s = 0.0;        // d: per step
   int probes = 0;
   std::string source;  // "strata plan --fit 12 on <config>, <date>"

@@ -471,7 +471,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const Link& cp_link = int64_t(c.tp) * c.cp <= in.cluster.per_node ? intra : inter;
     const int m = int(cfg.gradient_accumulation_steps);
     std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)), tpc(size_t(c.pp));
-    std::vector<double> cpc(size_t(c.pp));
+    std::vector<double> cpc(size_t(c.pp)), wgrad(size_t(c.pp));
     for (int s = 0; s < c.pp; ++s) {
       const StageCost& sc = stages[size_t(s)];
       const double eff_call = sc.gemm_call_flops;
@@ -507,6 +507,9 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
                        tp_s / 2 + cp_s / 2 + rec[size_t(s)];
       tpc[size_t(s)] = tp_s;
       cpc[size_t(s)] = cp_s;
+      // Of the backward, the weight gradients' GEMMs (zero-bubble schedules defer them): the
+      // elementwise kernels, attention and the input gradients' GEMMs stay with the input pass.
+      wgrad[size_t(s)] = gemm(linear);
     }
     size_t slowest = 0;
     for (size_t s = 1; s < fwd.size(); ++s) {
@@ -526,9 +529,11 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       const double msg = double(pipeline::pipeline_message_bytes(o, c.tp, c.sequence_parallel));
       const Link& pl = pp_intra ? intra : inter;
       const int v = o.virtual_stages;
-      double mean_f = 0, mean_b = 0;
-      for (int s = 0; s < c.pp; ++s) mean_f += fwd[size_t(s)], mean_b += bwd[size_t(s)];
-      mean_f /= c.pp, mean_b /= c.pp;
+      double mean_f = 0, mean_b = 0, mean_w = 0;
+      for (int s = 0; s < c.pp; ++s) {
+        mean_f += fwd[size_t(s)], mean_b += bwd[size_t(s)], mean_w += wgrad[size_t(s)];
+      }
+      mean_f /= c.pp, mean_b /= c.pp, mean_w /= c.pp;
       std::vector<double> scale;
       for (int s = 0; s < c.pp; ++s) {
         scale.push_back((fwd[size_t(s)] + bwd[size_t(s)]) / std::max(1e-30, mean_f + mean_b));
@@ -536,8 +541,8 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       pipeline::Costs costs;
       costs.forward = mean_f / v;
       const bool split = o.schedule == pipeline::ScheduleKind::ZeroBubble;
-      costs.backward_input = split ? mean_b / v / 2 : mean_b / v;
-      costs.backward_weight = split ? mean_b / v / 2 : 0.0;
+      costs.backward_input = split ? (mean_b - mean_w) / v : mean_b / v;
+      costs.backward_weight = split ? mean_w / v : 0.0;
       costs.send = pl.seconds(msg);
       const pipeline::ScheduleSpec spec{o.schedule, c.pp, m, v};
       const pipeline::CheckResult chk =
@@ -592,6 +597,11 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
         }
       }
     }
+    if (dpn == 1 && zero && cfg.zero.stage >= 2) {
+      // ZeRO over a group of one still hands backward a unit buffer on every micro-batch and
+      // adds it into the partition through the (one-rank) reduce-scatter and its conversions.
+      local_bytes = m * (2.0 * convert * elems + 3.0 * gsz * elems + gsz * elems);
+    }
     // That work takes the rank's own cores (a GPU's memory) beside its compute: never hidden.
     const double reduce_work = d.memory_seconds(local_bytes, running);
     p.dp_comm_s = reduce + gather + reduce_work;
@@ -635,9 +645,15 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       // sharing / running times as long, the bubble is what remains.
       const double turns = double(sharing) / running;
       p.compute_s *= turns, p.recompute_s *= turns, p.optimizer_s *= turns;
-      p.model_step_s = pipeline::shared_makespan(sim_spec, pipeline::generate(sim_spec), sim_costs,
-                                                 sim_scale, rank_cpu, tail) +
-                       p.optimizer_s;
+      const pipeline::SharedResult sim = pipeline::shared_makespan(
+          sim_spec, pipeline::generate(sim_spec), sim_costs, sim_scale, rank_cpu, tail);
+      p.model_step_s = sim.makespan + p.optimizer_s;
+      for (int s = 0; s < c.pp; ++s) {
+        const StageCost& st = stages[size_t(s)];
+        p.contended_collectives = std::max(
+            p.contended_collectives, double(m) * sim.contended[size_t(s)] *
+                                         ((c.tp > 1 ? st.tp_collectives : 0.0) + st.cp_collectives));
+      }
       p.bubble_s = std::max(0.0, p.model_step_s - p.compute_s - p.tp_comm_s - p.cp_comm_s -
                                      p.dp_exposed_s - p.optimizer_s);
     }
@@ -681,6 +697,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       p.step_s = f->model_scale * p.model_step_s + f->per_collective_s * p.collectives +
                  f->per_message_s * p.messages + f->per_call_s * p.kernel_calls +
                  f->per_gather_s * p.gathers + f->per_tp_beside_s * p.tp_beside_reductions +
+                 f->per_contended_s * p.contended_collectives +
                  f->per_step_s;
     }
     const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
@@ -751,10 +768,13 @@ std::string explain(const PlanInput& in, const Row& r) {
         line, sizeof line,
         "fitted at %d ranks per node (%s): %.4f s = %.3f x the model's %.4f s + %.0f "
         "collectives x %.1f us + %.0f ZeRO-3 gathers x %.1f us + %.0f messages x %.1f us + "
-        "%.0f kernel calls x %.2f us + %.1f us\n",
+        "%.0f kernel calls x %.2f us + %.0f tp collectives beside reductions x %.1f us + %.0f "
+        "contended tp/cp collectives x %.1f us + %.1f us\n",
         f->ranks_per_node, f->source.c_str(), p.step_s, f->model_scale, p.model_step_s,
         p.collectives, f->per_collective_s * 1e6, p.gathers, f->per_gather_s * 1e6, p.messages,
-        f->per_message_s * 1e6, p.kernel_calls, f->per_call_s * 1e6, f->per_step_s * 1e6);
+        f->per_message_s * 1e6, p.kernel_calls, f->per_call_s * 1e6, p.tp_beside_reductions,
+        f->per_tp_beside_s * 1e6, p.contended_collectives, f->per_contended_s * 1e6,
+        f->per_step_s * 1e6);
     s += line;
   }
   std::snprintf(line, sizeof line, "%.0f tokens/s, MFU %.1f%% (device: %s)\n", p.tokens_per_s,

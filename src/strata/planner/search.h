@@ -65,14 +65,18 @@ struct Prediction {
   double optimizer_s = 0;
   // CPU ranks outnumbering their node's cores: the busiest node's compute and optimizer
   // core-seconds over its cores, a floor under the step (0 otherwise). The columns above are then
-  // at a rank's share of the cores, and the bubble what the step leaves beyond them.
+  // at a rank's share of the cores, and the bubble what the simulated step leaves beyond them.
   double cores_bound_s = 0;
-  double model_step_s = 0;  // the sum of the above (at least cores_bound_s): the model's step
+  double model_step_s = 0;  // the sum of the above (simulated on shared cores): the model's step
   // Per step on the critical rank: collective calls (but for stage 3's parameter gathers, counted
   // apart), pipeline sends and receives, kernel calls.
   double collectives = 0, gathers = 0, messages = 0, kernel_calls = 0;
   // Of the tensor-parallel collectives, those beside overlap_comm's background reductions.
   double tp_beside_reductions = 0;
+  // CPU ranks outnumbering the cores: the tensor- and context-parallel collectives issued while
+  // the group's cores also run another stage's ranks (pipeline::SharedResult::contended), whose
+  // peers the scheduler may have switched away from.
+  double contended_collectives = 0;
   // The model's step, or where the device profile has a step fit for these ranks per node, the
   // fit's (device_profile.h).
   double step_s = 0;

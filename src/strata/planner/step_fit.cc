@@ -10,10 +10,10 @@ namespace strata::planner {
 
 namespace {
 
-constexpr int kTerms = 7;
+constexpr int kTerms = 8;
 
 std::array<double, kTerms> features(const StepSample& s) {
-  return {s.model_s, s.collectives, s.messages, s.calls, s.gathers, s.tp_beside, 1.0};
+  return {s.model_s, s.collectives, s.messages, s.calls, s.gathers, s.tp_beside, s.contended, 1.0};
 }
 
 // Least squares over the terms in `mask` (the others 0), by the normal equations with partial
@@ -61,7 +61,7 @@ bool solve(const std::vector<StepSample>& samples, unsigned mask, std::array<dou
 double fitted_step(const StepFit& f, const StepSample& s) {
   return f.model_scale * s.model_s + f.per_collective_s * s.collectives +
          f.per_message_s * s.messages + f.per_call_s * s.calls + f.per_gather_s * s.gathers +
-         f.per_tp_beside_s * s.tp_beside + f.per_step_s;
+         f.per_tp_beside_s * s.tp_beside + f.per_contended_s * s.contended + f.per_step_s;
 }
 
 StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
@@ -97,7 +97,8 @@ StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
   f.per_call_s = best_x[3];
   f.per_gather_s = best_x[4];
   f.per_tp_beside_s = best_x[5];
-  f.per_step_s = best_x[6];
+  f.per_contended_s = best_x[6];
+  f.per_step_s = best_x[7];
   f.probes = int(samples.size());
   return f;
 }

@@ -1,6 +1,6 @@
 // Fitting a step fit (device_profile.h: StepFit) to measured steps: non-negative least squares of
 // step = a·model + b·collectives + g·gathers + c·messages + e·kernel calls + h·tp collectives
-// beside background reductions + d over probe layouts,
+// beside background reductions + k·contended tp/cp collectives + d over probe layouts,
 // each probe's residual weighted by 1/measured (relative error is what the planner is judged by).
 #pragma once
 
@@ -13,11 +13,12 @@ namespace strata::planner {
 struct StepSample {
   // The planner's, for the probe (Prediction's).
   double model_s = 0, collectives = 0, messages = 0, calls = 0, gathers = 0, tp_beside = 0;
+  double contended = 0;
   double measured_s = 0;  // its measured step
 };
 
 // The fit with the least weighted squared residual among those with every coefficient >= 0
-// (every subset of the seven terms solved exactly: 127). At least 7 samples with a
+// (every subset of the eight terms solved exactly: 255). At least 8 samples with a
 // measured step > 0 (an InputError otherwise).
 StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node);
 
