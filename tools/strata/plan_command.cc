@@ -158,18 +158,19 @@ void run_plan(const PlanArgs& a) {
     atomic_write(a.emit, planner::candidate_config(in.base, r.c).dump(2) + "\n", IoError::input);
     std::printf("\nwrote %s: row %d, %s\n", a.emit.c_str(), a.row, planner::describe(r.c).c_str());
   }
+  std::vector<planner::Candidate> probed;  // by --fit at the config's batch
   if (a.fit > 0) {
     const std::string path = a.device == "cpu" ? calib : a.device;
     const std::string source = "strata plan --fit " + std::to_string(a.fit) + " on " + a.config +
                                " at " + std::to_string(a.devices) + " ranks, " +
                                utc_now(kUtcMinute);
-    fit_plan(in, rows, a.fit, a.verify_steps, path, source);
+    fit_plan(in, rows, a.fit, a.verify_steps, path, source, a.verify, &probed);
     in.device = planner::read_profile(path);
     rows = planner::plan(in);
     std::printf("\nwith the fit:\n");
     print_table(rows, a.top);
   }
-  if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps);
+  if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps, probed);
 }
 
 }  // namespace

@@ -115,11 +115,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows, int k,
-                 int steps) {
-  STRATA_INPUT_CHECK(!in.device.gpu,
-                     "--verify runs the layouts here, on the CPU: plan with "
-                     "--device cpu (or a CPU profile file) to verify");
+std::vector<size_t> verify_rows(const std::vector<planner::Row>& rows, int k) {
   std::vector<size_t> pick;
   size_t valid = 0;
   for (const planner::Row& r : rows) valid += r.valid() ? 1 : 0;
@@ -127,6 +123,15 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
   for (size_t i = size_t(k) + 3, extra = 0; i < valid && extra < size_t(k); i += 4, ++extra) {
     pick.push_back(i);
   }
+  return pick;
+}
+
+void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows, int k,
+                 int steps, const std::vector<planner::Candidate>& probes) {
+  STRATA_INPUT_CHECK(!in.device.gpu,
+                     "--verify runs the layouts here, on the CPU: plan with "
+                     "--device cpu (or a CPU profile file) to verify");
+  const std::vector<size_t> pick = verify_rows(rows, k);
   char tmpl[] = "/tmp/strata_plan_verify_XXXXXX";
   STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
   const std::string dir = tmpl;
@@ -137,7 +142,7 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
       "|---|---|---|---|---|---|\n");
   std::vector<double> errors;
   double fastest = 1e300, first = 0;
-  int exact = 0, compared = 0;
+  int exact = 0, compared = 0, in_sample = 0;
   for (size_t i : pick) {
     const planner::Row& r = rows[i];
     const Measured m = run_one(in, r, dir, int(i + 1), steps);
@@ -167,8 +172,15 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
     }
     exact += all ? 1 : 0;
     ++compared;
-    std::printf("| %zu | %s | %.4f | %.4f | %+.1f%% | %s |\n", i + 1,
-                planner::describe(r.c).c_str(), r.p.step_s, m.step_s, 100.0 * err, mem.c_str());
+    // A layout the fit measured too is no test of it: marked, and counted apart.
+    const std::string name = planner::describe(r.c);
+    const bool probe = std::any_of(probes.begin(), probes.end(), [&](const planner::Candidate& c) {
+      return planner::describe(c) == name;
+    });
+    in_sample += probe ? 1 : 0;
+    std::printf("| %zu | %s%s | %.4f | %.4f | %+.1f%% | %s |\n", i + 1, name.c_str(),
+                probe ? " (a probe of the fit)" : "", r.p.step_s, m.step_s, 100.0 * err,
+                mem.c_str());
     std::fflush(stdout);
   }
   STRATA_CHECK(!errors.empty(),
@@ -178,14 +190,20 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
   std::printf(
       "verify: %d layouts ran; step time error median %.1f%%, worst %.1f%%; model states, "
       "activations and checkpoints exact for %d of %d (communication buffers and workspace: "
-      "lower bounds); the first choice measured %.4f s, the fastest %.4f s (%+.1f%%)\n",
+      "lower bounds); the first choice measured %.4f s, the fastest %.4f s (%+.1f%%); %d of "
+      "the layouts were probes of the fit\n",
       compared, 100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()),
-      exact, compared, first, fastest, first > 0 ? 100.0 * (first - fastest) / fastest : 0.0);
+      exact, compared, first, fastest, first > 0 ? 100.0 * (first - fastest) / fastest : 0.0,
+      in_sample);
 }
+
+// The rows a fit's "leading" probes are drawn from: beyond the 30 --verify 6 samples.
+constexpr size_t kLeadingRows = 48;
 
 planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows,
                           int k, int steps, const std::string& profile_path,
-                          const std::string& source) {
+                          const std::string& source, int verify_k,
+                          std::vector<planner::Candidate>* probed) {
   STRATA_INPUT_CHECK(!in.device.gpu,
                      "--fit runs probe layouts here, on the CPU: plan with --device cpu (or a CPU "
                      "profile file)");
@@ -203,21 +221,40 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   for (const planner::Row& r : other_rows) other_valid += r.valid() ? 1 : 0;
   STRATA_INPUT_CHECK(valid >= 8, "--fit needs at least 8 valid layouts to probe; this plan has ",
                      valid);
-  // `count` rows spread evenly over the first `valid` of `from`, best and worst included.
+  // At each batch, half the probes spread evenly over the whole ranking (best and worst
+  // included: every term of the fit sees a range), half over its leading rows, where the plan's
+  // choice is made (a fit read far from there misjudged the best layouts by one bias); at the
+  // config's batch, none of the rows --verify will run, so that the verification stays a test.
   std::vector<const planner::Row*> pick;
-  auto spread = [&](const std::vector<planner::Row>& from, size_t valid_rows, size_t count) {
-    const size_t n = std::min(valid_rows, count);
-    size_t last = valid_rows;
-    for (size_t i = 0; i < n; ++i) {
-      const size_t at = n == 1 ? 0 : (i * (valid_rows - 1) + (n - 1) / 2) / (n - 1);
-      if (at != last) pick.push_back(&from[at]);
-      last = at;
+  auto spread = [&](const std::vector<planner::Row>& from, size_t valid_rows, size_t count,
+                    const std::vector<size_t>& skip) {
+    // n of the rows `among` not picked yet, evenly (the first and the last included); how many.
+    auto evenly = [&](std::vector<size_t> among, size_t n) {
+      std::erase_if(among, [&](size_t i) {
+        return std::find(pick.begin(), pick.end(), &from[i]) != pick.end();
+      });
+      n = std::min(n, among.size());
+      for (size_t i = 0; i < n; ++i) {
+        pick.push_back(&from[among[n == 1 ? 0 : (i * (among.size() - 1) + (n - 1) / 2) / (n - 1)]]);
+      }
+      return n;
+    };
+    std::vector<size_t> all, unverified, near;
+    for (size_t i = 0; i < valid_rows; ++i) {
+      all.push_back(i);
+      if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
+      unverified.push_back(i);
+      if (i < kLeadingRows) near.push_back(i);
     }
+    size_t left = count - evenly(unverified, count - count / 2);
+    left -= evenly(near, left);
+    left -= evenly(unverified, left);  // few leading rows: others
+    evenly(all, left);                 // few rows at all: the verified ones too
   };
   const size_t halves = other_valid >= 4 ? std::min(other_valid, size_t(k) / 2) : 0;
-  spread(rows, valid, size_t(k) - halves);
+  spread(rows, valid, size_t(k) - halves, verify_rows(rows, verify_k));
   const size_t first = pick.size();  // at the config's batch; the rest at the other
-  spread(other_rows, other_valid, halves);
+  spread(other_rows, other_valid, halves, {});
   char tmpl[] = "/tmp/strata_plan_fit_XXXXXX";
   STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
   const std::string dir = tmpl;
@@ -236,9 +273,9 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
                   m.error.c_str());
       continue;
     }
+    if (probed != nullptr && i < first) probed->push_back(r.c);
     samples.push_back({r.p.model_step_s, r.p.collectives, r.p.messages, r.p.kernel_calls,
-                       r.p.gathers, r.p.tp_beside_reductions, r.p.contended_collectives,
-                       m.step_s});
+                       r.p.gathers, r.p.tp_beside_reductions, r.p.contended_collectives, m.step_s});
     used.push_back(i);
   }
   planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
@@ -268,8 +305,8 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
       "%.1f%%, worst %.1f%%\n",
       f.ranks_per_node, f.model_scale, f.per_collective_s * 1e6, f.per_message_s * 1e6,
       f.per_call_s * 1e6, f.per_gather_s * 1e6, f.per_tp_beside_s * 1e6, f.per_contended_s * 1e6,
-      f.per_step_s * 1e6,
-      100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()));
+      f.per_step_s * 1e6, 100.0 * median(errors),
+      100.0 * *std::max_element(errors.begin(), errors.end()));
   planner::DeviceProfile p = planner::read_profile(profile_path);
   std::erase_if(p.step_fits,
                 [&](const planner::StepFit& g) { return g.ranks_per_node == f.ranks_per_node; });

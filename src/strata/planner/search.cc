@@ -583,7 +583,8 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
               collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire, 2 * (dpn / g - 1));
         }
         local_bytes = convert * (elems + elems / g) + 3.0 * wire * fg * elems;
-        if (cfg.zero.stage >= 2) local_bytes = m * (local_bytes + 3.0 * gsz * elems / g + gsz * elems);
+        if (cfg.zero.stage >= 2)
+          local_bytes = m * (local_bytes + 3.0 * gsz * elems / g + gsz * elems);
         if (cfg.zero.stage <= 2) {
           gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
           if (cfg.zero.stage == 2) reduce *= m;  // a reduce-scatter per unit and micro-batch
@@ -650,9 +651,10 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       p.model_step_s = sim.makespan + p.optimizer_s;
       for (int s = 0; s < c.pp; ++s) {
         const StageCost& st = stages[size_t(s)];
-        p.contended_collectives = std::max(
-            p.contended_collectives, double(m) * sim.contended[size_t(s)] *
-                                         ((c.tp > 1 ? st.tp_collectives : 0.0) + st.cp_collectives));
+        p.contended_collectives =
+            std::max(p.contended_collectives,
+                     double(m) * sim.contended[size_t(s)] *
+                         ((c.tp > 1 ? st.tp_collectives : 0.0) + st.cp_collectives));
       }
       p.bubble_s = std::max(0.0, p.model_step_s - p.compute_s - p.tp_comm_s - p.cp_comm_s -
                                      p.dp_exposed_s - p.optimizer_s);
@@ -697,8 +699,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       p.step_s = f->model_scale * p.model_step_s + f->per_collective_s * p.collectives +
                  f->per_message_s * p.messages + f->per_call_s * p.kernel_calls +
                  f->per_gather_s * p.gathers + f->per_tp_beside_s * p.tp_beside_reductions +
-                 f->per_contended_s * p.contended_collectives +
-                 f->per_step_s;
+                 f->per_contended_s * p.contended_collectives + f->per_step_s;
     }
     const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
     p.tokens_per_s = tokens / p.step_s;
