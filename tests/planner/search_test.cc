@@ -179,6 +179,21 @@ TEST(PlannerSearch, RanksOutnumberingTheCoresShareThem) {
   EXPECT_NE(planner::explain(cpu(4, 2), a).find("ranks outnumber the cores"), std::string::npos);
 }
 
+// Zero-bubble's deferred weight pass stashes each linear's output gradient and reads it and the
+// input back: the same layout's compute costs more than under 1F1B (its bubble is smaller).
+TEST(PlannerSearch, ZeroBubblePaysForItsDeferredWeightPass) {
+  const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 32, 4, 4, "h100");
+  planner::Candidate c;
+  c.pp = 4, c.micro_batch = 2, c.accumulation = 16, c.schedule = "1f1b";
+  const planner::Row one = planner::evaluate(in, c);
+  c.schedule = "zero_bubble";
+  const planner::Row zb = planner::evaluate(in, c);
+  ASSERT_TRUE(one.valid() && zb.valid()) << one.reason << zb.reason;
+  EXPECT_GT(zb.p.compute_s, 1.01 * one.p.compute_s);
+  EXPECT_LT(zb.p.compute_s, 1.5 * one.p.compute_s);
+  EXPECT_LT(zb.p.bubble_fraction, one.p.bubble_fraction);
+}
+
 TEST(PlannerSearch, TenThousandLayoutsInUnderTwoSeconds) {
   const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 1024, 64, 8, "h100");
   const auto t0 = std::chrono::steady_clock::now();

@@ -171,6 +171,9 @@ struct StageCost {
   double gemm_call_flops = 0;    // a typical GEMM's FLOPs (its efficiency)
   double gemm_rows = 0;          // and its rows: the micro-batch's tokens here
   double elementwise_bytes = 0;  // per micro-batch forward: norms, activations, residuals
+  // Zero-bubble schedules, per micro-batch: what the deferred weight pass stashes and reads back
+  // (each linear's output gradient written and read again, its input read again).
+  double deferred_bytes = 0;
   int blocks = 0;
   int64_t numel = 0;  // this rank's parameter elements
   uint64_t tp_bytes = 0;
@@ -337,6 +340,17 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   const double rows_local = c.sequence_parallel ? rows / c.tp : rows;
   s.elementwise_bytes =
       s.blocks * (12.0 * rows_local * C + 3.0 * rows * ffn / c.tp) * double(dtype_size(pt));
+  if (o.schedule == pipeline::ScheduleKind::ZeroBubble) {
+    // Per linear rows·(K + 2N): QKV, the attention's projection, the MLP's up (Llama's gate and
+    // up) and down; the head on the last stage.
+    const double tp = c.tp, qkv = C + 2.0 * C * cfg.model.kv_heads / cfg.model.heads;
+    const double up = (cfg.model.family == "llama" ? 2.0 : 1.0) * ffn;
+    double per_block =
+        (C + 2.0 * qkv / tp) + (C / tp + 2.0 * C) + (C + 2.0 * up / tp) + (ffn / tp + 2.0 * C);
+    double total = s.blocks * per_block;
+    if (stage == c.pp - 1) total += C + 2.0 * double(cfg.model.vocab) / tp;
+    s.deferred_bytes = rows * total * double(dtype_size(pt));
+  }
   // Tensor-parallel traffic: the step's (one stage's share of the blocks), per micro-batch.
   if (c.tp > 1) {
     plan::Layout one = layout;
@@ -509,7 +523,9 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       cpc[size_t(s)] = cp_s;
       // Of the backward, the weight gradients' GEMMs (zero-bubble schedules defer them): the
       // elementwise kernels, attention and the input gradients' GEMMs stay with the input pass.
-      wgrad[size_t(s)] = gemm(linear);
+      const double stash = d.memory_seconds(sc.deferred_bytes, running);
+      wgrad[size_t(s)] = gemm(linear) + stash;
+      bwd[size_t(s)] += stash;
     }
     size_t slowest = 0;
     for (size_t s = 1; s < fwd.size(); ++s) {
