@@ -5,7 +5,8 @@
 #            probe (--fit 16), then verify on two models it was not fitted on, each calibrated at
 #            its own shapes (the fits carry over);
 #   --own    as a user runs it: each of the two models calibrated at its shapes, fitted (--fit 16,
-#            probes spread over its whole ranking, half at half the batch) and verified on itself.
+#            probes over its whole ranking and its leading rows, a quarter at half the batch) and
+#            verified on itself.
 # Usage: bench/plan_fit.sh [--own] [BUILD_DIR] > bench/results_plan_fit[_own]_<date>.txt  (idle)
 set -euo pipefail
 own=false

@@ -22,7 +22,7 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
 // k more).
 std::vector<size_t> verify_rows(const std::vector<planner::Row>& rows, int k);
 
-// Runs `k` probe rows the same way, half at the config's global batch and half at half of it;
+// Runs `k` probe rows the same way, 3/4 at the config's global batch and 1/4 at half of it;
 // at each, half spread over the whole ranking (the first, the last and evenly between) and half
 // over its leading rows, at the config's batch leaving out verify_rows(rows, verify_k). Fits the
 // step to them (planner/step_fit.h), prints each probe's model, fitted and measured step, and
