@@ -143,6 +143,7 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
   std::vector<double> errors;
   double fastest = 1e300, first = 0;
   int exact = 0, compared = 0, in_sample = 0;
+  std::vector<double> unseen;  // the errors of the layouts the fit did not measure
   for (size_t i : pick) {
     const planner::Row& r = rows[i];
     const Measured m = run_one(in, r, dir, int(i + 1), steps);
@@ -178,6 +179,7 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
       return planner::describe(c) == name;
     });
     in_sample += probe ? 1 : 0;
+    if (!probe) unseen.push_back(std::fabs(err));
     std::printf("| %zu | %s%s | %.4f | %.4f | %+.1f%% | %s |\n", i + 1, name.c_str(),
                 probe ? " (a probe of the fit)" : "", r.p.step_s, m.step_s, 100.0 * err,
                 mem.c_str());
@@ -191,10 +193,15 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
       "verify: %d layouts ran; step time error median %.1f%%, worst %.1f%%; model states, "
       "activations and checkpoints exact for %d of %d (communication buffers and workspace: "
       "lower bounds); the first choice measured %.4f s, the fastest %.4f s (%+.1f%%); %d of "
-      "the layouts were probes of the fit\n",
+      "the layouts were probes of the fit",
       compared, 100.0 * median(errors), 100.0 * *std::max_element(errors.begin(), errors.end()),
       exact, compared, first, fastest, first > 0 ? 100.0 * (first - fastest) / fastest : 0.0,
       in_sample);
+  if (in_sample > 0 && !unseen.empty()) {
+    std::printf(" (the others: median %.1f%%, worst %.1f%%)", 100.0 * median(unseen),
+                100.0 * *std::max_element(unseen.begin(), unseen.end()));
+  }
+  std::printf("\n");
 }
 
 // The rows a fit's "leading" probes are drawn from: beyond the 30 --verify 6 samples.
