@@ -177,6 +177,21 @@ TEST(PlannerSearch, RanksOutnumberingTheCoresShareThem) {
   EXPECT_LT(b.p.model_step_s, 1.4 * alone.p.model_step_s)
       << planner::explain(cpu(4, 2), b) << planner::explain(cpu(1, 1), alone);
   EXPECT_NE(planner::explain(cpu(4, 2), a).find("ranks outnumber the cores"), std::string::npos);
+  // On shared cores two replicas of a two-stage pipeline keep both cores busy under any schedule:
+  // 1F1B and GPipe take the same step, and the plan ranks such ties by memory.
+  planner::Candidate one_f = dp, g = dp;
+  one_f.pp = 2, one_f.dp = 2, one_f.accumulation = 2, one_f.schedule = "1f1b";
+  g.pp = 2, g.dp = 2, g.accumulation = 2, g.schedule = "gpipe";
+  EXPECT_EQ(float(planner::evaluate(cpu(4, 2), one_f).p.step_s),
+            float(planner::evaluate(cpu(4, 2), g).p.step_s));
+  const std::vector<planner::Row> rows = planner::plan(cpu(4, 2));
+  int ties = 0;
+  for (size_t i = 1; i < rows.size() && rows[i].valid(); ++i) {
+    if (float(rows[i].p.step_s) != float(rows[i - 1].p.step_s)) continue;
+    ++ties;
+    EXPECT_GE(rows[i].p.device_bytes, rows[i - 1].p.device_bytes) << i;
+  }
+  EXPECT_GT(ties, 0);
 }
 
 // Zero-bubble's deferred weight pass stashes each linear's output gradient and reads it and the
@@ -214,6 +229,10 @@ TEST(PlannerSearch, RowsAreRankedAndTheirPartsAddUp) {
   const std::vector<planner::Row> rows = planner::plan(in);
   bool refused_seen = false;
   for (size_t i = 0; i < rows.size(); ++i) {
+    // Equal predicted steps rank by memory.
+    if (i > 0 && rows[i].valid() && float(rows[i].p.step_s) == float(rows[i - 1].p.step_s)) {
+      EXPECT_GE(rows[i].p.device_bytes, rows[i - 1].p.device_bytes) << i;
+    }
     if (!rows[i].valid()) {
       refused_seen = true;
       EXPECT_FALSE(rows[i].reason.empty());
@@ -221,7 +240,7 @@ TEST(PlannerSearch, RowsAreRankedAndTheirPartsAddUp) {
     }
     EXPECT_FALSE(refused_seen) << "a valid row after a refused one";
     if (i > 0 && rows[i - 1].valid()) {
-      EXPECT_LE(rows[i - 1].p.step_s, rows[i].p.step_s);
+      EXPECT_LE(float(rows[i - 1].p.step_s), float(rows[i].p.step_s));
     }
   }
   const planner::Prediction& p = rows.front().p;

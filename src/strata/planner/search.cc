@@ -599,8 +599,9 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
               collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire, 2 * (dpn / g - 1));
         }
         local_bytes = convert * (elems + elems / g) + 3.0 * wire * fg * elems;
-        if (cfg.zero.stage >= 2)
+        if (cfg.zero.stage >= 2) {
           local_bytes = m * (local_bytes + 3.0 * gsz * elems / g + gsz * elems);
+        }
         if (cfg.zero.stage <= 2) {
           gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
           if (cfg.zero.stage == 2) reduce *= m;  // a reduce-scatter per unit and micro-batch
@@ -738,16 +739,21 @@ std::vector<Row> plan(const PlanInput& in) {
   std::vector<Row> rows;
   SpecCache cache;
   for (const Candidate& c : enumerate(in)) rows.push_back(evaluate(in, c, cache));
+  // Layouts the model cannot tell apart (the same step to single precision: on cores the ranks
+  // share, 1F1B, GPipe and interleaving the same stages run the same work) rank by the memory
+  // they leave free.
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
     if (a.valid() != b.valid()) return a.valid();
-    return a.valid() && a.p.step_s < b.p.step_s;
+    if (!a.valid()) return false;
+    const float ta = float(a.p.step_s), tb = float(b.p.step_s);
+    return ta != tb ? ta < tb : a.p.device_bytes < b.p.device_bytes;
   });
   return rows;
 }
 
 std::string explain(const PlanInput& in, const Row& r) {
   std::string s = describe(r.c) + "\n";
-  char line[512];
+  char line[1024];
   if (!r.valid()) return s + "refused: " + r.reason + "\n";
   const Prediction& p = r.p;
   std::snprintf(line, sizeof line, "memory per rank (stage %d, the largest):\n", p.worst_stage);

@@ -105,7 +105,8 @@ Row evaluate(const PlanInput& in, const Candidate& c);
 // The same, sharing the model specs of each cut (tp, stages, shard group) with other calls.
 struct SpecCache;
 Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache);
-// Every candidate evaluated: the valid ones by predicted step time, then the refused ones.
+// Every candidate evaluated: the valid ones by predicted step time (equal to single precision: by
+// device memory), then the refused ones.
 std::vector<Row> plan(const PlanInput& in);
 // The memory by category and the time split of one row, as text.
 std::string explain(const PlanInput& in, const Row& r);
