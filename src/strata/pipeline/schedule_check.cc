@@ -316,13 +316,17 @@ SharedResult shared_makespan(const ScheduleSpec& s, const std::vector<std::vecto
   std::vector<int> load(static_cast<size_t>(cpus)), own(static_cast<size_t>(cpus));
   // Compute work done in all and while contended, per stage.
   std::vector<double> work(size_t(p), 0.0), shared(size_t(p), 0.0);
+  // Per pass: which stages have work, at what speed, beside another stage's ranks.
+  const size_t stages = static_cast<size_t>(p);
+  std::vector<char> runnable(stages), contended(stages);
+  std::vector<double> speed(stages);
   double now = 0;
   for (int remaining = p;;) {
     // Move every stage through its sends and arrived receives to its next compute action (or the
     // end); the earliest message still in transit bounds the next step.
     // (Until no stage moves: a send issued by a later stage may let an earlier one receive.)
     double wake = std::numeric_limits<double>::infinity();
-    std::vector<char> runnable(size_t(p), 0);
+    std::fill(runnable.begin(), runnable.end(), 0);
     for (bool moved = true; moved;) {
       moved = false;
       for (int st = 0; st < p; ++st) {
@@ -367,8 +371,8 @@ SharedResult shared_makespan(const ScheduleSpec& s, const std::vector<std::vecto
         for (int k : rank_cpu[size_t(st)]) ++load[size_t(k)];
       }
     }
-    std::vector<double> speed(size_t(p), 0.0);
-    std::vector<char> contended(size_t(p), 0);
+    std::fill(speed.begin(), speed.end(), 0.0);
+    std::fill(contended.begin(), contended.end(), 0);
     double next = wake;
     for (int st = 0; st < p; ++st) {
       if (!runnable[size_t(st)]) continue;
