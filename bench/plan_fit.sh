@@ -7,6 +7,7 @@
 #   --own    as a user runs it: each of the two models calibrated at its shapes, fitted (--fit 16,
 #            probes over its whole ranking and its leading rows, a quarter at half the batch) and
 #            verified on itself.
+# Every probe and verified layout is run twice (--verify-repeats' default), in two passes.
 # Usage: bench/plan_fit.sh [--own] [BUILD_DIR] > bench/results_plan_fit[_own]_<date>.txt  (idle)
 set -euo pipefail
 own=false

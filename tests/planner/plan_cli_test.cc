@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -52,6 +53,14 @@ std::vector<std::string> cells(const std::string& row) {
     at = next;
   }
   return out;
+}
+
+// The step a `strata bench --report` file records.
+double step_of(const std::string& report) {
+  std::ifstream in(report);
+  EXPECT_TRUE(in) << "no report " << report;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+  return j.is_object() ? j.value("step_s", 0.0) : 0.0;
 }
 
 // The rows of the layout table: "| 1 | dp2 tp1 pp1 z3 mb2x1 | ... |" split into cells.
@@ -285,11 +294,13 @@ TEST_F(PlanCli, VerifyRunsRowsHereAndMatchesTheirMemory) {
       << err;
   const std::string text = out();
   std::smatch m;
+  // Each layout run twice by default, in two passes over them.
   ASSERT_TRUE(std::regex_search(
       text, m,
-      std::regex(
-          "\nverify: ([0-9]+) layouts, 2 timed steps each \\(configs and logs in (.+)\\)\n")))
+      std::regex("\nverify: ([0-9]+) layouts, 2 runs of 2 timed steps each \\(in 2 passes over "
+                 "them\\) \\(configs and logs in (.+)\\)\n")))
       << text;
+  const std::string dir = m[2];
   const int picked = std::stoi(m[1]);
   verify_dirs_.push_back(m[2]);
   EXPECT_GE(picked, 1);
@@ -303,7 +314,13 @@ TEST_F(PlanCli, VerifyRunsRowsHereAndMatchesTheirMemory) {
     const std::vector<std::string> c = cells(line);
     ASSERT_EQ(c.size(), 6u) << line;
     ASSERT_NE(c[3], "failed") << line;
-    EXPECT_GT(std::stod(c[3]), 0.0) << line;
+    // "0.0123 ±1.4%": the median of the two runs' steps (their mean), and half their range.
+    std::smatch v;
+    ASSERT_TRUE(std::regex_match(c[3], v, std::regex("([0-9.]+) ±([0-9.]+)%"))) << line;
+    const std::string row = dir + "/row" + c[0];
+    const double a = step_of(row + ".report.json"), b = step_of(row + ".run2.report.json");
+    EXPECT_NEAR(std::stod(v[1]), 0.5 * (a + b), 6e-5) << line;
+    EXPECT_NEAR(std::stod(v[2]), 100.0 * std::fabs(a - b) / (a + b), 0.06) << line;
     ++ran;
     // "params 164.2 KiB =, grads 120.5 KiB =, ..., comm_buffers 0 B vs 16.4 KiB, ..."
     std::set<std::string> seen;
@@ -327,6 +344,7 @@ TEST_F(PlanCli, VerifyRunsRowsHereAndMatchesTheirMemory) {
   EXPECT_NE(text.find("\nverify: " + std::to_string(ran) + " layouts ran; step time error median "),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find("; one layout's runs within ±"), std::string::npos) << text;
 }
 
 // --fit runs its probes here, writes the fit into the profile it planned with, and the table after
@@ -335,7 +353,7 @@ TEST_F(PlanCli, FitMeasuresProbesAndThePlanThenUsesIt) {
   const std::string cal = calibrate();
   std::string err;
   ASSERT_EQ(strata("plan --config '" + path("tiny.json") + "' --devices 2 --device '" + cal +
-                       "' --fit 8 --verify-steps 2",
+                       "' --fit 8 --verify-steps 2 --verify-repeats 1",
                    &err),
             0)
       << err;
@@ -350,6 +368,19 @@ TEST_F(PlanCli, FitMeasuresProbesAndThePlanThenUsesIt) {
       << text;
   verify_dirs_.push_back(m[6]);
   EXPECT_EQ(std::stoi(m[1]), 8) << text;
+  // The probes from a ranking's leading rows (all of this tiny plan's 276 but the last ones) weigh
+  // ten times the others in the fit; the last row of each ranking is probed too.
+  std::map<std::string, int> weights;
+  for (const std::string& line : lines_of(text.substr(text.find(m[0])))) {
+    if (starts_with(line, "fit at ")) break;  // the table's end
+    if (!std::regex_search(line, std::regex("^\\| [0-9]+ \\| dp"))) continue;
+    const std::vector<std::string> c = cells(line);
+    ASSERT_EQ(c.size(), 14u) << line;
+    ++weights[c[3]];
+  }
+  EXPECT_EQ(weights["10"] + weights["1"], 8) << text;
+  EXPECT_GE(weights["10"], 4) << text;
+  EXPECT_GE(weights["1"], 2) << text;
   // Probes at two global batches, so that the per-step terms are told from the compute's.
   EXPECT_EQ(std::stoi(m[2]) + std::stoi(m[4]), 8) << text;
   EXPECT_EQ(std::stoi(m[4]), 2) << text;  // a quarter

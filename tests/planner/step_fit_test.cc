@@ -62,6 +62,27 @@ TEST(StepFit, NoTermGoesNegative) {
   }
 }
 
+// Each layout measured twice, 10% apart: the fit lands where the weighted relative residuals
+// balance, f = sum(w/y) / sum(w/y^2) of the two (every term scales with it), so a probe that
+// weighs ten times as much pulls the fit toward its measurement.
+TEST(StepFit, AHeavierProbePullsTheFitTowardIt) {
+  for (const double w : {1.0, 10.0}) {
+    std::vector<StepSample> s = made(2.0, 4e-4, 1.5e-4, 5e-3, 0, 0, 0, 2e-4);
+    const size_t n = s.size();
+    for (size_t i = 0; i < n; ++i) {
+      StepSample slower = s[i];
+      slower.measured_s *= 1.1;
+      slower.weight = w;
+      s.push_back(slower);
+    }
+    const StepFit f = fit_step(s, 4);
+    const double share = (1.0 + w / 1.1) / (1.0 + w / (1.1 * 1.1));  // 1.0452 at 1, 1.0892 at 10
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_NEAR(fitted_step(f, s[i]) / s[i].measured_s, share, 1e-6) << "weight " << w;
+    }
+  }
+}
+
 TEST(StepFit, FewerProbesThanTermsIsAnInputError) {
   std::vector<StepSample> s = made(1, 0, 0, 0);
   s.resize(7);

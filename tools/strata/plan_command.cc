@@ -25,6 +25,7 @@ namespace {
 struct PlanArgs {
   std::string config, hostfile, device = "cpu", calibration, emit, explain_what;
   int devices = 0, per_node = 0, top = 10, verify = 0, row = 1, verify_steps = 3, fit = 0;
+  int verify_repeats = 2;
   bool rejected = false;
 };
 
@@ -164,13 +165,13 @@ void run_plan(const PlanArgs& a) {
     const std::string source = "strata plan --fit " + std::to_string(a.fit) + " on " + a.config +
                                " at " + std::to_string(a.devices) + " ranks, " +
                                utc_now(kUtcMinute);
-    fit_plan(in, rows, a.fit, a.verify_steps, path, source, a.verify, &probed);
+    fit_plan(in, rows, a.fit, a.verify_steps, a.verify_repeats, path, source, a.verify, &probed);
     in.device = planner::read_profile(path);
     rows = planner::plan(in);
     std::printf("\nwith the fit:\n");
     print_table(rows, a.top);
   }
-  if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps, probed);
+  if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps, a.verify_repeats, probed);
 }
 
 }  // namespace
@@ -212,6 +213,11 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--verify-steps", args->verify_steps, "timed steps per verified or probe row")
       ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  cmd->add_option("--verify-repeats", args->verify_repeats,
+                  "runs of each verified or probe row, in passes over them (its step: the median "
+                  "of its runs')")
+      ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   cmd->add_flag("--rejected", args->rejected, "list every refusal reason, not the 8 commonest");
   cmd->callback([args] { run_plan(*args); });

@@ -46,18 +46,36 @@ std::string self_exe() {
 struct Measured {
   bool ok = false;
   std::string error;
-  double step_s = 0;
+  double step_s = 0;         // the median of the runs' steps
+  std::vector<double> runs;  // each run's step (bench's median of its timed steps)
   std::array<size_t, kNumMemCategories> bytes{};
+  // Half the runs' range over their median: how far the machine moved the same layout.
+  double spread() const {
+    if (runs.size() < 2) return 0.0;
+    const auto [lo, hi] = std::minmax_element(runs.begin(), runs.end());
+    return 0.5 * (*hi - *lo) / step_s;
+  }
+  // "0.1888", or with several runs "0.1888 ±2.1%".
+  std::string text() const {
+    char s[64];
+    if (runs.size() < 2) {
+      std::snprintf(s, sizeof s, "%.4f", step_s);
+    } else {
+      std::snprintf(s, sizeof s, "%.4f ±%.1f%%", step_s, 100.0 * spread());
+    }
+    return s;
+  }
 };
 
-// One layout run here: bench --config on the cluster's ranks, its report read back.
+// One layout run here: bench --config on the cluster's ranks, its report read back; its files
+// are `dir`/`name`.json, .report.json and .log.
 Measured run_one(const planner::PlanInput& in, const planner::Row& r, const std::string& dir,
-                 int index, int steps) {
+                 const std::string& name, int steps) {
   Measured m;
   const int r_stage = r.p.worst_stage;
-  const std::string cfg = dir + "/row" + std::to_string(index) + ".json";
-  const std::string report = dir + "/row" + std::to_string(index) + ".report.json";
-  const std::string log = dir + "/row" + std::to_string(index) + ".log";
+  const std::string cfg = dir + "/" + name + ".json";
+  const std::string report = dir + "/" + name + ".report.json";
+  const std::string log = dir + "/" + name + ".log";
   atomic_write(cfg, planner::candidate_config(in.base, r.c).dump(2) + "\n", IoError::runtime);
   std::vector<std::string> bench = {
       "bench",    "--config", cfg,        "--steps", std::to_string(steps),
@@ -94,6 +112,7 @@ Measured run_one(const planner::PlanInput& in, const planner::Row& r, const std:
     return m;
   }
   m.step_s = j["step_s"].get<double>();
+  m.runs = {m.step_s};
   // The rank the prediction is for: tensor-parallel rank 0 of the stage with the most memory.
   for (const nlohmann::json& r : j["ranks"]) {
     if (r.value("stage", -1) != r_stage || r.value("tp_rank", -1) != 0) continue;
@@ -113,6 +132,51 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
+// "6 timed steps each", or with several runs "2 runs of 6 timed steps each (in 2 passes over
+// them)".
+std::string runs_text(int steps, int repeats) {
+  if (repeats <= 1) return std::to_string(steps) + " timed steps each";
+  return std::to_string(repeats) + " runs of " + std::to_string(steps) + " timed steps each (in " +
+         std::to_string(repeats) + " passes over them)";
+}
+
+// A layout to run: its plan input (the config's batch or the fit's other one) and its row.
+struct Job {
+  const planner::PlanInput* in;
+  const planner::Row* row;
+  int index;  // its files: row<index>[.run<k>].*
+};
+
+// Every job run `repeats` times, in passes over all of them: a slow spell of the machine (a busy
+// neighbour, a minute of lower clocks) then falls on one run of several layouts rather than on
+// every run of one (on the 2-core Xeon one layout's runs spread over +-5%, a few by 10%). Each
+// job's step is the median of its runs' (their mean for two), its memory its first run's; a job
+// failing once has failed.
+std::vector<Measured> run_passes(const std::vector<Job>& jobs, const std::string& dir, int steps,
+                                 int repeats) {
+  std::vector<Measured> out(jobs.size());
+  for (int pass = 0; pass < repeats; ++pass) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Measured& m = out[i];
+      if (pass > 0 && !m.ok) continue;
+      const std::string name = "row" + std::to_string(jobs[i].index) +
+                               (pass > 0 ? ".run" + std::to_string(pass + 1) : "");
+      Measured run = run_one(*jobs[i].in, *jobs[i].row, dir, name, steps);
+      if (pass == 0) {
+        m = std::move(run);
+      } else if (!run.ok) {
+        m.ok = false, m.error = "run " + std::to_string(pass + 1) + ": " + run.error;
+      } else {
+        m.runs.push_back(run.step_s);
+      }
+    }
+  }
+  for (Measured& m : out) {
+    if (m.ok) m.step_s = median(m.runs);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<size_t> verify_rows(const std::vector<planner::Row>& rows, int k) {
@@ -127,7 +191,7 @@ std::vector<size_t> verify_rows(const std::vector<planner::Row>& rows, int k) {
 }
 
 void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows, int k,
-                 int steps, const std::vector<planner::Candidate>& probes) {
+                 int steps, int repeats, const std::vector<planner::Candidate>& probes) {
   STRATA_INPUT_CHECK(!in.device.gpu,
                      "--verify runs the layouts here, on the CPU: plan with "
                      "--device cpu (or a CPU profile file) to verify");
@@ -135,8 +199,12 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
   char tmpl[] = "/tmp/strata_plan_verify_XXXXXX";
   STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
   const std::string dir = tmpl;
-  std::printf("\nverify: %zu layouts, %d timed steps each (configs and logs in %s)\n", pick.size(),
-              steps, dir.c_str());
+  std::printf("\nverify: %zu layouts, %s (configs and logs in %s)\n", pick.size(),
+              runs_text(steps, repeats).c_str(), dir.c_str());
+  std::fflush(stdout);
+  std::vector<Job> jobs;
+  for (size_t i : pick) jobs.push_back({&in, &rows[i], int(i + 1)});
+  const std::vector<Measured> measured = run_passes(jobs, dir, steps, repeats);
   std::printf(
       "| # | layout | predicted s | measured s | error | memory per category |\n"
       "|---|---|---|---|---|---|\n");
@@ -144,9 +212,11 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
   double fastest = 1e300, first = 0;
   int exact = 0, compared = 0, in_sample = 0;
   std::vector<double> unseen;  // the errors of the layouts the fit did not measure
-  for (size_t i : pick) {
+  std::vector<double> spreads;
+  for (size_t j = 0; j < pick.size(); ++j) {
+    const size_t i = pick[j];
     const planner::Row& r = rows[i];
-    const Measured m = run_one(in, r, dir, int(i + 1), steps);
+    const Measured& m = measured[j];
     if (!m.ok) {
       std::printf("| %zu | %s | %.4f | failed | | %s |\n", i + 1, planner::describe(r.c).c_str(),
                   r.p.step_s, m.error.c_str());
@@ -154,6 +224,7 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
     }
     const double err = (r.p.step_s - m.step_s) / m.step_s;
     errors.push_back(std::fabs(err));
+    spreads.push_back(m.spread());
     fastest = std::min(fastest, m.step_s);
     if (i == 0) first = m.step_s;
     std::string mem;
@@ -180,10 +251,9 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
     });
     in_sample += probe ? 1 : 0;
     if (!probe) unseen.push_back(std::fabs(err));
-    std::printf("| %zu | %s%s | %.4f | %.4f | %+.1f%% | %s |\n", i + 1, name.c_str(),
-                probe ? " (a probe of the fit)" : "", r.p.step_s, m.step_s, 100.0 * err,
+    std::printf("| %zu | %s%s | %.4f | %s | %+.1f%% | %s |\n", i + 1, name.c_str(),
+                probe ? " (a probe of the fit)" : "", r.p.step_s, m.text().c_str(), 100.0 * err,
                 mem.c_str());
-    std::fflush(stdout);
   }
   STRATA_CHECK(!errors.empty(),
                "verify: no layout ran (see the failures above and their logs "
@@ -201,14 +271,20 @@ void verify_plan(const planner::PlanInput& in, const std::vector<planner::Row>& 
     std::printf(" (the others: median %.1f%%, worst %.1f%%)", 100.0 * median(unseen),
                 100.0 * *std::max_element(unseen.begin(), unseen.end()));
   }
+  if (repeats > 1) {
+    std::printf("; one layout's runs within ±%.1f%% of their median (median), ±%.1f%% (worst)",
+                100.0 * median(spreads), 100.0 * *std::max_element(spreads.begin(), spreads.end()));
+  }
   std::printf("\n");
 }
 
 // The rows a fit's "leading" probes are drawn from: beyond the 30 --verify 6 samples.
 constexpr size_t kLeadingRows = 48;
+// How much more a leading probe weighs in the fit than another.
+constexpr double kLeadingWeight = 10.0;
 
 planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planner::Row>& rows,
-                          int k, int steps, const std::string& profile_path,
+                          int k, int steps, int repeats, const std::string& profile_path,
                           const std::string& source, int verify_k,
                           std::vector<planner::Candidate>* probed) {
   STRATA_INPUT_CHECK(!in.device.gpu,
@@ -269,31 +345,46 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   STRATA_CHECK(mkdtemp(tmpl) != nullptr, "cannot create a directory under /tmp");
   const std::string dir = tmpl;
   std::printf(
-      "\nfit: %zu probe layouts (%zu at batch %lld, %zu at %lld), %d timed steps each (configs and "
-      "logs in %s)\n",
+      "\nfit: %zu probe layouts (%zu at batch %lld, %zu at %lld), %s (configs and logs in %s)\n",
       pick.size(), first, static_cast<long long>(batch), pick.size() - first,
-      static_cast<long long>(other.base["train_batch_size"].get<int64_t>()), steps, dir.c_str());
+      static_cast<long long>(other.base["train_batch_size"].get<int64_t>()),
+      runs_text(steps, repeats).c_str(), dir.c_str());
+  std::fflush(stdout);
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < pick.size(); ++i)
+    jobs.push_back({i < first ? &in : &other, pick[i], int(i + 1)});
+  const std::vector<Measured> measured = run_passes(jobs, dir, steps, repeats);
   std::vector<planner::StepSample> samples;
   std::vector<size_t> used;
+  std::vector<std::string> shown;  // each probe's measured step as printed
   for (size_t i = 0; i < pick.size(); ++i) {
     const planner::Row& r = *pick[i];
-    const Measured m = run_one(i < first ? in : other, r, dir, int(i + 1), steps);
+    const Measured& m = measured[i];
     if (!m.ok) {
       std::printf("probe %zu %s failed: %s\n", i + 1, planner::describe(r.c).c_str(),
                   m.error.c_str());
       continue;
     }
     if (probed != nullptr && i < first) probed->push_back(r.c);
+    // A probe from its ranking's leading rows weighs kLeadingWeight times the others: the plan's
+    // choice is made there, and the model's misses are not the same far from it (ZeRO-3, full
+    // recompute, context parallelism over every rank). The others keep every term's range in
+    // view. (Refitting each of 14 earlier fits' probes left out one at a time: the leading ones'
+    // median error 6.1% at equal weights, 4.5% at ten times, the others' 7.2% at both.)
+    const std::vector<planner::Row>& from = i < first ? rows : other_rows;
+    const bool leading = size_t(pick[i] - from.data()) < kLeadingRows;
     samples.push_back({r.p.model_step_s, r.p.collectives, r.p.messages, r.p.kernel_calls,
-                       r.p.gathers, r.p.tp_beside_reductions, r.p.contended_collectives, m.step_s});
+                       r.p.gathers, r.p.tp_beside_reductions, r.p.contended_collectives, m.step_s,
+                       leading ? kLeadingWeight : 1.0});
     used.push_back(i);
+    shown.push_back(m.text());
   }
   planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
   f.source = source;
   std::printf(
-      "| # | layout | batch | collectives | gathers | messages | kernel calls | tp beside "
+      "| # | layout | batch | weight | collectives | gathers | messages | kernel calls | tp beside "
       "reductions | contended tp/cp | model s | fitted s | measured s | error |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<double> errors;
   for (size_t j = 0; j < samples.size(); ++j) {
     const planner::StepSample& s = samples[j];
@@ -301,12 +392,12 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
     errors.push_back(std::fabs(fit - s.measured_s) / s.measured_s);
     const planner::Candidate& c = pick[used[j]]->c;
     std::printf(
-        "| %zu | %s | %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %.4f | "
+        "| %zu | %s | %lld | %g | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.4f | %.4f | %s | "
         "%+.1f%% |\n",
         used[j] + 1, planner::describe(c).c_str(),
-        static_cast<long long>(int64_t(c.dp) * c.micro_batch * c.accumulation), s.collectives,
-        s.gathers, s.messages, s.calls, s.tp_beside, s.contended, s.model_s, fit, s.measured_s,
-        100.0 * (fit - s.measured_s) / s.measured_s);
+        static_cast<long long>(int64_t(c.dp) * c.micro_batch * c.accumulation), s.weight,
+        s.collectives, s.gathers, s.messages, s.calls, s.tp_beside, s.contended, s.model_s, fit,
+        shown[j].c_str(), 100.0 * (fit - s.measured_s) / s.measured_s);
   }
   std::printf(
       "fit at %d ranks per node: step = %.3f x model + %.1f us x collectives + %.1f us x messages "

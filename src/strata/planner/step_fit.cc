@@ -27,7 +27,7 @@ bool solve(const std::vector<StepSample>& samples, unsigned mask, std::array<dou
   double A[kTerms][kTerms + 1] = {};
   for (const StepSample& s : samples) {
     const std::array<double, kTerms> f = features(s);
-    const double w = 1.0 / (s.measured_s * s.measured_s);
+    const double w = s.weight / (s.measured_s * s.measured_s);
     for (int i = 0; i < n; ++i) {
       for (int j = 0; j < n; ++j)
         A[i][j] += w * f[size_t(idx[size_t(i)])] * f[size_t(idx[size_t(j)])];
@@ -69,7 +69,8 @@ StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
                      " measured probes, got ", samples.size(),
                      "; give --fit a larger K (or fix the probes that failed)");
   for (const StepSample& s : samples) {
-    STRATA_CHECK(s.measured_s > 0 && s.model_s >= 0, "a probe without a measured step");
+    STRATA_CHECK(s.measured_s > 0 && s.model_s >= 0 && s.weight > 0,
+                 "a probe without a measured step or a weight");
   }
   double best = std::numeric_limits<double>::infinity();
   std::array<double, kTerms> best_x{};
@@ -84,7 +85,7 @@ StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
       const std::array<double, kTerms> f = features(s);
       double y = 0.0;
       for (int t = 0; t < kTerms; ++t) y += x[size_t(t)] * f[size_t(t)];
-      r += std::pow((y - s.measured_s) / s.measured_s, 2);
+      r += s.weight * std::pow((y - s.measured_s) / s.measured_s, 2);
     }
     if (r < best) best = r, best_x = x;
   }
