@@ -209,6 +209,27 @@ TEST(PlannerSearch, ZeroBubblePaysForItsDeferredWeightPass) {
   EXPECT_LT(zb.p.bubble_fraction, one.p.bubble_fraction);
 }
 
+// ZeRO over a data-parallel group of one still reduces through a one-rank reduce-scatter (the
+// gradients converted to the wire, MPI's copy, back through scratch): stage 1 once a step,
+// stage 2 on every micro-batch and more (the unit buffer zeroed, the result added into the
+// partition). Without ZeRO nothing is reduced.
+TEST(PlannerSearch, ZeroOverAGroupOfOneStillReduces) {
+  const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 8, 4, 4, "h100");
+  planner::Candidate c;  // on 4 ranks (tp 2, pp 2): a data-parallel group of one
+  c.tp = 2, c.pp = 2, c.micro_batch = 2, c.accumulation = 4, c.schedule = "1f1b";
+  planner::Row z[3];
+  for (int stage = 0; stage < 3; ++stage) {
+    c.zero = stage;
+    z[stage] = planner::evaluate(in, c);
+    ASSERT_TRUE(z[stage].valid()) << z[stage].reason;
+  }
+  EXPECT_EQ(z[0].p.dp_comm_s, 0.0);
+  EXPECT_GT(z[1].p.dp_comm_s, 0.0);
+  EXPECT_EQ(z[1].p.dp_exposed_s, z[1].p.dp_comm_s);  // the rank's own work: never hidden
+  EXPECT_GT(z[1].p.step_s, z[0].p.step_s);
+  EXPECT_GT(z[2].p.dp_comm_s, 4.0 * z[1].p.dp_comm_s);  // four micro-batches, and more each
+}
+
 TEST(PlannerSearch, TenThousandLayoutsInUnderTwoSeconds) {
   const planner::PlanInput in = input({{"preset", "gpt2-124M"}}, 1024, 64, 8, "h100");
   const auto t0 = std::chrono::steady_clock::now();

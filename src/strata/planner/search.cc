@@ -615,10 +615,16 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
         }
       }
     }
-    if (dpn == 1 && zero && cfg.zero.stage >= 2) {
-      // ZeRO over a group of one still hands backward a unit buffer on every micro-batch and
-      // adds it into the partition through the (one-rank) reduce-scatter and its conversions.
-      local_bytes = m * (2.0 * convert * elems + 3.0 * gsz * elems + gsz * elems);
+    if (dpn == 1 && zero) {
+      // ZeRO over a group of one still reduces through a one-rank reduce-scatter: the gradients
+      // converted to the wire (where it differs), MPI's copy of them, and back through scratch
+      // (the result overlaps the input). Stage 1 once a step; stages 2-3 on every micro-batch,
+      // with the unit buffer handed to backward zeroed and the result added into the partition.
+      // (GPT-2, C 384, dp 1 tp 2+sp pp 2 on 4 ranks of 2 cores: ZeRO-1 measured 1-6% slower than
+      // ZeRO-0 in each of six pairs of layouts otherwise the same, which the model priced equal.)
+      const double one_rank = elems * (convert + 2.0 * wire + wire + gsz);
+      local_bytes =
+          cfg.zero.stage == 1 ? one_rank : m * (one_rank + 3.0 * gsz * elems + gsz * elems);
     }
     // That work takes the rank's own cores (a GPU's memory) beside its compute: never hidden.
     const double reduce_work = d.memory_seconds(local_bytes, running);
