@@ -461,6 +461,10 @@ TEST_F(PlanCli, BadInputExitsTwoNamingTheProblemAndWritesNothing) {
            "' --verify 1 --verify-steps 0",
        {"--verify-steps"},
        true},
+      {"plan" + tiny + " --devices 2 --device '" + path("cpu.json") +
+           "' --verify 1 --verify-repeats 0",
+       {"--verify-repeats"},
+       true},
       {"plan" + tiny + " --devices 2 --device h100 --explain 999",
        {"--explain 999: not a row number (1..", "nor a layout of the table"},
        false},
