@@ -356,7 +356,6 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
   const std::vector<Measured> measured = run_passes(jobs, dir, steps, repeats);
   std::vector<planner::StepSample> samples;
   std::vector<size_t> used;
-  std::vector<std::string> shown;  // each probe's measured step as printed
   for (size_t i = 0; i < pick.size(); ++i) {
     const planner::Row& r = *pick[i];
     const Measured& m = measured[i];
@@ -377,7 +376,6 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
                        r.p.gathers, r.p.tp_beside_reductions, r.p.contended_collectives, m.step_s,
                        leading ? kLeadingWeight : 1.0});
     used.push_back(i);
-    shown.push_back(m.text());
   }
   planner::StepFit f = planner::fit_step(samples, in.cluster.per_node);
   f.source = source;
@@ -397,7 +395,7 @@ planner::StepFit fit_plan(const planner::PlanInput& in, const std::vector<planne
         used[j] + 1, planner::describe(c).c_str(),
         static_cast<long long>(int64_t(c.dp) * c.micro_batch * c.accumulation), s.weight,
         s.collectives, s.gathers, s.messages, s.calls, s.tp_beside, s.contended, s.model_s, fit,
-        shown[j].c_str(), 100.0 * (fit - s.measured_s) / s.measured_s);
+        measured[used[j]].text().c_str(), 100.0 * (fit - s.measured_s) / s.measured_s);
   }
   std::printf(
       "fit at %d ranks per node: step = %.3f x model + %.1f us x collectives + %.1f us x messages "
