@@ -616,10 +616,11 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
       }
     }
     if (dpn == 1 && zero) {
-      // ZeRO over a group of one still reduces through a one-rank reduce-scatter: the gradients
-      // converted to the wire (where it differs), MPI's copy of them, and back through scratch
-      // (the result overlaps the input). Stage 1 once a step; stages 2-3 on every micro-batch,
-      // with the unit buffer handed to backward zeroed and the result added into the partition.
+      // ZeRO over a group of one still reduces through a one-rank reduce-scatter, bytes an
+      // element: the gradients converted to the wire where it differs (convert), MPI's copy of
+      // them (2 wire), and back through scratch, the result overlapping the input (wire + gsz).
+      // Stage 1 once a step; stages 2-3 on every micro-batch, adding the result into the
+      // partition (3 gsz) and zeroing the unit buffer handed to backward (gsz).
       // (GPT-2, C 384, dp 1 tp 2+sp pp 2 on 4 ranks of 2 cores: ZeRO-1 measured 1-6% slower than
       // ZeRO-0 in each of six pairs of layouts otherwise the same, which the model priced equal.)
       const double one_rank = elems * (convert + 2.0 * wire + wire + gsz);
