@@ -5,11 +5,14 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "strata/core/rng.h"
@@ -54,6 +57,34 @@ inline std::string shared_token_file(const std::string& prefix, size_t n, uint64
   }
   MPI_Barrier(MPI_COMM_WORLD);
   return path;
+}
+
+// Waits for a non-blocking MPI request, sleeping between tests instead of spinning, so that ranks
+// oversubscribing the cores leave them to the ranks still computing.
+inline void wait_sleeping(MPI_Request& r) {
+  for (int done = 0;;) {
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// The results of `jobs` independent computations every rank needs (the single-process
+// references a multi-rank test compares with), shared out instead of repeated: rank r computes
+// jobs r, r + P, r + 2P, ... (run(i): job i's result, `n` doubles), then each is broadcast from
+// the rank that computed it, the others waiting asleep. A collective; every rank passes the same
+// jobs.
+inline std::vector<std::vector<double>> shared_out(
+    size_t jobs, size_t n, const std::function<std::vector<double>(size_t)>& run) {
+  const int P = world_size(), me = world_rank();
+  std::vector<std::vector<double>> out(jobs, std::vector<double>(n, 0.0));
+  for (size_t i = size_t(me); i < jobs; i += size_t(P)) out[i] = run(i);
+  for (size_t i = 0; i < jobs; ++i) {
+    MPI_Request r;
+    MPI_Ibcast(out[i].data(), int(n), MPI_DOUBLE, int(i % size_t(P)), MPI_COMM_WORLD, &r);
+    wait_sleeping(r);
+  }
+  return out;
 }
 
 }  // namespace strata::test

@@ -17,7 +17,7 @@
 #include "strata/comm/topology.h"
 #include "strata/core/check.h"
 #include "strata/data/token_dataset.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
 

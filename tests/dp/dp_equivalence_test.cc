@@ -1,28 +1,30 @@
 // The core invariant for data parallelism (DESIGN.md §1): at the same global batch, every
 // data-parallel size × gradient accumulation × bucket size × overlap setting gives the losses of
-// the single-process run. Runs under mpirun with 1, 2 and 4 ranks (see tests/CMakeLists.txt);
-// each rank also computes the single-process reference itself, without communication.
+// the single-process run. Runs under mpirun with 2 and 4 ranks, and its memory tests with 1 and 8
+// (see tests/CMakeLists.txt); one rank computes each single-process reference and shares it.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/mpi_runtime.h"
+#include "strata/config/config.h"
 #include "strata/core/memory.h"
 #include "strata/core/rng.h"
+#include "strata/cost/predict.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/plan/predict.h"
-#include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "strata/zero/grad_reducer.h"
 #include "strata/zero/zero_sync.h"
+#include "tests/mpi_world.h"
 
 namespace strata {
 namespace {
@@ -89,8 +91,20 @@ class DataParallel : public ::testing::Test {
     return cfg.model.vocab == kWideVocab ? wide_dataset_.get() : dataset_.get();
   }
 
-  // Losses of kSteps steps; dp = nullptr is the single-process run.
-  static std::vector<double> losses(nlohmann::json j, comm::Communicator* dp) {
+  // Losses of kSteps steps; dp = nullptr is the single-process run, a collective: computed once
+  // per config by one rank and shared (test::shared_out), the others waiting asleep.
+  static std::vector<double> losses(const nlohmann::json& j, comm::Communicator* dp) {
+    if (dp != nullptr) return run_losses(j, dp);
+    const std::string key = j.dump();
+    auto it = serial_losses_.find(key);
+    if (it == serial_losses_.end()) {
+      const auto shared =
+          test::shared_out(1, kSteps, [&](size_t) { return run_losses(j, nullptr); });
+      it = serial_losses_.emplace(key, shared[0]).first;
+    }
+    return it->second;
+  }
+  static std::vector<double> run_losses(const nlohmann::json& j, comm::Communicator* dp) {
     Config cfg = parse_config(j);
     resolve_batch(cfg, dp ? dp->size() : 1);
     Engine engine(cfg, dataset_for(cfg), dp);
@@ -116,11 +130,13 @@ class DataParallel : public ::testing::Test {
   }
 
   static std::unique_ptr<comm::Communicator> world_;
+  static std::map<std::string, std::vector<double>> serial_losses_;
   static std::string path_, wide_path_;
   static std::unique_ptr<data::TokenDataset> dataset_, wide_dataset_;
 };
 
 std::unique_ptr<comm::Communicator> DataParallel::world_;
+std::map<std::string, std::vector<double>> DataParallel::serial_losses_;
 std::string DataParallel::path_, DataParallel::wide_path_;
 std::unique_ptr<data::TokenDataset> DataParallel::dataset_, DataParallel::wide_dataset_;
 
@@ -495,8 +511,8 @@ TEST_F(DataParallel, ModelStateMemoryMatchesHandComputedBytes) {
               << what << " " << mem_category_name(c);
         }
         // The prediction printed at start-up says the same, split into formula and buffers.
-        const plan::MemoryPrediction pred =
-            plan::predict_memory(plan_layout(cfg), engine.spec(), int(N));
+        const cost::MemoryPrediction pred =
+            cost::predict_memory(cost::layout_of(cfg), engine.spec(), int(N));
         const size_t formula = stage == 0   ? (p + g + k) * kPsi
                                : stage == 1 ? (p + g) * kPsi + k * kPsi / N
                                : stage == 2 ? p * kPsi + (g + k) * kPsi / N

@@ -14,7 +14,7 @@
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
 #include "strata/core/memory.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "strata/zero/zero_sync.h"
 #include "tests/alloc_hooks.h"

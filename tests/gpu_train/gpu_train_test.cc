@@ -18,7 +18,7 @@
 
 #include "strata/core/device.h"
 #include "strata/kernels/ops.h"
-#include "tests/train/cli_fixture.h"
+#include "tests/cli/fixture.h"
 
 namespace strata {
 namespace {

@@ -416,9 +416,11 @@ TEST(OpsVocabCe, ShardsAgreeWithSerial) {
   targets[6] = -100;
   targets[4] = int32_t(V - 1);  // the last valid column, next to the padding
   const float dloss = 1.0f / 7.0f;
-  std::vector<float> serial_losses(N), serial_dlogits = logits;
-  cross_entropy_forward_backward(view(serial_losses, {N}), view(serial_dlogits, {N, V}),
-                                 tokens(targets), dloss);
+  std::vector<float> serial_losses(N), serial_stats(3 * N), serial_dlogits = logits;
+  cross_entropy_stats(view(serial_losses, {N}), view(serial_stats, {3, N}),
+                      view(serial_dlogits, {N, V}), tokens(targets));
+  ce_dlogits(view(serial_dlogits, {N, V}), V, view(serial_dlogits, {N, V}), tokens(targets),
+             view(serial_stats, {3, N}), 0, V, 0, V, dloss);
 
   // One rank without padding computes exactly the serial numbers.
   VocabCe one = vocab_parallel(logits, targets, V, 1, V, true, dloss);

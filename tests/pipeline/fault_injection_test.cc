@@ -63,7 +63,9 @@ TEST(FaultInjection, KillsAtTheReductionOptimizerAndSave) {
   }
 }
 
-// Hang waits at the reduction only: a forward, the optimizer step and the save go on.
+// Hang waits at the reduction only: a forward, the optimizer step, the save and another step's
+// reduction go on, and the chosen step's reduction stops alive (the child outlives it until its
+// alarm).
 TEST(FaultInjection, HangFiresAtTheReductionOnly) {
   FaultInjector f;
   f.kill_at(1, KillPhase::Hang);
@@ -72,6 +74,12 @@ TEST(FaultInjection, HangFiresAtTheReductionOnly) {
   f.at(KillPhase::Optimizer, 1);
   f.at(KillPhase::Save, 1);
   f.at(KillPhase::Reduce, 2);
+  EXPECT_EXIT(
+      {
+        alarm(1);
+        f.at(KillPhase::Reduce, 1);
+      },
+      testing::KilledBySignal(SIGALRM), "");
 }
 
 // HangForward and HangBackward stop alive (the child outlives them until its alarm) at the

@@ -16,10 +16,10 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
+#include "strata/config/config.h"
 #include "strata/core/check.h"
 #include "strata/data/token_dataset.h"
 #include "strata/planner/search.h"
-#include "strata/train/config.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
 

@@ -11,9 +11,9 @@
 #include <fstream>
 #include <string>
 
+#include "strata/config/config.h"
 #include "strata/core/check.h"
-#include "strata/planner/device_profile.h"
-#include "strata/train/config.h"
+#include "strata/cost/device_profile.h"
 #include "tests/temp_dir_test.h"
 
 namespace strata {
@@ -27,7 +27,7 @@ planner::PlanInput input(const nlohmann::json& model, int batch, int devices, in
              {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-4}}}}},
              {"model", model}};
   in.cluster = planner::uniform_cluster(devices, per_node);
-  in.device = planner::load_profile(device, "/nonexistent");
+  in.device = cost::load_profile(device, "/nonexistent");
   return in;
 }
 
@@ -302,19 +302,19 @@ TEST(PlannerSearch, Gpt3OnA100sKeepsTensorParallelismInANode) {
 class PlannerProfiles : public test::TempDirTest {};
 
 TEST_F(PlannerProfiles, BuiltInsAndFiles) {
-  for (const std::string& name : planner::builtin_profile_names()) {
-    const planner::DeviceProfile p = planner::load_profile(name, "/nonexistent");
+  for (const std::string& name : cost::builtin_profile_names()) {
+    const cost::DeviceProfile p = cost::load_profile(name, "/nonexistent");
     EXPECT_TRUE(p.gpu);
     EXPECT_GT(p.bf16_flops, p.fp32_flops);
     EXPECT_NE(p.source.find("datasheet"), std::string::npos) << p.source;
   }
   const std::string dir = dir_.string();
-  planner::DeviceProfile p = planner::load_profile("h200", "/nonexistent");
+  cost::DeviceProfile p = cost::load_profile("h200", "/nonexistent");
   p.name = "mine";
   p.elementwise_bytes_per_s = {{"gpt2", 9e9}, {"llama", 6e9}};
   p.attention_flops = {{512, 1.5e11}, {128, 1e11}};
-  planner::write_profile(p, dir + "/p.json");
-  const planner::DeviceProfile q = planner::load_profile(dir + "/p.json", "/nonexistent");
+  cost::write_profile(p, dir + "/p.json");
+  const cost::DeviceProfile q = cost::load_profile(dir + "/p.json", "/nonexistent");
   EXPECT_EQ(q.name, "mine");
   EXPECT_EQ(q.memory_bytes, p.memory_bytes);
   EXPECT_DOUBLE_EQ(q.bf16_flops, p.bf16_flops);
@@ -333,7 +333,7 @@ TEST_F(PlannerProfiles, BuiltInsAndFiles) {
   // A machine never calibrated, a name that is not a device, a file that is not a profile.
   auto message = [](const std::string& name, const std::string& calib) {
     try {
-      planner::load_profile(name, calib);
+      cost::load_profile(name, calib);
     } catch (const InputError& e) {
       return std::string(e.what());
     }

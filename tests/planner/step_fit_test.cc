@@ -35,7 +35,7 @@ std::vector<StepSample> made(double a, double b, double c, double d, double e = 
 }
 
 TEST(StepFit, RecoversTheTermsThatMadeTheSteps) {
-  const StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3, 6e-6, 9e-4, 2e-4, 3.5e-4), 4);
+  const cost::StepFit f = fit_step(made(2.5, 4e-4, 1.5e-4, 3e-3, 6e-6, 9e-4, 2e-4, 3.5e-4), 4);
   EXPECT_NEAR(f.model_scale, 2.5, 1e-6);
   EXPECT_NEAR(f.per_collective_s, 4e-4, 1e-9);
   EXPECT_NEAR(f.per_message_s, 1.5e-4, 1e-9);
@@ -52,7 +52,7 @@ TEST(StepFit, NoTermGoesNegative) {
   // Steps that fall as collectives grow: the best non-negative fit drops the collective term.
   std::vector<StepSample> s = made(2.0, 0, 0, 0.01);
   for (StepSample& x : s) x.measured_s -= 1e-5 * x.collectives;
-  const StepFit f = fit_step(s, 8);
+  const cost::StepFit f = fit_step(s, 8);
   EXPECT_GE(f.model_scale, 0);
   EXPECT_EQ(f.per_collective_s, 0.0);
   EXPECT_GE(f.per_message_s, 0);
@@ -75,7 +75,7 @@ TEST(StepFit, AHeavierProbePullsTheFitTowardIt) {
       slower.weight = w;
       s.push_back(slower);
     }
-    const StepFit f = fit_step(s, 4);
+    const cost::StepFit f = fit_step(s, 4);
     const double share = (1.0 + w / 1.1) / (1.0 + w / (1.1 * 1.1));  // 1.0452 at 1, 1.0892 at 10
     for (size_t i = 0; i < n; ++i) {
       EXPECT_NEAR(fitted_step(f, s[i]) / s[i].measured_s, share, 1e-6) << "weight " << w;
@@ -91,8 +91,8 @@ TEST(StepFit, FewerProbesThanTermsIsAnInputError) {
 
 class StepFitProfile : public strata::test::TempDirTest {};
 
-DeviceProfile cpu_profile() {
-  DeviceProfile p;
+cost::DeviceProfile cpu_profile() {
+  cost::DeviceProfile p;
   p.name = "cpu: test";
   p.source = "written by the test";
   p.memory_bytes = p.host_memory_bytes = uint64_t(16) << 30;
@@ -106,14 +106,14 @@ DeviceProfile cpu_profile() {
 }
 
 TEST_F(StepFitProfile, RoundTripsAndPricesOnlyItsRanksPerNode) {
-  DeviceProfile p = cpu_profile();
-  StepFit f;
+  cost::DeviceProfile p = cpu_profile();
+  cost::StepFit f;
   f.ranks_per_node = 4, f.model_scale = 2.0, f.per_collective_s = 5e-4, f.per_message_s = 2e-4;
   f.per_call_s = 1e-6, f.per_gather_s = 3e-4, f.per_tp_beside_s = 7e-4, f.per_step_s = 1e-3,
   f.per_contended_s = 4e-4, f.probes = 12, f.source = "strata plan --fit 12 (test)";
   p.step_fits.push_back(f);
-  write_profile(p, path("cpu.json"));
-  const DeviceProfile q = read_profile(path("cpu.json"));
+  cost::write_profile(p, path("cpu.json"));
+  const cost::DeviceProfile q = cost::read_profile(path("cpu.json"));
   ASSERT_NE(q.step_fit(4), nullptr);
   EXPECT_EQ(q.step_fit(8), nullptr);
   EXPECT_DOUBLE_EQ(q.step_fit(4)->per_collective_s, 5e-4);
@@ -186,7 +186,7 @@ TEST_F(StepFitProfile, ABadFitEntryNamesTheKey) {
     "intra_node": {"alpha_us": 0.2, "bandwidth_gbps": 6},
     "step_fits": [{"ranks_per_node": 4, "model_scale": -1}]})";
   try {
-    read_profile(path("bad.json"));
+    cost::read_profile(path("bad.json"));
     FAIL() << "read";
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("\"model_scale\" >= 0"), std::string::npos) << e.what();

@@ -1,4 +1,4 @@
-// Layout-independent checkpoints (DESIGN.md §6): a run saved in one layout and loaded into
+// Layout-independent checkpoints (DESIGN.md §7): a run saved in one layout and loaded into
 // another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, context
 // parallelism (Ulysses or ring), ZeRO stage and MiCS groups, micro-batch and accumulation split,
 // and so the world size — continues with
@@ -18,7 +18,7 @@
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
 

@@ -21,8 +21,8 @@
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/plan/predict.h"
-#include "strata/train/config.h"
+#include "strata/cost/predict.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 #include "tests/mpi_world.h"
@@ -98,7 +98,7 @@ class TensorParallel : public ::testing::Test {
     resolve_batch(cfg, grid.dp());
     Engine engine(cfg, dataset_.get(), &groups.dp(), &groups.tp());
     // The tensor-parallel traffic is the formula's, byte for byte.
-    const uint64_t predicted = plan::predict_tp_bytes(plan_layout(cfg), engine.spec());
+    const uint64_t predicted = cost::predict_tp_bytes(cost::layout_of(cfg), engine.spec());
     std::vector<double> out;
     for (int i = 0; i < kSteps; ++i) {
       const StepMetrics m = engine.train_batch();

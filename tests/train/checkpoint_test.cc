@@ -1,4 +1,4 @@
-// Checkpoints through the engine, one process (DESIGN.md §6; layouts are tests/reshard's): a run
+// Checkpoints through the engine, one process (DESIGN.md §7; layouts are tests/reshard's): a run
 // saved and loaded continues bit for bit as if never stopped (AdamW, SGD with and without
 // momentum, fp16 with its dynamic loss scale, bf16); `latest` names the newest step; every kind
 // of damage — a flipped byte, a truncated or missing file, a garbage or missing manifest, another
@@ -27,7 +27,7 @@
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 

@@ -11,7 +11,7 @@
 
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/alloc_hooks.h"
 #include "tests/data/data_test_util.h"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "strata/core/memory.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/alloc_hooks.h"
 

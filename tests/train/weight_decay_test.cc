@@ -1,7 +1,7 @@
 // Which parameters weight decay applies to: Megatron's default (matrices and embeddings decay,
 // biases and norm gains do not), chosen by optimizer.weight_decay_exclude, printed at start-up,
 // and taken by the optimizer's step in the unpartitioned and the ZeRO-partitioned paths.
-#include "strata/train/weight_decay.h"
+#include "strata/config/weight_decay.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -16,7 +16,7 @@
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 

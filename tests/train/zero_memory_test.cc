@@ -6,8 +6,8 @@
 
 #include "strata/core/check.h"
 #include "strata/model/param_spec.h"
-#include "strata/plan/predict.h"
-#include "strata/train/config.h"
+#include "strata/cost/predict.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 
 namespace strata {
@@ -55,14 +55,14 @@ TEST(ZeroMemory, Gpt2_124MUnits) {
 TEST(ZeroMemory, Gpt2_124MStage3AtDp8StaysWithinAQuarterOfTheFormula) {
   const Config cfg = gpt2_124m_stage3(5000000, true);
   const ModelSpec spec = build_model_spec(cfg.model, 8);
-  const plan::MemoryPrediction m = plan::predict_memory(plan_layout(cfg), spec, 8);
+  const cost::MemoryPrediction m = cost::predict_memory(cost::layout_of(cfg), spec, 8);
   EXPECT_EQ(m.formula, 280070784u);
   EXPECT_EQ(m.buffers, 37791744u + 3072u + 3u * 4723968u * 2u);
   EXPECT_EQ(m.model_states, m.formula + m.buffers);
   EXPECT_LE(double(m.model_states), 1.25 * double(m.formula));
 
   const Config deflt = gpt2_124m_stage3(50000000, true);
-  const plan::MemoryPrediction d = plan::predict_memory(plan_layout(deflt), spec, 8);
+  const cost::MemoryPrediction d = cost::predict_memory(cost::layout_of(deflt), spec, 8);
   EXPECT_EQ(d.buffers, 37791744u + 3072u + 12u * 4723968u * 2u);
 }
 
@@ -83,12 +83,12 @@ TEST(ZeroMemory, ModelStatesBeyondTheHostAreRefused) {
   const ModelSpec spec = build_model_spec(cfg.model, 1);
   const size_t host = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
   if (16 * size_t(spec.numel) <= host) GTEST_SKIP() << "this host holds 29 GB";
-  EXPECT_THROW(plan::check_fits_in_memory(plan_layout(cfg), spec, 0), InputError);
+  EXPECT_THROW(cost::check_fits_in_memory(cost::layout_of(cfg), spec, 0), InputError);
   j["model"]["hidden"] = 256;
   Config small = parse_config(j);
   resolve_batch(small, 1);
   EXPECT_NO_THROW(
-      plan::check_fits_in_memory(plan_layout(small), build_model_spec(small.model, 1), 0));
+      cost::check_fits_in_memory(cost::layout_of(small), build_model_spec(small.model, 1), 0));
 }
 
 }  // namespace

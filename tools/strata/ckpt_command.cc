@@ -1,4 +1,4 @@
-// strata ckpt: describe, verify, export and import checkpoints (DESIGN.md §6), and the logits of
+// strata ckpt: describe, verify, export and import checkpoints (DESIGN.md §7), and the logits of
 // a checkpoint's model for comparing it with another implementation (bench/hf_compare.py).
 #include <chrono>
 #include <cstdio>
@@ -12,12 +12,12 @@
 #include "strata/ckpt/hf.h"
 #include "strata/ckpt/manifest.h"
 #include "strata/ckpt/store.h"
+#include "strata/config/config.h"
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
-#include "strata/train/config.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {

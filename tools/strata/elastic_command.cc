@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/train/config.h"
-#include "strata/train/elasticity.h"
+#include "strata/config/config.h"
+#include "strata/config/elasticity.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {

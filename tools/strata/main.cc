@@ -18,6 +18,7 @@
 #include "strata/comm/mpi_runtime.h"
 #include "strata/core/check.h"
 #include "strata/core/progress.h"
+#include "strata/kernels/ops.h"
 #include "tools/strata/commands.h"
 #include "tools/strata/suggest.h"
 
@@ -49,6 +50,24 @@ int fail(int code, const char* kind, const char* what) {
   return code;
 }
 
+// The CUDA backend as built into this binary (CMakeLists.txt): the toolkit and architectures,
+// whether NCCL carries its collectives, and the GPUs this process sees now.
+std::string cuda_text() {
+#ifdef STRATA_HAVE_CUDA
+  const int gpus = strata::ops::device_count(strata::Device::CUDA);
+  std::string nccl =
+#ifdef STRATA_HAVE_NCCL
+      "NCCL";
+#else
+      "no NCCL: GPU collectives through host memory";
+#endif
+  return std::string("cuda (CUDA ") + STRATA_CUDA_VERSION + ", sm " + STRATA_CUDA_ARCHITECTURES +
+         ", " + nccl + "; " + std::to_string(gpus) + (gpus == 1 ? " GPU" : " GPUs") + " visible)";
+#else
+  return "CUDA: not built into this binary (no nvcc at build time, or -DSTRATA_CUDA=OFF)";
+#endif
+}
+
 // `strata --version`: the release and what this binary was built with.
 std::string version_text() {
   const dnnl_version_t* dnnl = dnnl_version();
@@ -59,8 +78,7 @@ std::string version_text() {
   mpi_line = mpi_line.substr(0, mpi_line.find_first_of(",\n"));
   return std::string("strata ") + STRATA_VERSION + "\nbackends: cpu (oneDNN " +
          std::to_string(dnnl->major) + "." + std::to_string(dnnl->minor) + "." +
-         std::to_string(dnnl->patch) +
-         ", OpenMP); CUDA: not built into this binary\nMPI: " + mpi_line;
+         std::to_string(dnnl->patch) + ", OpenMP); " + cuda_text() + "\nMPI: " + mpi_line;
 }
 
 std::vector<std::string>& saved_command_line() {

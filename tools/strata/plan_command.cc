@@ -4,19 +4,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "strata/comm/topology.h"
+#include "strata/config/config.h"
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
-#include "strata/planner/device_profile.h"
+#include "strata/core/text.h"
+#include "strata/cost/device_profile.h"
 #include "strata/planner/search.h"
-#include "strata/train/config.h"
+#include "strata/planner/verify.h"
 #include "tools/strata/commands.h"
-#include "tools/strata/plan_verify.h"
 
 namespace strata::cli {
 
@@ -92,8 +94,10 @@ void run_plan(const PlanArgs& a) {
   in.base = read_config_json(a.config);
   in.cluster = cluster_of(a);
   const std::string calib =
-      a.calibration.empty() ? planner::default_calibration_path() : a.calibration;
-  in.device = planner::load_profile(a.device, calib);
+      a.calibration.empty() ? cost::default_calibration_path() : a.calibration;
+  if (a.device == "cpu" && !std::filesystem::exists(calib))
+    planner::calibrate_for_plan(a.config, calib);
+  in.device = cost::load_profile(a.device, calib);
   if (in.device.gpu && a.hostfile.empty() && a.per_node == 0) {
     in.cluster = planner::uniform_cluster(a.devices, std::max(1, in.device.devices_per_node));
   }
@@ -117,7 +121,7 @@ void run_plan(const PlanArgs& a) {
       in.cluster.per_node, in.device.name.c_str(), in.device.source.c_str(), rows.size(), valid,
       rows.size() - size_t(valid), secs);
   if (!in.device.gpu) {
-    const planner::StepFit* f = in.device.step_fit(in.cluster.per_node);
+    const cost::StepFit* f = in.device.step_fit(in.cluster.per_node);
     if (f != nullptr) {
       std::printf("step fit at %d ranks per node: %s\n\n", f->ranks_per_node, f->source.c_str());
     } else {
@@ -165,13 +169,15 @@ void run_plan(const PlanArgs& a) {
     const std::string source = "strata plan --fit " + std::to_string(a.fit) + " on " + a.config +
                                " at " + std::to_string(a.devices) + " ranks, " +
                                utc_now(kUtcMinute);
-    fit_plan(in, rows, a.fit, a.verify_steps, a.verify_repeats, path, source, a.verify, &probed);
-    in.device = planner::read_profile(path);
+    planner::fit_plan(in, rows, a.fit, a.verify_steps, a.verify_repeats, path, source, a.verify,
+                      &probed);
+    in.device = cost::read_profile(path);
     rows = planner::plan(in);
     std::printf("\nwith the fit:\n");
     print_table(rows, a.top);
   }
-  if (a.verify > 0) verify_plan(in, rows, a.verify, a.verify_steps, a.verify_repeats, probed);
+  if (a.verify > 0)
+    planner::verify_plan(in, rows, a.verify, a.verify_steps, a.verify_repeats, probed);
 }
 
 }  // namespace
@@ -190,12 +196,13 @@ void add_plan_command(CLI::App& app) {
                   "ranks per node (default: every rank on one node; a GPU profile's 8)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device", args->device,
-                  "cpu (this machine, calibrated by strata bench --calibrate), a100, h100, h200, "
-                  "or a device profile file")
+                  "cpu (this machine, as --calibration measured it), a100, h100, h200, or a "
+                  "device profile file")
       ->capture_default_str();
   cmd->add_option("--calibration", args->calibration,
                   "the CPU calibration file (default: $STRATA_CALIBRATION or "
-                  "~/.cache/strata/calibration.json)");
+                  "~/.cache/strata/calibration.json), measured first by strata bench "
+                  "--calibrate at the config's shapes where it does not exist");
   cmd->add_option("--top", args->top, "rows of the table")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

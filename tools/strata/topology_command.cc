@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "strata/comm/topology.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "tools/strata/commands.h"
 
 namespace strata::cli {

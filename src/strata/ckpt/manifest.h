@@ -1,4 +1,4 @@
-// A checkpoint's manifest.json (DESIGN.md §6): the format version, the model and the training
+// A checkpoint's manifest.json (DESIGN.md §7): the format version, the model and the training
 // state, the layout it was saved from, the global shape of every tensor, and for each stored
 // chunk its file, byte offset, fp32 element count, CRC-32C and the global indices its elements
 // go to. Parsing validates everything a loader relies on (types, ranges, bounds against the

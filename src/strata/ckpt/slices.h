@@ -1,5 +1,5 @@
 // Where a rank's elements of a parameter sit in the whole (global) tensor: the arithmetic that
-// makes checkpoints layout-independent (DESIGN.md §6). A checkpoint stores every element under
+// makes checkpoints layout-independent (DESIGN.md §7). A checkpoint stores every element under
 // its index in the global tensor (ParamSpec::global_shape, strata's row order, the vocabulary
 // unpadded), so any tensor-parallel slice or ZeRO partition of any layout can be written and any
 // other read back.

@@ -1,4 +1,4 @@
-// A checkpoint directory on disk (DESIGN.md §6):
+// A checkpoint directory on disk (DESIGN.md §7):
 //   <root>/step_00000100/manifest.json      the manifest (manifest.h)
 //   <root>/step_00000100/rank_00003.safetensors   one data file per writing rank: 1-D fp32
 //                                                 chunks, written straight from memory

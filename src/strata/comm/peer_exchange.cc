@@ -67,7 +67,6 @@ void PeerExchange::send(const void* buf, size_t n, DType dtype, int dst, int tag
   flight::start(flight_of_[k]);
   STRATA_MPI_CHECK(
       MPI_Isend(slot, int(n), detail::mpi_datatype(dtype), dst, tag, comm_, &requests_[k]));
-  bytes_ += bytes;
 }
 
 ops::Event PeerExchange::recv(void* buf, size_t n, DType dtype, int src, int tag,

@@ -49,7 +49,6 @@ class PeerExchange {
                                 const char* what);
   // Completes every send issued so far.
   void wait_sends();
-  uint64_t bytes_sent() const { return bytes_; }
 
  private:
   void wait(MPI_Request& r, const char* what, int peer, int tag, uint64_t flight_id);
@@ -67,7 +66,6 @@ class PeerExchange {
   std::vector<uint64_t> flight_of_;    // per slot, the send's flight recorder entry
   int flight_group_ = 0;
   size_t next_ = 0;  // the oldest slot (sends are issued round robin)
-  uint64_t bytes_ = 0;
 };
 
 }  // namespace strata::comm

@@ -10,7 +10,7 @@
 // the pieces below (write_fully, fsync_fd, fsync_dir, rename_durably).
 //
 // Not whole files, and so appended to in place: the logs written as a run goes, one complete line
-// at a time, which a reader may tail while they grow: metrics.jsonl's rows (train/metrics.cc; a
+// at a time, which a reader may tail while they grow: metrics.jsonl's rows (monitor/metrics.cc; a
 // resumed run first trims the rows past its checkpoint by rewriting the file through here), the
 // elastic supervisor's events log elastic.jsonl (tools/strata/elastic_supervisor.cc), and stdout
 // and stderr (the launcher relays mpirun's output there as it comes). A crash loses at most the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <ctime>
 
 namespace strata {
 
@@ -38,6 +39,15 @@ std::string nearest(std::string_view word, const std::vector<std::string>& candi
     if (d < best_d) best_d = d, best = c;
   }
   return best;
+}
+
+std::string utc_now(const char* format) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char s[64];
+  std::strftime(s, sizeof s, format, &tm);
+  return s;
 }
 
 }  // namespace strata

@@ -1,7 +1,7 @@
 // The one kernel interface of strata (DESIGN.md §10): the model, ZeRO, the optimizer and the
 // engine reach every computation through these functions, never a backend directly. Each takes
 // typed views (core/tensor.h) and dispatches on their device, then on their dtypes, to a backend:
-// kernels/cpu today; a CUDA backend plugs in behind the same calls.
+// kernels/cpu, or kernels/cuda for views on a GPU (where it is built).
 //
 // Conventions. Matrices are row-major; a weight is (out_features, in_features). "+=" means the
 // kernel accumulates into its output; everything else overwrites. A view may be empty
@@ -199,17 +199,16 @@ void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0,
                        const int32_t* pos = nullptr);
 
 // --- cross-entropy -------------------------------------------------------------------------------
-// Serial: logits (N, V); targets (N) int32 (< 0: ignored, loss 0). losses (N) fp32.
-// forward_backward also overwrites logits with dlogits = (softmax − onehot) · dloss (zero rows for
-// ignored targets).
+// Serial: logits (N, V); targets (N) int32 (< 0: ignored, loss 0). losses (N) fp32 (evaluation:
+// the logits untouched).
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
-void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss);
 // Training in two halves, so that a backward can take the dlogits a vocabulary unit at a time:
 // losses (N) and stats (3, N) = row max, Σ exp(logit − max), the target's logit (the layout the
 // vocabulary-parallel steps below leave: gmax, then sums); later out (N, cols) with row stride
 // ldo = the dlogits of logits' columns [c0, c0 + cols), rounded to the logits' dtype and stored
-// in out's: the logits' own (out may be those columns) or fp32 (for products that run in fp32).
-// v0 and valid as below (0 and V for one rank).
+// in out's: the logits' own (out may be those columns) or fp32 (for products that run in fp32);
+// dlogits = (softmax − onehot) · dloss, zero rows for ignored targets. v0 and valid as below (0
+// and V for one rank).
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets);
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
                 int64_t cols, int64_t v0, int64_t valid, float dloss);

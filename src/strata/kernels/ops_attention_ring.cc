@@ -1,5 +1,5 @@
 // Ring attention's pieces (ops.h): checks, then kernels/cpu/attention_ring.h. CPU only: context
-// parallelism is refused on the CUDA backend (train/config_model.cc).
+// parallelism is refused on the CUDA backend (config/model.cc).
 #include <algorithm>
 #include <limits>
 

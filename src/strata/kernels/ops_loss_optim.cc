@@ -47,20 +47,6 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
   });
 }
 
-void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss) {
-  constexpr const char* op = "cross_entropy_forward_backward";
-  const Call access = on_device(op, {losses, logits, targets});
-  if (access.dry) return;
-  const Rows n = ce_size(op, logits, targets, {losses});
-  tokens_of(op, targets);  // int32, on either device
-  STRATA_ON_CUDA(access, cross_entropy_forward_backward(losses, logits, targets, dloss));
-  with_s(op, logits.dtype, [&](auto s) {
-    using S = decltype(s);
-    kernels::cross_entropy_forward_backward(p<float>(losses), p<S>(logits), tokens_of(op, targets),
-                                            n.N, n.C, dloss);
-  });
-}
-
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets) {
   constexpr const char* op = "cross_entropy_stats";
   const Call access = on_device(op, {losses, stats, logits, targets});

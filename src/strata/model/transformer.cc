@@ -14,7 +14,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
                                  tp::Group* tp, bool count_only)
     : spec_(spec),
       cfg_(spec.config),
-      tpl_(spec.tp),
+      tp_layout_(spec.tp),
       pt_(pt),
       gt_(gt),
       dev_(chunk.device),
@@ -28,9 +28,9 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
       D_(grads) {
   STRATA_CHECK(T <= cfg_.seq_len, "micro-batch sequence length ", T, " exceeds model.seq_len ",
                cfg_.seq_len);
-  STRATA_CHECK(tp_->size() == tpl_.size && tp_->rank() == tpl_.rank,
-               "the model spec was built for tensor-parallel rank ", tpl_.rank, " of ", tpl_.size,
-               " but the group is rank ", tp_->rank(), " of ", tp_->size());
+  STRATA_CHECK(tp_->size() == tp_layout_.size && tp_->rank() == tp_layout_.rank,
+               "the model spec was built for tensor-parallel rank ", tp_layout_.rank, " of ",
+               tp_layout_.size, " but the group is rank ", tp_->rank(), " of ", tp_->size());
   STRATA_CHECK(chunk_.slots >= 1, "a model chunk needs at least one activation slot");
   sp_ = tp_->sequence_parallel();
   STRATA_CHECK(!sp_ || N_ % tp_->size() == 0, "sequence parallelism splits the ", N_,
@@ -40,10 +40,10 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   tied_ = cfg_.tied_embeddings;
   C_ = cfg_.hidden;
   const int64_t hd = C_ / cfg_.heads;
-  Vl_ = tpl_.vocab_rows, Fl_ = tpl_.ffn, FCHl_ = gpt2_ ? Fl_ : 2 * Fl_;
-  QKVl_ = tpl_.qkv_rows, Hl_ = int64_t(tpl_.heads) * hd;
-  ash_ = {B_, T_, tpl_.groups, tpl_.rep, int(hd)};
-  cash_ = ash_;
+  Vl_ = tp_layout_.vocab_rows, Fl_ = tp_layout_.ffn, FCHl_ = gpt2_ ? Fl_ : 2 * Fl_;
+  QKVl_ = tp_layout_.qkv_rows, Hl_ = int64_t(tp_layout_.heads) * hd;
+  att_shape_ = {B_, T_, tp_layout_.groups, tp_layout_.rep, int(hd)};
+  core_att_shape_ = att_shape_;
   const ContextOptions& cx = chunk_.context;
   if (cx.on()) {
     STRATA_CHECK(dev_ == Device::CPU, "context parallelism runs on the CPU backend only");
@@ -51,15 +51,16 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
                  " ranks: a chunk holds T/", cx.size, " = ", cfg_.seq_len / cx.size,
                  " rows of every sequence, not ", T_);
     pos_ = cx.positions(cfg_.seq_len);
-    ash_.pos = pos_.data();
+    att_shape_.pos = pos_.data();
     if (ulysses()) {
-      STRATA_CHECK(tpl_.groups % cx.size == 0, "Ulysses over ", cx.size, " ranks needs whole ",
-                   "key/value groups on each: this tensor rank has ", tpl_.groups);
-      cash_ = {B_, cfg_.seq_len, tpl_.groups / cx.size, tpl_.rep, int(hd)};
+      STRATA_CHECK(tp_layout_.groups % cx.size == 0, "Ulysses over ", cx.size,
+                   " ranks needs whole ", "key/value groups on each: this tensor rank has ",
+                   tp_layout_.groups);
+      core_att_shape_ = {B_, cfg_.seq_len, tp_layout_.groups / cx.size, tp_layout_.rep, int(hd)};
     }
   }
-  att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tpl_.heads * T_}
-                      : ops::attention_saved(dev_, pt_, cash_);
+  att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tp_layout_.heads * T_}
+                      : ops::attention_saved(dev_, pt_, core_att_shape_);
   places();
   const RecomputeOptions& rc = chunk_.recompute;
   STRATA_CHECK(rc.full.empty() || int(rc.full.size()) == cfg_.layers,
@@ -242,24 +243,25 @@ void TransformerImpl::layout() {
   }
   dres_ = wk(Ns * C, ps);
   dc_ = wk(Ns * C, ps);
-  dbig_ = wk(N * std::max(QKVl_, FCHl_), ps);
-  dbig2_ = wk(N * std::max(Fl_, Hl_), ps);
+  d_wide_out_ = wk(N * std::max(QKVl_, FCHl_), ps);
+  d_proj_in_ = wk(N * std::max(Fl_, Hl_), ps);
   if (sp_) gath_ = wk(N * C, ps);  // a norm's output, gathered
   if (sp_) part_ = wk(N * C, ps);  // a row-parallel layer's partial output, all rows
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
   norm_scratch_ = static_cast<float*>(wk(int64_t(ops::norm_backward_scratch_floats(N, C)), f4));
   att_scratch_ = static_cast<float*>(
-      wk(ring() ? 0 : int64_t(ops::attention_backward_scratch_floats(dev_, pt_, cash_)), f4));
-  if (ulysses()) cpa_ = wk(N * QKVl_, ps), cpb_ = wk(N * QKVl_, ps);
+      wk(ring() ? 0 : int64_t(ops::attention_backward_scratch_floats(dev_, pt_, core_att_shape_)),
+         f4));
+  if (ulysses()) ulysses_send_ = wk(N * QKVl_, ps), ulysses_recv_ = wk(N * QKVl_, ps);
   if (ring()) {
-    const int64_t kv = N * tpl_.groups * 2 * cash_.hd;
+    const int64_t kv = N * tp_layout_.groups * 2 * core_att_shape_.hd;
     for (int i = 0; i < 2; ++i) {
       kv_[i] = wk(kv, ps);
       dkv_[i] = static_cast<float*>(wk(kv, f4));
     }
     o32_ = static_cast<float*>(wk(N * Hl_, f4));
     dq32_ = static_cast<float*>(wk(N * Hl_, f4));
-    delta_ = static_cast<float*>(wk(int64_t(B_) * tpl_.heads * T_, f4));
+    delta_ = static_cast<float*>(wk(int64_t(B_) * tp_layout_.heads * T_, f4));
   }
   if (has_head_ && tp_->size() > 1) ce_all_ = static_cast<float*>(wk(N * tp_->size(), f4));
   if (has_head_) {
@@ -285,7 +287,7 @@ void TransformerImpl::layout() {
   }
   // The row-parallel output gradients are dres itself but under sequence parallelism, where they
   // are gathered into part_.
-  fused_ = {part_, dbig_, dc_, part_, dbig_, dc_};
+  fused_ = {part_, d_wide_out_, dc_, part_, d_wide_out_, dc_};
 }
 
 Slot& TransformerImpl::slot_of(int mb) {

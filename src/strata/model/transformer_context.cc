@@ -1,6 +1,6 @@
-// The attention core of a block, with or without context parallelism (transformer.h,
-// ContextOptions): Ulysses' all-to-all exchanges between rows and heads, and ring attention's
-// passes of keys and values around the context-parallel group.
+// The attention core of a block under context parallelism (transformer.h, ContextOptions; the
+// plain core is transformer_layers.cc's): Ulysses' all-to-all exchanges between rows and heads,
+// and ring attention's passes of keys and values around the context-parallel group.
 #include "strata/comm/communicator.h"
 #include "strata/model/transformer_impl.h"
 
@@ -26,23 +26,24 @@ std::vector<int32_t> ContextOptions::positions(int T) const {
 
 namespace model_detail {
 
-void TransformerImpl::attention_core_forward(const BlockActs& a, void* out) {
+void TransformerImpl::context_attention_forward(const BlockActs& a, void* out) {
   if (ring()) return ring_forward(a, out);
   // Ulysses: a.qkv holds every row of this rank's groups (attn_forward exchanged it); the output
   // comes back in that layout and goes back to this rank's rows.
   const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_);
   ops::attention_forward(out != nullptr ? mat(out, pt_, N_, Hl_) : Tensor(), att_view(a.att), qkv,
-                         cash_);
-  if (out != nullptr && ulysses()) ulysses_to_rows(out, cash_.rep * cash_.hd);
+                         core_att_shape_);
+  if (out != nullptr) ulysses_to_rows(out, core_att_shape_.rep * core_att_shape_.hd);
 }
 
-void TransformerImpl::attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv) {
+void TransformerImpl::context_attention_backward(const BlockActs& a, Tensor dout, Tensor dqkv) {
   if (ring()) return ring_backward(a, dout, dqkv);
-  if (ulysses()) ulysses_to_heads(dout.data, cash_.rep * cash_.hd);
-  const int64_t scratch = int64_t(ops::attention_backward_scratch_floats(dev_, pt_, cash_));
+  ulysses_to_heads(dout.data, core_att_shape_.rep * core_att_shape_.hd);
+  const int64_t scratch =
+      int64_t(ops::attention_backward_scratch_floats(dev_, pt_, core_att_shape_));
   ops::attention_backward(dqkv, f32(att_scratch_, scratch), dout, mat(a.qkv, pt_, N_, QKVl_),
-                          att_view(a.att), cash_);
-  if (ulysses()) ulysses_to_rows(dqkv.data, (cash_.rep + 2) * cash_.hd);
+                          att_view(a.att), core_att_shape_);
+  ulysses_to_rows(dqkv.data, (core_att_shape_.rep + 2) * core_att_shape_.hd);
 }
 
 // Rows (B, Tl) of G groups of `width` elements ↔ rows (B, P·Tl) of G/P groups: block j of the
@@ -52,10 +53,10 @@ void TransformerImpl::ulysses_to_heads(void* p, int64_t width) {
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
   const int P = cx.size;
-  const int64_t B = B_, Tl = T_, row = tpl_.groups * width, share = row / P;
+  const int64_t B = B_, Tl = T_, row = tp_layout_.groups * width, share = row / P;
   const int64_t block = B * Tl * share;  // elements per rank
-  const Tensor x = vec(p, pt_, B * Tl * row), send = vec(cpa_, pt_, P * block),
-               recv = vec(cpb_, pt_, P * block);
+  const Tensor x = vec(p, pt_, B * Tl * row), send = vec(ulysses_send_, pt_, P * block),
+               recv = vec(ulysses_recv_, pt_, P * block);
   // send[j][b][t] = x[b][t][j's groups]
   for (int j = 0; j < P; ++j) {
     ops::copy_2d(send.slice0(j * block, (j + 1) * block), share, x.slice0(j * share, x.numel()),
@@ -73,10 +74,10 @@ void TransformerImpl::ulysses_to_rows(void* p, int64_t width) {
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
   const int P = cx.size;
-  const int64_t B = B_, Tl = T_, row = tpl_.groups * width, share = row / P;
+  const int64_t B = B_, Tl = T_, row = tp_layout_.groups * width, share = row / P;
   const int64_t block = B * Tl * share;
-  const Tensor y = vec(p, pt_, B * Tl * row), send = vec(cpa_, pt_, P * block),
-               recv = vec(cpb_, pt_, P * block);
+  const Tensor y = vec(p, pt_, B * Tl * row), send = vec(ulysses_send_, pt_, P * block),
+               recv = vec(ulysses_recv_, pt_, P * block);
   // send[i][b][t] = y[b][i·Tl + t]
   for (int i = 0; i < P; ++i) {
     ops::copy_2d(send.slice0(i * block, (i + 1) * block), Tl * share,
@@ -128,16 +129,16 @@ void TransformerImpl::ring_forward(const BlockActs& a, void* out) {
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
   const int P = cx.size, r = cx.rank, c = T_ / 2;
-  const int64_t kvn = N_ * tpl_.groups * 2 * ash_.hd;
+  const int64_t kvn = N_ * tp_layout_.groups * 2 * att_shape_.hd;
   const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_), o = f32(o32_, N_ * Hl_), lse = att_view(a.att);
   ops::attention_lse_clear(lse);
-  ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, ash_);
+  ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, att_shape_);
   int cur = 0;
   for (int s = 0; s < P; ++s) {
     comm::Handle h = pass_kv(s, cur, kvn);
     const Tensor kv = vec(kv_[cur], pt_, kvn);
     ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
-      ops::attention_block_forward(o, lse, qkv, q0, c, kv, k0, c, ash_, causal);
+      ops::attention_block_forward(o, lse, qkv, q0, c, kv, k0, c, att_shape_, causal);
     });
     h.wait();
     cur = 1 - cur;
@@ -151,25 +152,26 @@ void TransformerImpl::ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv
   if (ops::dry_run()) return;
   const ContextOptions& cx = chunk_.context;
   const int P = cx.size, r = cx.rank, next = (r + 1) % P, prev = (r + P - 1) % P, c = T_ / 2;
-  const int64_t kvn = N_ * tpl_.groups * 2 * ash_.hd;
+  const int64_t kvn = N_ * tp_layout_.groups * 2 * att_shape_.hd;
   const Tensor qkv = mat(a.qkv, pt_, N_, QKVl_), lse = att_view(a.att);
-  const Tensor dq = f32(dq32_, N_ * Hl_), delta = f32(delta_, int64_t(B_) * tpl_.heads * T_);
-  ops::attention_delta(delta, dout, mat(a.atty, pt_, N_, Hl_), ash_);
+  const Tensor dq = f32(dq32_, N_ * Hl_), delta = f32(delta_, int64_t(B_) * tp_layout_.heads * T_);
+  ops::attention_delta(delta, dout, mat(a.atty, pt_, N_, Hl_), att_shape_);
   ops::fill_zero(dq);
   ops::fill_zero(f32(dkv_[0], kvn));
-  ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, ash_);
+  ops::attention_pack_kv(vec(kv_[0], pt_, kvn), qkv, att_shape_);
   int cur = 0;
   for (int s = 0; s < P; ++s) {
     comm::Handle h = pass_kv(s, cur, kvn);
     const Tensor kv = vec(kv_[cur], pt_, kvn), dkv = f32(dkv_[cur], kvn);
     ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
-      ops::attention_block_backward(dq, dkv, dout, qkv, lse, delta, q0, c, kv, k0, c, ash_, causal);
+      ops::attention_block_backward(dq, dkv, dout, qkv, lse, delta, q0, c, kv, k0, c, att_shape_,
+                                    causal);
     });
     cx.comm->send_recv(dkv_[cur], next, dkv_[1 - cur], prev, size_t(kvn), DType::F32, kRingDkv);
     h.wait();
     cur = 1 - cur;
   }
-  ops::attention_unpack_dqkv(dqkv, dq, f32(dkv_[cur], kvn), ash_);
+  ops::attention_unpack_dqkv(dqkv, dq, f32(dkv_[cur], kvn), att_shape_);
 }
 
 }  // namespace model_detail

@@ -200,14 +200,17 @@ class TransformerImpl final : public Transformer {
   void mlp_backward(Slot& s, int l, UnitHook* hook);
   void attn_backward(Slot& s, int l, const void* x, UnitHook* hook);
   void embed_backward(Slot& s, UnitHook* hook);
-  // The attention core (transformer_context.cc): from a.qkv (after RoPE) the output out (N, Hl)
-  // and the saved state a.att; out nullptr: the saved state only (selective recompute). Without
-  // context parallelism ops::attention_*; under Ulysses a.qkv is exchanged into the heads'
-  // layout in place (every row of this rank's share of the groups), which the backward and a
-  // selective recompute read; under ring attention the keys and values go around the group.
+  // The attention core (transformer_layers.cc): from a.qkv (after RoPE) the output out (N, Hl)
+  // and the saved state a.att; out nullptr: the saved state only (selective recompute). Under
+  // context parallelism its own path (transformer_context.cc): under Ulysses a.qkv has been
+  // exchanged into the heads' layout in place (every row of this rank's share of the groups,
+  // attn_forward), which the backward and a selective recompute read; under ring attention the
+  // keys and values go around the group.
   void attention_core_forward(const BlockActs& a, void* out);
   // dqkv (N, QKVl) from dout (N, Hl, overwritten under Ulysses) and the saved state.
   void attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
+  void context_attention_forward(const BlockActs& a, void* out);
+  void context_attention_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
   bool ring() const {
     return chunk_.context.on() && chunk_.context.impl == ContextOptions::Impl::Ring;
   }
@@ -263,7 +266,7 @@ class TransformerImpl final : public Transformer {
 
   const ModelSpec& spec_;
   const ModelConfig& cfg_;
-  const TpLayout& tpl_;
+  const TpLayout& tp_layout_;
   DType pt_, gt_;
   Device dev_;
   tp::Group own_tp_;
@@ -273,9 +276,10 @@ class TransformerImpl final : public Transformer {
   int64_t N_, Ns_;
   bool gpt2_ = true, tied_ = true;
   int64_t C_ = 0, Vl_ = 0, Fl_ = 0, FCHl_ = 0, QKVl_ = 0, Hl_ = 0;
-  ops::AttentionShape ash_;   // this rank's rows (RoPE's positions under context parallelism)
-  ops::AttentionShape cash_;  // what the attention kernels see: under Ulysses every row of T and
-                              // groups/cp groups; otherwise ash_
+  ops::AttentionShape att_shape_;  // this rank's rows (RoPE's positions under context parallelism)
+  // What the attention kernels see: under Ulysses every row of T and groups/cp groups; otherwise
+  // att_shape_.
+  ops::AttentionShape core_att_shape_;
   ops::AttentionSaved att_saved_;
   std::vector<int32_t> pos_;  // context parallelism: the positions of this rank's T rows
   ChunkOptions chunk_;
@@ -298,7 +302,6 @@ class TransformerImpl final : public Transformer {
   };
   std::vector<std::vector<Partial>> partials_;  // by unit
   std::vector<char> partial_params_;  // by param index (each in one unit): computed in scratch
-  int scratch_unit_ = -1;
 
   Arena acts_, work_;
   // Activation checkpointing: which of the chunk's blocks are fully recomputed; whether their
@@ -315,8 +318,11 @@ class TransformerImpl final : public Transformer {
   std::vector<InputSlot> input_slots_;
   void take_input_slot(Slot& s);
   void free_input_slot(Slot& s);
-  // Workspace (shared by every slot).
-  void *dres_ = nullptr, *dc_ = nullptr, *dbig_ = nullptr, *dbig2_ = nullptr;
+  // Workspace (shared by every slot). d_wide_out_ (N, max(QKVl, FCHl)): the gradient of a wide
+  // projection's output (attn.qkv's, mlp.fc's or gate_up's); d_proj_in_ (N, max(Fl, Hl)): the
+  // gradient of the input of attn.proj or mlp.down (the attention core's output, the MLP's
+  // activation).
+  void *dres_ = nullptr, *dc_ = nullptr, *d_wide_out_ = nullptr, *d_proj_in_ = nullptr;
   void *gath_ = nullptr, *part_ = nullptr;  // (N, C) each
   float* dlnf32_ = nullptr;                 // (N, C) fp32 output gradient of the final norm
   float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;
@@ -324,7 +330,7 @@ class TransformerImpl final : public Transformer {
   // Context parallelism. Ulysses: the all-to-all's send and receive buffers (N·QKVl each).
   // Ring: the keys and values in hand and those arriving (N, groups·2·hd each), their fp32
   // gradients likewise, the fp32 output and query gradients (N, Hl) and the rows' Σ dO∘O.
-  void *cpa_ = nullptr, *cpb_ = nullptr;
+  void *ulysses_send_ = nullptr, *ulysses_recv_ = nullptr;
   void* kv_[2] = {nullptr, nullptr};
   float* dkv_[2] = {nullptr, nullptr};
   float *o32_ = nullptr, *dq32_ = nullptr, *delta_ = nullptr;

@@ -46,7 +46,8 @@ void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
     const UnitSpec& unit = spec_.units[size_t(u)];
     const int64_t rows = unit.row_end - unit.row_begin;
     ops::embedding_forward(full(out), tokens, mat(acquire(hook, u), pt_, rows, C_),
-                           tpl_.vocab_begin + unit.row_begin, tpl_.vocab_begin + unit.row_end);
+                           tp_layout_.vocab_begin + unit.row_begin,
+                           tp_layout_.vocab_begin + unit.row_end);
     release(hook, u);
   }
   if (multi) {
@@ -75,13 +76,26 @@ void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook
   const Tensor ln1 = column_input(a.ln1);
   ops::linear_forward(mat(a.qkv, pt_, N_, QKVl_), ln1, param(l, R::QkvW, P, pt_),
                       param(l, R::QkvB, P, pt_));
-  if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), ash_, cfg_.rope_theta);
-  if (ulysses()) ulysses_to_heads(a.qkv, (cash_.rep + 2) * cash_.hd);
+  if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), att_shape_, cfg_.rope_theta);
+  if (ulysses()) ulysses_to_heads(a.qkv, (core_att_shape_.rep + 2) * core_att_shape_.hd);
   attention_core_forward(a, a.atty);
   const Tensor atty = mat(a.atty, pt_, N_, Hl_);
   row_parallel_forward(a.res2, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
   release(hook, ua);
   ops::add_inplace(hid(a.res2), xin);
+}
+
+void TransformerImpl::attention_core_forward(const BlockActs& a, void* out) {
+  if (chunk_.context.on()) return context_attention_forward(a, out);
+  ops::attention_forward(out != nullptr ? mat(out, pt_, N_, Hl_) : Tensor(), att_view(a.att),
+                         mat(a.qkv, pt_, N_, QKVl_), att_shape_);
+}
+
+void TransformerImpl::attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv) {
+  if (chunk_.context.on()) return context_attention_backward(a, dout, dqkv);
+  const int64_t scratch = int64_t(ops::attention_backward_scratch_floats(dev_, pt_, att_shape_));
+  ops::attention_backward(dqkv, f32(att_scratch_, scratch), dout, mat(a.qkv, pt_, N_, QKVl_),
+                          att_view(a.att), att_shape_);
 }
 
 void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook, bool project) {
@@ -137,7 +151,7 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
     // collectives are plain ones, no mapping's half: they combine the rows' statistics (every
     // rank's maximum, then Σ exp and the target logit), which have no backward of their own (the
     // backward is local: softmax − one-hot on this rank's columns, from the saved statistics).
-    const int64_t v0 = tpl_.vocab_begin, valid = tpl_.vocab_valid;
+    const int64_t v0 = tp_layout_.vocab_begin, valid = tp_layout_.vocab_valid;
     const Tensor gmax = f32(s.ce, N_), sums = mat(s.ce + N_, DType::F32, 2, N_);
     ops::vocab_ce_max(gmax, logits, valid);
     tp_->all_gather(mat(ce_all_, DType::F32, tp_->size(), N_), mat(s.ce, DType::F32, 1, N_));
@@ -155,8 +169,8 @@ std::pair<Tensor, int64_t> TransformerImpl::unit_dlogits(const Slot& s, const Un
                                                          bool compute) {
   const int64_t c0 = unit.row_begin, rows = unit.row_end - unit.row_begin;
   const Tensor logits = mat(s.logits, pt_, N_, Vl_);
-  const int64_t v0 = tp_->size() > 1 ? tpl_.vocab_begin : 0;
-  const int64_t valid = tp_->size() > 1 ? tpl_.vocab_valid : Vl_;
+  const int64_t v0 = tp_->size() > 1 ? tp_layout_.vocab_begin : 0;
+  const int64_t valid = tp_->size() > 1 ? tp_layout_.vocab_valid : Vl_;
   if (widen_dlogits_) {
     const Tensor d = mat(dlogits32_, DType::F32, N_, rows);
     ops::ce_dlogits(d, rows, logits, ids(s.targets), f32(s.ce, 3 * N_), c0, rows, v0, valid,
@@ -347,7 +361,7 @@ void TransformerImpl::mlp_backward(Slot& s, int l, UnitHook* hook) {
   void* P = acquire(hook, um);
   void* G = nullptr;
   if (fuse) begin_partials(um), G = grads_of(hook, um);
-  const Tensor d_act = mat(dbig2_, pt_, N_, Fl_);
+  const Tensor d_act = mat(d_proj_in_, pt_, N_, Fl_);
   row_parallel_backward(l, R::Fc2W, R::Fc2B, P, G, st.dfc2, mat(a.fch_act, pt_, N_, Fl_), d_act,
                         fuse);
   const Tensor dfch = mat(st.dfch, pt_, N_, FCHl_);
@@ -393,13 +407,13 @@ void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hoo
   void* P = acquire(hook, ua);
   void* G = nullptr;
   if (fuse) begin_partials(ua), G = grads_of(hook, ua);
-  const Tensor d_atty = mat(dbig2_, pt_, N_, Hl_);
+  const Tensor d_atty = mat(d_proj_in_, pt_, N_, Hl_);
   row_parallel_backward(l, R::ProjW, R::ProjB, P, G, st.dproj, mat(a.atty, pt_, N_, Hl_), d_atty,
                         fuse);
   const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
   if (chunk_.recompute.selective && !full_recompute(l)) recompute_attention(a, l);
   attention_core_backward(a, d_atty, dqkv);
-  if (!gpt2_) ops::rope_backward(dqkv, ash_, cfg_.rope_theta);
+  if (!gpt2_) ops::rope_backward(dqkv, att_shape_, cfg_.rope_theta);
   void* dln1 = fuse ? dc_ : st.dln1;
   column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, a.ln1, dln1, fuse);
   norm_backward(param(l, R::Norm1W, P, pt_), grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), dln1, x,
@@ -456,7 +470,8 @@ void TransformerImpl::embed_weight(Slot& s, Tensor denc, UnitHook* hook) {
     const UnitSpec& unit = spec_.units[size_t(u)];
     const int64_t rows = unit.row_end - unit.row_begin;
     ops::embedding_backward(mat(grads_of(hook, u), gt_, rows, C_), d, tokens,
-                            tpl_.vocab_begin + unit.row_begin, tpl_.vocab_begin + unit.row_end);
+                            tp_layout_.vocab_begin + unit.row_begin,
+                            tp_layout_.vocab_begin + unit.row_end);
     done(hook, u, true);
   }
 }

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "strata/pipeline/schedule.h"
 
@@ -29,8 +30,27 @@ enum class KillPhase {
   HangBackward
 };
 
+// What `train --fault` and `--slow` ask of the job, one rank each (tests):
+//   --fault rank=R,step=S,action=N   world rank R throws before its action N of step S;
+//   --fault rank=R,step=S,phase=P    world rank R is killed (or hangs, P hang*) in phase P of S;
+//   --slow R:SECONDS[:FROM_STEP]     world rank R computes SECONDS longer before each forward from
+//                                    step FROM_STEP (default 1) on.
+struct FaultPlan {
+  int fault_rank = -1;  // -1: no --fault
+  int64_t step = 0, action = -1;
+  KillPhase phase = KillPhase::None;
+  int slow_rank = -1;  // -1: no --slow
+  double slow_s = 0.0;
+  int64_t slow_from = 1;
+};
+// Both flags' text parsed ("" for a flag not given); an InputError naming the flag and its form.
+FaultPlan parse_fault_plan(const std::string& fault, const std::string& slow);
+
 class FaultInjector {
  public:
+  // The injector world rank `rank` runs for `plan` (none where the plan names another rank).
+  static FaultInjector for_rank(const FaultPlan& plan, int rank);
+
   // The step numbered `step` (1-based) throws a runtime Error just before this rank's action
   // number `action` of it. step 0: none.
   void throw_at(int64_t step, size_t action) { throw_step_ = step, throw_action_ = action; }

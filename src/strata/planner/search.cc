@@ -8,15 +8,15 @@
 #include <tuple>
 
 #include "strata/comm/topology.h"
+#include "strata/config/config.h"
 #include "strata/core/check.h"
+#include "strata/cost/predict.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
 #include "strata/pipeline/executor.h"
 #include "strata/pipeline/partition.h"
 #include "strata/pipeline/schedule.h"
 #include "strata/pipeline/schedule_check.h"
-#include "strata/plan/predict.h"
-#include "strata/train/config.h"
 #include "strata/train/engine.h"
 
 namespace strata::planner {
@@ -158,37 +158,6 @@ std::vector<Candidate> enumerate(const PlanInput& in) {
   return out;
 }
 
-namespace {
-
-// Bytes of one stage's rank, by category, and what its compute is made of.
-struct StageCost {
-  std::array<size_t, kNumMemCategories> bytes{};
-  double forward_flops = 0;    // per micro-batch, this rank
-  double recompute_flops = 0;  // per micro-batch
-  // Of those, causal attention's scores and values (4·T²·width a block and sequence), which run
-  // at the attention kernels' rate rather than a GEMM's.
-  double attention_flops = 0, attention_recompute_flops = 0;
-  double gemm_call_flops = 0;    // a typical GEMM's FLOPs (its efficiency)
-  double gemm_rows = 0;          // and its rows: the micro-batch's tokens here
-  double elementwise_bytes = 0;  // per micro-batch forward: norms, activations, residuals
-  // Zero-bubble schedules, per micro-batch: what the deferred weight pass stashes and reads back
-  // (each linear's output gradient written and read again, its input read again).
-  double deferred_bytes = 0;
-  int blocks = 0;
-  int64_t numel = 0;  // this rank's parameter elements
-  uint64_t tp_bytes = 0;
-  int tp_collectives = 0;  // per micro-batch
-  // Context parallelism, per micro-batch: bytes of the exchanges the compute waits for, their
-  // calls, and the ring's key/value passes (overlapped with the blocks' compute).
-  double cp_bytes = 0, cp_overlapped_bytes = 0;
-  int cp_collectives = 0;
-  double forward_calls = 0;  // kernel calls per micro-batch forward
-  int units = 0;             // ZeRO's units held here
-  int gathered_units = 0;    // of which stage 3 gathers (above the persistence threshold)
-};
-
-}  // namespace
-
 // What depends only on the model's cut (tp, stages, virtual stages, shard group, stage): built
 // once per plan and shared by every candidate with that cut.
 struct SpecCache {
@@ -241,16 +210,16 @@ struct SpecCache {
 
 namespace {
 
-StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c, int stage,
-                     int shard, bool zero, Device device, SpecCache& cache) {
-  StageCost s;
+cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c, int stage,
+                           int shard, bool zero, Device device, SpecCache& cache) {
+  cost::StageWork s;
   SpecCache::Entry& entry =
       cache.at(cfg, c.tp, c.pp, c.pp > 1 ? c.virtual_stages : 1, shard, stage);
   const ModelSpec& spec = entry.spec;
   const pipeline::StagePlan& plan = entry.plan;
-  plan::Layout layout = plan_layout(cfg);
+  cost::Layout layout = cost::layout_of(cfg);
   layout.local_ranks = in.cluster.per_node;
-  const plan::MemoryPrediction m = plan::predict_memory(layout, spec, zero ? int(spec.align) : 0);
+  const cost::MemoryPrediction m = cost::predict_memory(layout, spec, zero ? int(spec.align) : 0);
   s.bytes = m.bytes;
   s.numel = spec.numel;
   for (const UnitSpec& u : spec.units) {
@@ -353,12 +322,12 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   }
   // Tensor-parallel traffic: the step's (one stage's share of the blocks), per micro-batch.
   if (c.tp > 1) {
-    plan::Layout one = layout;
+    cost::Layout one = layout;
     one.accumulation = 1;
     one.seq_len = int64_t(T);  // this rank's rows
     const ModelSpec& whole = cache.at(cfg, c.tp, 1, 1, shard, 0).spec;
     const double share = double(s.blocks) / double(std::max(1, cfg.model.layers));
-    s.tp_bytes = uint64_t(double(plan::predict_tp_bytes(one, whole)) * share);
+    s.tp_bytes = uint64_t(double(cost::predict_tp_bytes(one, whole)) * share);
     s.tp_collectives = 4 * s.blocks + (c.sequence_parallel ? 2 * s.blocks : 0) + 2;
   }
   // Context parallelism, per micro-batch and block: Ulysses' all-to-alls of the QKV and the
@@ -398,24 +367,6 @@ StageCost stage_cost(const PlanInput& in, const Config& cfg, const Candidate& c,
   return s;
 }
 
-// Stage 3: how often a step gathers each unit of the stage. Released after each use
-// (stage3_reshard_after_forward): for every micro-batch's forward and backward, and for a full
-// recompute (twice under zero-bubble: its weight-gradient pass recomputes again). Kept for the
-// step: once.
-double stage3_gather_passes(const Config& cfg, const StageCost& sc, int64_t micro) {
-  if (!cfg.zero.stage3_reshard_after_forward) return 1.0;
-  const bool split =
-      cfg.parallelism.pipeline > 1 &&
-      pipeline::parse_schedule(cfg.parallelism.schedule) == pipeline::ScheduleKind::ZeroBubble;
-  const double recompute = sc.recompute_flops > 0 ? (split ? 2.0 : 1.0) : 0.0;
-  return double(micro) * (2.0 + recompute);
-}
-
-// Seconds of a collective moving `bytes` per rank in `steps` messages over a link.
-double collective_s(const Link& l, double bytes, int steps) {
-  return bytes <= 0 ? 0.0 : l.alpha_s * steps + bytes / l.bytes_per_s;
-}
-
 }  // namespace
 
 Row evaluate(const PlanInput& in, const Candidate& c) {
@@ -439,17 +390,11 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     const int shard = shard_group_size(cfg, c.dp * c.cp, dp_group);
     check_pipeline_layout(cfg, c.pp);
     const bool zero = zero_in_effect(cfg, dp_group);
-    const DeviceProfile& d = in.device;
+    const cost::DeviceProfile& d = in.device;
     const Device device = d.gpu ? Device::CUDA : Device::CPU;
-    // CPU ranks share a node's cores: each op is timed at the speed a rank has while at most
-    // `running` ranks run at once (one thread each once the ranks outnumber the cores); the ranks
-    // beyond them take turns, which the node's busy time bounds below (cores_bound_s).
-    const int sharing = d.gpu ? 1 : in.cluster.per_node;
-    const int running = d.gpu ? 1 : std::min(sharing, std::max(1, d.cores));
-    const DType pt = cfg.param_dtype();
 
     // Memory: the stage whose rank holds the most.
-    std::vector<StageCost> stages;
+    std::vector<cost::StageWork> stages;
     Prediction& p = r.p;
     for (int s = 0; s < c.pp; ++s) {
       stages.push_back(stage_cost(in, cfg, c, s, shard, zero, device, cache));
@@ -475,266 +420,23 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
                        "out of memory: ", format_bytes(p.node_host_bytes), " per node exceeds its ",
                        format_bytes(d.host_memory_bytes), " of host memory");
 
-    // Time: each stage's forward and backward per micro-batch, with its tensor-parallel
-    // collectives; the schedule checker gives the span with the bubble and the sends.
-    const Link& intra = d.intra_node;
-    const Link& inter = d.inter_node;
-    const Link& tp_link = intra;  // check_tp_within_hosts holds
-    const bool pp_intra = int64_t(c.tp) * c.cp * c.dp * c.pp <= in.cluster.per_node;
-    const bool dp_intra = int64_t(c.tp) * c.cp * c.dp <= in.cluster.per_node;
-    const Link& cp_link = int64_t(c.tp) * c.cp <= in.cluster.per_node ? intra : inter;
-    const int m = int(cfg.gradient_accumulation_steps);
-    std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)), tpc(size_t(c.pp));
-    std::vector<double> cpc(size_t(c.pp)), wgrad(size_t(c.pp));
-    for (int s = 0; s < c.pp; ++s) {
-      const StageCost& sc = stages[size_t(s)];
-      const double eff_call = sc.gemm_call_flops;
-      auto gemm = [&](double f) {
-        // Calls of the typical size: their count times one call's time.
-        const double calls = std::max(1.0, f / std::max(1.0, eff_call));
-        return calls * d.gemm_seconds(f / calls, sc.gemm_rows, pt, running);
-      };
-      const double ew = d.elementwise_seconds(sc.elementwise_bytes, cfg.model.family, running);
-      // Ring attention computes in blocks of a zig-zag chunk's rows (T / 2cp) against another's.
-      const double Tw = double(cfg.model.seq_len) / (c.context_impl == "ring" ? 2.0 * c.cp : 1.0);
-      auto attention = [&](double f) {
-        return d.attention_flops.empty() ? gemm(f) : d.attention_seconds(f, Tw, pt, running);
-      };
-      const double tp_s =
-          c.tp > 1 ? collective_s(tp_link, double(sc.tp_bytes), sc.tp_collectives * 2 * (c.tp - 1))
-                   : 0.0;
-      const double calls = d.overhead_seconds(sc.forward_calls, running);
-      // The ring's key/value passes hide behind the blocks' compute where it is longer.
-      const double cp_s = c.cp > 1
-                              ? collective_s(cp_link, sc.cp_bytes, sc.cp_collectives) +
-                                    std::max(0.0, collective_s(cp_link, sc.cp_overlapped_bytes, 0) -
-                                                      gemm(3 * sc.forward_flops))
-                              : 0.0;
-      const double linear = sc.forward_flops - sc.attention_flops;
-      fwd[size_t(s)] =
-          gemm(linear) + attention(sc.attention_flops) + ew + calls + tp_s / 2 + cp_s / 2;
-      rec[size_t(s)] = sc.recompute_flops > 0
-                           ? gemm(sc.recompute_flops - sc.attention_recompute_flops) +
-                                 attention(sc.attention_recompute_flops) + ew + calls
-                           : 0.0;
-      bwd[size_t(s)] = gemm(2 * linear) + attention(2 * sc.attention_flops) + 2 * ew + 2 * calls +
-                       tp_s / 2 + cp_s / 2 + rec[size_t(s)];
-      tpc[size_t(s)] = tp_s;
-      cpc[size_t(s)] = cp_s;
-      // Of the backward, the weight gradients' GEMMs (zero-bubble schedules defer them): the
-      // elementwise kernels, attention and the input gradients' GEMMs stay with the input pass.
-      const double stash = d.memory_seconds(sc.deferred_bytes, running);
-      wgrad[size_t(s)] = gemm(linear) + stash;
-      bwd[size_t(s)] += stash;
-    }
-    size_t slowest = 0;
-    for (size_t s = 1; s < fwd.size(); ++s) {
-      if (fwd[s] + bwd[s] > fwd[slowest] + bwd[slowest]) slowest = s;
-    }
-    p.compute_s = m * (fwd[slowest] + bwd[slowest] - tpc[slowest] - cpc[slowest]);
-    p.recompute_s = m * rec[slowest];
-    p.tp_comm_s = m * tpc[slowest];
-    p.cp_comm_s = m * cpc[slowest];
-    double span = m * (fwd[slowest] + bwd[slowest]);
-    // The schedule as simulated (one stage: its micro-batches in a row), kept for the cores' share.
-    pipeline::ScheduleSpec sim_spec{pipeline::ScheduleKind::OneFOneB, 1, m, 1};
-    pipeline::Costs sim_costs{fwd[0], bwd[0], 0.0, 0.0};
-    std::vector<double> sim_scale;
+    // Time: the cost model's (cost/step_time.h) over the stages' work.
+    cost::StepShape shape;
+    shape.world = world, shape.per_node = in.cluster.per_node;
+    shape.dp = c.dp, shape.tp = c.tp, shape.pp = c.pp, shape.cp = c.cp;
+    shape.context_impl = c.context_impl, shape.sequence_parallel = c.sequence_parallel;
+    shape.micro_batch = c.micro_batch, shape.accumulation = c.accumulation;
+    shape.shard = shard, shape.zero = zero;
     if (c.pp > 1) {
       const pipeline::ExecutorOptions o = executor_options(cfg, 0, c.pp);
-      const double msg = double(pipeline::pipeline_message_bytes(o, c.tp, c.sequence_parallel));
-      const Link& pl = pp_intra ? intra : inter;
-      const int v = o.virtual_stages;
-      double mean_f = 0, mean_b = 0, mean_w = 0;
-      for (int s = 0; s < c.pp; ++s) {
-        mean_f += fwd[size_t(s)], mean_b += bwd[size_t(s)], mean_w += wgrad[size_t(s)];
-      }
-      mean_f /= c.pp, mean_b /= c.pp, mean_w /= c.pp;
-      std::vector<double> scale;
-      for (int s = 0; s < c.pp; ++s) {
-        scale.push_back((fwd[size_t(s)] + bwd[size_t(s)]) / std::max(1e-30, mean_f + mean_b));
-      }
-      pipeline::Costs costs;
-      costs.forward = mean_f / v;
-      const bool split = o.schedule == pipeline::ScheduleKind::ZeroBubble;
-      costs.backward_input = split ? (mean_b - mean_w) / v : mean_b / v;
-      costs.backward_weight = split ? mean_w / v : 0.0;
-      costs.send = pl.seconds(msg);
-      const pipeline::ScheduleSpec spec{o.schedule, c.pp, m, v};
-      const pipeline::CheckResult chk =
-          pipeline::check(spec, pipeline::generate(spec), costs, 0, scale);
-      span = chk.makespan;
-      p.bubble_fraction = chk.bubble_fraction;
-      sim_spec = spec, sim_costs = costs, sim_scale = scale;
-      p.pp_comm_s = 2.0 * m * v * costs.send;
+      shape.schedule = o.schedule, shape.virtual_stages = o.virtual_stages;
+      shape.message_bytes = double(pipeline::pipeline_message_bytes(o, c.tp, c.sequence_parallel));
     }
-    p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s - p.cp_comm_s);
-
-    // Data parallel and ZeRO, over the slowest stage's parameters.
-    const StageCost& sc = stages[slowest];
-    const double wire = double(dtype_size(cfg.comm_dtype()));
-    const double elems = double(sc.numel);
-    const int dpn = c.dp * c.cp;  // the gradients' group
-    const Link& dl = dp_intra ? intra : inter;
-    const double f = dpn > 1 ? double(dpn - 1) / dpn : 0.0;
-    double reduce = 0, gather = 0, gather_per_pass = 0;
-    // The reductions' own streaming work on the rank: the gradients converted to the wire dtype
-    // and back, the received chunks summed, and at stages 2-3 (on every micro-batch) the owned
-    // chunk added into the gradient partition and the unit's buffer zeroed for the next one.
-    const DType gt = executor_options(cfg, 0, c.pp).grad_dtype;
-    const double gsz = double(dtype_size(gt));
-    const double convert = gt != cfg.comm_dtype() ? gsz + wire : 0.0;  // bytes an element
-    double local_bytes = 0;
-    if (dpn > 1) {
-      if (!zero || cfg.zero.stage == 0) {
-        reduce = collective_s(dl, 2.0 * f * elems * wire, 2 * (dpn - 1));
-        local_bytes = 2.0 * convert * elems + 3.0 * wire * f * elems;
-      } else {
-        const int g = shard;
-        const double fg = double(g - 1) / g;
-        const Link& sl = int64_t(c.tp) * g <= in.cluster.per_node ? intra : inter;
-        reduce = collective_s(sl, fg * elems * wire, g - 1);
-        if (g < dpn) {  // MiCS: the shards' gradients are summed across replicas
-          reduce +=
-              collective_s(dl, 2.0 * (1.0 - 1.0 / (dpn / g)) * elems / g * wire, 2 * (dpn / g - 1));
-        }
-        local_bytes = convert * (elems + elems / g) + 3.0 * wire * fg * elems;
-        if (cfg.zero.stage >= 2) {
-          local_bytes = m * (local_bytes + 3.0 * gsz * elems / g + gsz * elems);
-        }
-        if (cfg.zero.stage <= 2) {
-          gather = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
-          if (cfg.zero.stage == 2) reduce *= m;  // a reduce-scatter per unit and micro-batch
-        } else {
-          // Stage 3: every micro-batch gathers each unit for forward and again for backward
-          // (and for recompute), and reduce-scatters its gradients; without
-          // stage3_reshard_after_forward each unit is gathered once per step.
-          gather_per_pass = collective_s(sl, fg * elems * double(dtype_size(pt)), g - 1);
-          gather = stage3_gather_passes(cfg, sc, m) * gather_per_pass;
-          reduce *= m;
-        }
-      }
+    for (int rank = 0; rank < world; ++rank) {
+      shape.stage_of_rank.push_back(grid.coord(rank).at(comm::Axis::PP));
     }
-    if (dpn == 1 && zero) {
-      // ZeRO over a group of one still reduces through a one-rank reduce-scatter, bytes an
-      // element: the gradients converted to the wire where it differs (convert), MPI's copy of
-      // them (2 wire), and back through scratch, the result overlapping the input (wire + gsz).
-      // Stage 1 once a step; stages 2-3 on every micro-batch, adding the result into the
-      // partition (3 gsz) and zeroing the unit buffer handed to backward (gsz).
-      // (GPT-2, C 384, dp 1 tp 2+sp pp 2 on 4 ranks of 2 cores: ZeRO-1 measured 1-6% slower than
-      // ZeRO-0 in each of six pairs of layouts otherwise the same, which the model priced equal.)
-      const double one_rank = elems * (convert + 2.0 * wire + wire + gsz);
-      local_bytes =
-          cfg.zero.stage == 1 ? one_rank : m * (one_rank + 3.0 * gsz * elems + gsz * elems);
-    }
-    // That work takes the rank's own cores (a GPU's memory) beside its compute: never hidden.
-    const double reduce_work = d.memory_seconds(local_bytes, running);
-    p.dp_comm_s = reduce + gather + reduce_work;
-    const bool overlap = cfg.zero.overlap_comm;  // the parser applies DeepSpeed's default
-    const double last_backward = bwd[slowest];
-    if (cfg.zero.stage == 3 && zero) {
-      // Prefetched gathers hide behind the compute they precede; reductions behind backward.
-      const double hidden = overlap ? m * (fwd[slowest] + bwd[slowest]) : 0.0;
-      p.dp_exposed_s = reduce_work + std::max(0.0, reduce + gather - hidden);
-    } else {
-      // Stage 2 reduces on every micro-batch, behind that micro-batch's backward.
-      const double hidden = (cfg.zero.stage == 2 && zero ? m : 1) * last_backward;
-      p.dp_exposed_s = reduce_work + gather + (overlap ? std::max(0.0, reduce - hidden) : reduce);
-    }
-    // The optimizer reads and writes the fp32 master, the moments and the gradient of each
-    // element it owns, and writes the parameter.
-    const double owned = zero ? elems / shard : elems;
-    p.optimizer_s = d.memory_seconds(owned * (4.0 * 4 * 2 + double(dtype_size(pt))), running);
-    p.model_step_s = span + p.dp_exposed_s + p.optimizer_s;
-    if (sharing > running) {
-      // More ranks than cores: strata launch pins local rank l to core l mod cores, and a rank
-      // waiting (in a bubble, on a peer) leaves its core to those with work. The schedule is
-      // simulated with each stage's ranks sharing their cores with the stages runnable at each
-      // moment; after its list each rank does its data-parallel collectives' work (on one host
-      // they are the cores' copies and sums, overlapped or not). The gradients' global norm then
-      // waits for every rank, and all of them take their optimizer step at once, as many to a
-      // core as the busiest core holds.
-      std::vector<std::vector<int>> rank_cpu(size_t(c.pp));
-      std::vector<double> node_busy(
-          size_t((world + in.cluster.per_node - 1) / in.cluster.per_node));
-      for (int rank = 0; rank < world; ++rank) {
-        const size_t s = size_t(grid.coord(rank).at(comm::Axis::PP));
-        const int node = rank / in.cluster.per_node, local = rank % in.cluster.per_node;
-        rank_cpu[s].push_back(node * running + local % running);
-        node_busy[size_t(node)] += m * (fwd[s] + bwd[s]) + p.dp_comm_s + p.optimizer_s;
-      }
-      // The node's busy core-seconds over its cores: what the step would be were no core idle.
-      p.cores_bound_s = *std::max_element(node_busy.begin(), node_busy.end()) / running;
-      const std::vector<double> tail(size_t(c.pp), p.dp_comm_s);
-      // The columns at the rank's share of the cores: its compute and its optimizer step take
-      // sharing / running times as long, the bubble is what remains.
-      const double turns = double(sharing) / running;
-      p.compute_s *= turns, p.recompute_s *= turns, p.optimizer_s *= turns;
-      const pipeline::SharedResult sim = pipeline::shared_makespan(
-          sim_spec, pipeline::generate(sim_spec), sim_costs, sim_scale, rank_cpu, tail);
-      p.model_step_s = sim.makespan + p.optimizer_s;
-      for (int s = 0; s < c.pp; ++s) {
-        const StageCost& st = stages[size_t(s)];
-        p.contended_collectives =
-            std::max(p.contended_collectives,
-                     double(m) * sim.contended[size_t(s)] *
-                         ((c.tp > 1 ? st.tp_collectives : 0.0) + st.cp_collectives));
-      }
-      p.bubble_s = std::max(0.0, p.model_step_s - p.compute_s - p.tp_comm_s - p.cp_comm_s -
-                                     p.dp_exposed_s - p.optimizer_s);
-    }
-    // The calls the critical rank makes per step, which a step fit prices: tensor-parallel
-    // collectives per micro-batch; the data-parallel reductions (stage 0: buckets once; 1: a
-    // reduce-scatter per unit and the gather after the step; 2: a reduce-scatter per unit and
-    // micro-batch; 3: also a gather per gathered unit and pass); MiCS's replica sums; pipeline
-    // sends and receives. Stage 3's parameter gathers are counted apart: the compute waits on them.
-    double coll = c.tp > 1 ? double(m) * sc.tp_collectives : 0.0;
-    coll += double(m) * sc.cp_collectives;
-    if (dpn > 1 || zero) {  // ZeRO on a group of one still runs its reductions
-      const double units = sc.units;
-      if (!zero || cfg.zero.stage == 0) {
-        const int64_t bucket = cfg.zero.reduce_bucket_size;
-        coll += bucket > 0 ? std::ceil(double(sc.numel) / double(bucket)) : units;
-      } else if (cfg.zero.stage == 1) {
-        coll += 2.0 * units;
-      } else if (cfg.zero.stage == 2) {
-        coll += double(m) * units + units;
-      } else {
-        p.gathers = stage3_gather_passes(cfg, sc, m) * sc.gathered_units;
-        coll += double(m) * units + (units - sc.gathered_units);
-      }
-      if (zero && shard < dpn) coll += units;
-    }
-    p.collectives = coll;
-    // Tensor-parallel collectives that run while overlap_comm's data-parallel reductions are in
-    // flight on the communication thread: on cores the ranks share, each waits for a peer the
-    // reductions' thread competes with.
-    if (c.tp > 1 && overlap && (dpn > 1 || zero)) {
-      p.tp_beside_reductions = double(m) * sc.tp_collectives;
-    }
-    // Kernel calls: a backward makes about two of each forward call, a full recompute one more.
-    p.kernel_calls = double(m) * sc.forward_calls * (3.0 + (sc.recompute_flops > 0 ? 1.0 : 0.0));
-    if (c.pp > 1) {
-      const int v = c.virtual_stages;
-      p.messages = double(m) * v * (c.pp > 2 || v > 1 ? 4.0 : 2.0);
-    }
-    p.step_s = p.model_step_s;
-    if (const StepFit* f = d.gpu ? nullptr : d.step_fit(in.cluster.per_node)) {
-      p.step_s = f->model_scale * p.model_step_s + f->per_collective_s * p.collectives +
-                 f->per_message_s * p.messages + f->per_call_s * p.kernel_calls +
-                 f->per_gather_s * p.gathers + f->per_tp_beside_s * p.tp_beside_reductions +
-                 f->per_contended_s * p.contended_collectives + f->per_step_s;
-    }
-    const double tokens = double(c.micro_batch * c.accumulation * c.dp) * cfg.model.seq_len;
-    p.tokens_per_s = tokens / p.step_s;
-    const double per_token = 6.0 * double(cache.at(cfg, 1, 1, 1, 1, 0).spec.global_param_numel) +
-                             12.0 * cfg.model.layers * cfg.model.hidden * cfg.model.seq_len;
-    const double best = std::max({d.fp32_flops, d.bf16_flops, d.fp16_flops});
-    const double machine = d.gpu ? best * world
-                                 : best * double(std::max(1, d.cores)) /
-                                       std::max(1, d.threads_per_rank) *
-                                       std::ceil(double(world) / in.cluster.per_node);
-    p.mfu = per_token * p.tokens_per_s / machine;
+    shape.param_numel = double(cache.at(cfg, 1, 1, 1, 1, 0).spec.global_param_numel);
+    static_cast<cost::StepTime&>(p) = cost::predict_step_time(cfg, d, shape, stages);
   } catch (const InputError& e) {
     r.reason = e.what();
     if (r.reason.empty()) r.reason = "refused";
@@ -793,7 +495,7 @@ std::string explain(const PlanInput& in, const Row& r) {
                   p.model_step_s, p.cores_bound_s);
     s += line;
   }
-  if (const StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {
+  if (const cost::StepFit* f = in.device.gpu ? nullptr : in.device.step_fit(in.cluster.per_node)) {
     std::snprintf(
         line, sizeof line,
         "fitted at %d ranks per node (%s): %.4f s = %.3f x the model's %.4f s + %.0f "

@@ -1,10 +1,11 @@
-// The layout planner behind `strata plan` (DESIGN.md §7): every layout a config's model and
+// The layout planner behind `strata plan` (DESIGN.md §8): every layout a config's model and
 // global batch allow on a cluster, each either refused with the first reason train would give
 // (train's own config parser, batch resolution and layout checks) or predicted: memory per rank
-// by category from the same functions the engine allocates by (plan::predict_memory for the model
+// by category from the same functions the engine allocates by (cost::predict_memory for the model
 // states, the chunks' arena layout for activations, workspace and checkpoints, the pipeline's
-// buffers), and step time as compute + pipeline bubble + exposed communication, timed against a
-// device profile (device_profile.h). Rows are ranked by predicted step time.
+// buffers), and step time as compute + pipeline bubble + exposed communication by the cost
+// model (cost/step_time.h) against a device profile (cost/device_profile.h). Rows are ranked by
+// predicted step time.
 #pragma once
 
 #include <array>
@@ -15,7 +16,8 @@
 #include <vector>
 
 #include "strata/core/memory.h"
-#include "strata/planner/device_profile.h"
+#include "strata/cost/device_profile.h"
+#include "strata/cost/step_time.h"
 
 namespace strata::planner {
 
@@ -42,45 +44,15 @@ struct Candidate {
 // "dp4 tp2 pp2/1f1b z1 mb2x4 sp rc=full" and the like.
 std::string describe(const Candidate& c);
 
-struct Prediction {
+// A layout's prediction: its memory by category (the stage whose rank holds the most), and its
+// step's time by part (cost/step_time.h).
+struct Prediction : cost::StepTime {
   std::array<size_t, kNumMemCategories> bytes{};  // the rank of the stage with the most memory
   size_t device_bytes = 0;     // of those, what lives in device memory (not HostCheckpoints)
   size_t node_host_bytes = 0;  // host memory of one node's ranks (CPU ranks: everything)
   int worst_stage = 0;
   // Every stage's rank (tensor-parallel rank 0), by category.
   std::vector<std::array<size_t, kNumMemCategories>> stage_bytes;
-  // One optimizer step, seconds: the pipeline's span (compute with its tensor-parallel and
-  // point-to-point communication, and the bubble), plus exposed data-parallel communication and
-  // the optimizer.
-  double compute_s = 0;        // the slowest stage's forward, backward and recompute
-  double recompute_s = 0;      // of which recompute
-  double tp_comm_s = 0;        // tensor-parallel collectives (all exposed)
-  double cp_comm_s = 0;        // context-parallel exchanges (Ulysses' all-to-alls, the ring's
-                               // gradient hops; the ring's key/value passes overlap compute)
-  double pp_comm_s = 0;        // pipeline sends of the slowest stage
-  double bubble_s = 0;         // the span beyond the slowest stage's own work
-  double bubble_fraction = 0;  // the schedule checker's, over every stage
-  double dp_comm_s = 0;        // data-parallel / ZeRO collectives
-  double dp_exposed_s = 0;     // of which not hidden behind backward
-  double optimizer_s = 0;
-  // CPU ranks outnumbering their node's cores: the busiest node's compute and optimizer
-  // core-seconds over its cores, a floor under the step (0 otherwise). The columns above are then
-  // at a rank's share of the cores, and the bubble what the simulated step leaves beyond them.
-  double cores_bound_s = 0;
-  double model_step_s = 0;  // the sum of the above (simulated on shared cores): the model's step
-  // Per step on the critical rank: collective calls (but for stage 3's parameter gathers, counted
-  // apart), pipeline sends and receives, kernel calls.
-  double collectives = 0, gathers = 0, messages = 0, kernel_calls = 0;
-  // Of the tensor-parallel collectives, those beside overlap_comm's background reductions.
-  double tp_beside_reductions = 0;
-  // CPU ranks outnumbering the cores: the tensor- and context-parallel collectives issued while
-  // the group's cores also run another stage's ranks (pipeline::SharedResult::contended), whose
-  // peers the scheduler may have switched away from.
-  double contended_collectives = 0;
-  // The model's step, or where the device profile has a step fit for these ranks per node, the
-  // fit's (device_profile.h).
-  double step_s = 0;
-  double tokens_per_s = 0, mfu = 0;
 };
 
 struct Row {
@@ -93,7 +65,7 @@ struct Row {
 struct PlanInput {
   nlohmann::json base;  // the user's config (DeepSpeed-style JSON)
   Cluster cluster;
-  DeviceProfile device;
+  cost::DeviceProfile device;
 };
 
 // Every candidate for the base config's model and train_batch_size on the cluster (an

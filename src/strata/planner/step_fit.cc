@@ -58,13 +58,13 @@ bool solve(const std::vector<StepSample>& samples, unsigned mask, std::array<dou
 
 }  // namespace
 
-double fitted_step(const StepFit& f, const StepSample& s) {
+double fitted_step(const cost::StepFit& f, const StepSample& s) {
   return f.model_scale * s.model_s + f.per_collective_s * s.collectives +
          f.per_message_s * s.messages + f.per_call_s * s.calls + f.per_gather_s * s.gathers +
          f.per_tp_beside_s * s.tp_beside + f.per_contended_s * s.contended + f.per_step_s;
 }
 
-StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
+cost::StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
   STRATA_INPUT_CHECK(samples.size() >= size_t(kTerms), "a step fit needs at least ", kTerms,
                      " measured probes, got ", samples.size(),
                      "; give --fit a larger K (or fix the probes that failed)");
@@ -90,7 +90,7 @@ StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node) {
     if (r < best) best = r, best_x = x;
   }
   STRATA_CHECK(std::isfinite(best), "no non-negative step fit exists for these probes");
-  StepFit f;
+  cost::StepFit f;
   f.ranks_per_node = ranks_per_node;
   f.model_scale = best_x[0];
   f.per_collective_s = best_x[1];

@@ -1,5 +1,5 @@
-// Fitting a step fit (device_profile.h: StepFit) to measured steps: non-negative least squares of
-// step = a·model + b·collectives + g·gathers + c·messages + e·kernel calls + h·tp collectives
+// Fitting a step fit (cost/device_profile.h: StepFit) to measured steps: non-negative least squares
+// of step = a·model + b·collectives + g·gathers + c·messages + e·kernel calls + h·tp collectives
 // beside background reductions + k·contended tp/cp collectives + d over probe layouts,
 // each probe's residual relative to its measured step (relative error is what the planner is
 // judged by) and weighted by the probe's weight.
@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "strata/planner/device_profile.h"
+#include "strata/cost/device_profile.h"
 
 namespace strata::planner {
 
@@ -22,9 +22,9 @@ struct StepSample {
 // The fit with the least weighted sum of squared relative residuals among those with every
 // coefficient >= 0 (every subset of the eight terms solved exactly: 255). At least 8 samples with a
 // measured step > 0 (an InputError otherwise).
-StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node);
+cost::StepFit fit_step(const std::vector<StepSample>& samples, int ranks_per_node);
 
 // The fit's step for a sample.
-double fitted_step(const StepFit& f, const StepSample& s);
+double fitted_step(const cost::StepFit& f, const StepSample& s);
 
 }  // namespace strata::planner

@@ -1,4 +1,4 @@
-// What strata report reads from a run directory: <run_dir>/metrics.jsonl (train/metrics.h, one
+// What strata report reads from a run directory: <run_dir>/metrics.jsonl (monitor/metrics.h, one
 // JSON object per step, written by rank 0) and <run_dir>/run.json (the config, layout and model
 // train writes at start; absent for runs that predate it).
 #pragma once

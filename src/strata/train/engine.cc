@@ -5,14 +5,14 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/flight_recorder.h"
+#include "strata/config/weight_decay.h"
 #include "strata/core/check.h"
+#include "strata/cost/predict.h"
 #include "strata/data/sampler.h"
 #include "strata/data/token_dataset.h"
 #include "strata/kernels/ops.h"
 #include "strata/optim/lr_schedule.h"
 #include "strata/pipeline/partition.h"
-#include "strata/plan/predict.h"
-#include "strata/train/weight_decay.h"
 #include "strata/zero/zero_sync.h"
 
 namespace strata {
@@ -50,9 +50,9 @@ ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
 // its schedule, for every micro-batch and chunk) and of an evaluation, recorded from the chunks'
 // own passes run dry: a pure function of (model, layout, schedule), the same on every rank of a
 // shard group.
-ZeroOptions zero_options_of(const Config& cfg, const plan::Layout& layout, const ModelSpec& spec,
+ZeroOptions zero_options_of(const Config& cfg, const ModelSpec& spec,
                             const pipeline::StagePlan& plan, int stage, int stages) {
-  ZeroOptions o = plan::zero_options(layout);
+  ZeroOptions o = zero_options(cfg);
   if (o.stage != 3) return o;
   const pipeline::ExecutorOptions eo = executor_options(cfg, stage, stages);
   GatherRecorder step, eval;
@@ -77,7 +77,7 @@ pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int sta
   o.context.impl =
       p.context_impl == "ring" ? ContextOptions::Impl::Ring : ContextOptions::Impl::Ulysses;
   o.param_dtype = cfg.param_dtype();
-  o.grad_dtype = cfg.fp16.enabled || cfg.bf16.enabled ? cfg.grad_accum_dtype : DType::F32;
+  o.grad_dtype = cfg.grad_dtype();
   o.recompute = recompute_options(cfg);
   o.timeout_s = p.timeout_s;
   o.tied_embeddings = cfg.model.tied_embeddings;
@@ -160,8 +160,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
                " before building the engine");
   const ModelConfig& m = cfg_.model;
   const DType pt = cfg_.param_dtype();
-  const DType gt = grad_dtype_ =
-      cfg_.fp16.enabled || cfg_.bf16.enabled ? cfg_.grad_accum_dtype : DType::F32;
+  const DType gt = grad_dtype_ = cfg_.grad_dtype();
   if (dataset != nullptr) {
     sampler_ = std::make_unique<data::Sampler>(*dataset, m.seq_len, cfg_.train.seed);
     sampler_->check_vocab(m.vocab);
@@ -169,8 +168,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
 
   const bool zero = zero_in_effect(cfg_, dp_);
   const int stage = zero ? cfg_.zero.stage : 0;
-  const plan::Layout layout = plan_layout(cfg_);
-  plan::check_fits_in_memory(layout, spec_, zero ? int(spec_.align) : 0);
+  cost::check_fits_in_memory(cost::layout_of(cfg_), spec_, zero ? int(spec_.align) : 0);
   if (stage < 3) params_ = Buffer(MemCategory::Params, size_t(spec_.numel) * dtype_size(pt));
   if (stage < 2) grads_ = Buffer(MemCategory::Grads, size_t(spec_.numel) * dtype_size(gt));
   if (zero) {
@@ -189,7 +187,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     // The master and moments hold only the owned chunks; each rank initialises its owned
     // elements (a pure function of seed, name and index), then the units are gathered.
     sync_ = std::make_unique<ZeroSync>(*shard_, replica_comm_.get(), spec_,
-                                       zero_options_of(cfg_, layout, spec_, plan_, stage_, stages_),
+                                       zero_options_of(cfg_, spec_, plan_, stage_, stages_),
                                        params_.data(), grads_.data());
     const ZeroPartition& part = sync_->partition();
     optimizer_ =
@@ -250,7 +248,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     if (c != nullptr) c->set_polled_background(beside);
   }
   if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
-    ZeroOptions o = plan::zero_options(layout);
+    ZeroOptions o = zero_options(cfg_);
     o.stage = 0;
     sync_ = std::make_unique<ZeroSync>(*dp_, nullptr, spec_, o, params_.data(), grads_.data());
   }
@@ -353,85 +351,110 @@ std::pair<const int32_t*, const int32_t*> Engine::context_rows(const int32_t* in
 }
 
 StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets) {
-  using clock = std::chrono::steady_clock;
-  auto t0 = clock::now();
-  MemoryTracker::instance().reset_peaks();
-  const int64_t gbs = cfg_.train_batch_size;
-  const int64_t T = cfg_.model.seq_len;
+  const Probe probe = begin_probe();
+  const int64_t gbs = cfg_.train_batch_size, T = cfg_.model.seq_len;
   // Every target of a sampled window counts, so the global batch holds gbs·T loss terms; each
   // micro-batch's dlogits carry 1/(gbs·T), making the accumulated gradient the global mean's.
   const float dloss = scaler_.scale() / float(gbs * T);
-  const uint64_t bytes0 = wire_bytes(), tp_bytes0 = tp_wire_bytes();
-  const uint64_t cross0 = replica_comm_ ? replica_comm_->wire_bytes() : 0;
-  if (sync_) sync_->begin_step();
-  for (auto& c : pipe_->chunks()) c->take_tp_seconds(), c->take_recompute_seconds();
-  // The schedule: every forward and backward of the step, gradients accumulated (and, under
-  // data parallelism, reduced as their units finish).
+  // The schedule: every forward and backward of the step, gradients accumulated (and, under data
+  // parallelism, reduced as their units finish).
+  begin_gradients();
   const auto [rows_in, rows_tg] = context_rows(inputs, targets);
   const pipeline::Executor::Pass pass = pipe_->run(rows_in, rows_tg, dloss, sync_.get(), step_ + 1);
-  double tp_comm_s = 0.0, recompute_s = 0.0;
-  const bool profile = cfg_.activation_checkpointing.profile;
-  if (profile) recompute_block_s_.assign(size_t(cfg_.model.layers), 0.0);  // sized once
-  for (auto& c : pipe_->chunks()) {
-    tp_comm_s += c->take_tp_seconds();
-    recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s_ : nullptr);
-  }
-  double comm_exposed_s = 0.0, gather_exposed_s = 0.0;
-  comm::flight::set_activity(step_ + 1, "gradient reduction");
-  faults_.at(KillPhase::Reduce, step_ + 1);
+  enter_phase(KillPhase::Reduce, step_ + 1, "gradient reduction");
+  const Reduced reduced = reduce_gradients(pass.loss_sum);
+  consumed_samples_ += gbs;
+  ++step_;
+  const auto update_start = std::chrono::steady_clock::now();
+  const Update update = update_parameters();
+  return step_metrics(probe, pass, reduced, update, update_start);
+}
+
+void Engine::begin_gradients() {
+  if (sync_) sync_->begin_step();
+}
+
+Engine::Reduced Engine::reduce_gradients(double local_loss_sum) {
+  Reduced r;
   if (sync_) {
     sync_->finish();
-    comm_exposed_s = sync_->reduce_wait_seconds();
-    gather_exposed_s = sync_->gather_wait_seconds();
+    r.comm_exposed_s = sync_->reduce_wait_seconds();
+    r.gather_exposed_s = sync_->gather_wait_seconds();
   }
   // The tied embedding's gradient and the loss are summed over the stages: under a pipeline a
   // wait for the other stages to finish their schedule, counted with the pipeline's receives.
-  const auto w0 = clock::now();
+  const auto w0 = std::chrono::steady_clock::now();
   sum_tied_embeddings();
-  const double loss_sum = sum_over_pp_dp(pass.loss_sum);  // only the last stage has the loss
-  auto o0 = clock::now();
-  const double stage_sum_s = pp_comm_ ? std::chrono::duration<double>(o0 - w0).count() : 0.0;
-  consumed_samples_ += gbs;
-  ++step_;
+  r.loss_sum = sum_over_pp_dp(local_loss_sum);  // only the last stage has the loss
+  if (pp_comm_ != nullptr) {
+    r.stage_sum_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  }
+  return r;
+}
 
-  // The global norm, clipping and the optimizer step. Under ZeRO each rank holds the reduced
-  // gradients of its owned chunks only: Σ g² over them, summed over the shard group.
+Engine::Update Engine::update_parameters() {
+  // Under ZeRO each rank holds the reduced gradients of its owned chunks only: Σ g² over them,
+  // summed over the shard group.
   const double sumsq = sync_ ? sync_->sum_squares(replicated_)
                              : clipper_.flat_sum_squares(
                                    Tensor(grads_.data(), grad_dtype_, {spec_.numel}), replicated_);
-  comm::flight::set_activity(step_, "optimizer");
-  const ClipDecision clip = clipper_.decide(sumsq, scaler_.scale());
-  const float lr = lr_of_step(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
-  if (!clip.skipped) faults_.at(KillPhase::Optimizer, step_);
-  clipper_.step(*optimizer_, clip, sync_ ? sync_->optimizer_grads() : grads_.data(), lr,
-                scaler_.scale());
+  Update u;
+  u.loss_scale = scaler_.scale();
+  enter_phase(KillPhase::None, step_, "optimizer");
+  u.clip = clipper_.decide(sumsq, u.loss_scale);
+  u.lr = lr_of_step(cfg_.scheduler, cfg_.optimizer.lr, optimizer_->steps_taken());
+  if (!u.clip.skipped) enter_phase(KillPhase::Optimizer, step_, "optimizer");
+  clipper_.step(*optimizer_, u.clip, sync_ ? sync_->optimizer_grads() : grads_.data(), u.lr,
+                u.loss_scale);
   // Publishing: every rank took the same skip decision (the norm is global); gather regardless.
   if (sync_) sync_->after_step();
-  StepMetrics s;
-  s.loss_scale = scaler_.scale();
-  if (cfg_.fp16.enabled) scaler_.update(clip.overflow);
+  if (cfg_.fp16.enabled) scaler_.update(u.clip.overflow);
   zero_grads();
+  return u;
+}
 
+void Engine::enter_phase(KillPhase phase, int64_t step, const char* activity) {
+  comm::flight::set_activity(step, activity);
+  if (phase != KillPhase::None) faults_.at(phase, step);
+}
+
+Engine::Probe Engine::begin_probe() {
+  MemoryTracker::instance().reset_peaks();
+  for (auto& c : pipe_->chunks()) c->take_tp_seconds(), c->take_recompute_seconds();
+  return {std::chrono::steady_clock::now(), wire_bytes(), tp_wire_bytes(),
+          replica_comm_ ? replica_comm_->wire_bytes() : 0};
+}
+
+StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::Pass& pass,
+                                 const Reduced& reduced, const Update& update,
+                                 std::chrono::steady_clock::time_point update_start) {
+  StepMetrics s;
+  const bool profile = cfg_.activation_checkpointing.profile;
+  if (profile) recompute_block_s_.assign(size_t(cfg_.model.layers), 0.0);  // sized once
+  for (auto& c : pipe_->chunks()) {
+    s.tp_comm_s += c->take_tp_seconds();
+    s.recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s_ : nullptr);
+  }
+  s.recompute_block_s = recompute_block_s_;
+  const int64_t tokens = cfg_.train_batch_size * cfg_.model.seq_len;
   s.step = step_;
-  s.loss = loss_sum / double(gbs * T);
-  s.lr = lr;
-  s.grad_norm = clip.grad_norm;
-  s.skipped = clip.skipped;
-  s.tokens = gbs * T;
-  const auto t1 = clock::now();
-  s.seconds = std::chrono::duration<double>(t1 - t0).count();
+  s.loss = reduced.loss_sum / double(tokens);
+  s.lr = update.lr;
+  s.grad_norm = update.clip.grad_norm;
+  s.loss_scale = update.loss_scale;
+  s.skipped = update.clip.skipped;
+  s.tokens = tokens;
+  const auto t1 = std::chrono::steady_clock::now();
+  s.seconds = std::chrono::duration<double>(t1 - probe.t0).count();
   s.forward_s = pass.forward_s;
   s.backward_s = pass.backward_s;
-  s.pipeline_wait_s = pass.recv_wait_s + stage_sum_s;
-  s.optimizer_s = std::chrono::duration<double>(t1 - o0).count();
-  s.comm_exposed_s = comm_exposed_s;
-  s.tp_comm_s = tp_comm_s;
-  s.recompute_s = recompute_s;
-  s.recompute_block_s = recompute_block_s_;
-  s.tp_bytes = tp_wire_bytes() - tp_bytes0;
-  s.gather_exposed_s = gather_exposed_s;
-  s.comm_bytes = wire_bytes() - bytes0;
-  s.cross_group_bytes = (replica_comm_ ? replica_comm_->wire_bytes() : 0) - cross0;
+  s.pipeline_wait_s = pass.recv_wait_s + reduced.stage_sum_s;
+  s.optimizer_s = std::chrono::duration<double>(t1 - update_start).count();
+  s.comm_exposed_s = reduced.comm_exposed_s;
+  s.gather_exposed_s = reduced.gather_exposed_s;
+  s.tp_bytes = tp_wire_bytes() - probe.tp_bytes0;
+  s.comm_bytes = wire_bytes() - probe.bytes0;
+  s.cross_group_bytes = (replica_comm_ ? replica_comm_->wire_bytes() : 0) - probe.cross0;
   s.tokens_per_s = double(s.tokens) / s.seconds;
   s.flops = flops_per_token_ * double(s.tokens);
   for (int c = 0; c < kNumMemCategories; ++c) {

@@ -6,15 +6,18 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "strata/config/config.h"
 #include "strata/core/memory.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
+#include "strata/monitor/step_metrics.h"
 #include "strata/optim/grad_clip.h"
 #include "strata/optim/loss_scaler.h"
 #include "strata/optim/optimizer.h"
@@ -22,7 +25,6 @@
 #include "strata/pipeline/fault_injection.h"
 #include "strata/pipeline/partition.h"
 #include "strata/pipeline/schedule.h"
-#include "strata/train/config.h"
 
 namespace strata {
 
@@ -34,37 +36,6 @@ namespace comm {
 class Communicator;
 }  // namespace comm
 class ZeroSync;
-
-struct StepMetrics {
-  int64_t step = 0;   // optimizer steps attempted so far (1-based)
-  double loss = 0.0;  // mean loss over the global batch
-  float lr = 0.0f;
-  double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
-  float loss_scale = 1.0f;
-  bool skipped = false;  // the step was skipped: gradients overflowed
-  int64_t tokens = 0;    // tokens in the global batch
-  double seconds = 0.0;  // wall time of the step
-  // Where the time went (DeepSpeed's wall_clock_breakdown): forward incl. loss, backward, and
-  // the rest of the step (norm, clipping, optimizer, zeroing).
-  double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
-  double tokens_per_s = 0.0;
-  double flops = 0.0;             // matmul FLOPs of the step (peers' convention)
-  double comm_exposed_s = 0.0;    // time the step waited for gradient reductions
-  double tp_comm_s = 0.0;         // time spent in tensor-parallel collectives (all exposed)
-  uint64_t tp_bytes = 0;          // bytes this rank put on the wire in tensor-parallel groups
-  double gather_exposed_s = 0.0;  // ZeRO-3: time forward and backward waited for gathers
-  // Activation checkpointing: time spent recomputing (inside backward_s); per model block with
-  // activation_checkpointing.profile (this rank's blocks, others 0).
-  double recompute_s = 0.0;
-  std::span<const double> recompute_block_s;  // valid until the next step
-  // Waiting for the other pipeline stages: in receives, and in the sums over stages after the
-  // schedule (tied embedding gradients, the loss).
-  double pipeline_wait_s = 0.0;
-  uint64_t comm_bytes =
-      0;  // bytes this rank put on the wire in the step (Communicator::wire_bytes)
-  uint64_t cross_group_bytes = 0;  // of which across MiCS shard groups (the replica group)
-  std::array<size_t, kNumMemCategories> peak_bytes{};  // peak per category during the step
-};
 
 // The checks the engine runs on a layout before it builds anything, from the sizes alone, so
 // that the planner (planner/search.h) refuses exactly what train refuses. ZeRO is in effect
@@ -126,17 +97,11 @@ class Engine {
   using ActionSpan = pipeline::ActionSpan;
   void set_tracing(bool on) { pipe_->set_tracing(on); }
   const std::vector<ActionSpan>& last_trace() const { return pipe_->trace(); }
-  // Fault injection (tests, `train --fault`; pipeline/fault_injection.h): the step numbered
-  // `step` (1-based) throws a runtime error just before this rank's action number `action` of
-  // it, as a failing stage would mid-schedule. step 0: none.
-  void inject_fault(int64_t step, size_t action) { faults_.throw_at(step, action); }
-  // Fault injection that kills this process abruptly (SIGKILL, as a lost machine would stop) in
-  // a phase of the step numbered `step`: its first forward, its first backward, the gradient
-  // reduction, the optimizer step, or the checkpoint save after it (this rank's data file
-  // written, the checkpoint not yet committed); Hang stops at the reduction without dying.
+  // Fault injection (tests, `train --fault` and `--slow`; pipeline/fault_injection.h): what this
+  // rank's injector does before the schedule's actions, at the reduction, the optimizer step and
+  // the checkpoint save (an error, a kill, a hang, slowness).
   using KillPhase = pipeline::KillPhase;
-  void inject_kill(int64_t step, KillPhase phase) { faults_.kill_at(step, phase); }
-  void inject_slowness(int64_t from_step, double seconds) { faults_.slow_from(from_step, seconds); }
+  void set_faults(const pipeline::FaultInjector& f) { faults_ = f; }
   // Runs forward and backward of one micro-batch without stepping (golden tests): returns the
   // mean loss; gradients are left in grads() (scaled by the loss scale, fp16 only). Needs the
   // flat buffers: not under ZeRO stages 2-3 (an error).
@@ -145,7 +110,7 @@ class Engine {
   DType grad_dtype() const { return grad_dtype_; }
   void zero_grads();
 
-  // Layout-independent checkpoints (DESIGN.md §6, ckpt/store.h). save_checkpoint writes the
+  // Layout-independent checkpoints (DESIGN.md §7, ckpt/store.h). save_checkpoint writes the
   // current state — fp32 master weights, optimizer moments, step, consumed samples, the
   // optimizer's steps, the loss scaler, the seed — as <root>/step_<step>, each element once (by
   // the rank owning it: ZeRO's partition owner, tp rank 0 of replicated elements, the first
@@ -215,6 +180,35 @@ class Engine {
   GradClipper clipper_;  // the global norm over dp × tp × pp, clipping, the optimizer step
   pipeline::FaultInjector faults_;
   std::unique_ptr<pipeline::Executor> pipe_;  // this stage's chunks, actions and transfers
+  // The step's phases (train_batch_on), one call each. The gradients of the step: begun (ZeRO's
+  // step state); reduced (every reduction done, the tied embedding's gradient summed over the
+  // first and last stage); the update (the global norm, clipping, the optimizer step on what this
+  // rank owns, the parameters published, the gradients zeroed for the next step).
+  void begin_gradients();
+  struct Reduced {
+    double comm_exposed_s = 0, gather_exposed_s = 0;  // ZeRO's waits for reductions and gathers
+    double stage_sum_s = 0;  // waiting for the other stages in the sums over the pipeline
+    double loss_sum = 0;     // the global batch's summed loss
+  };
+  Reduced reduce_gradients(double local_loss_sum);
+  struct Update {
+    ClipDecision clip;
+    float lr = 0, loss_scale = 1;
+  };
+  Update update_parameters();
+  // Where the step is, for the flight recorder (a hang names it) and fault injection (a fault
+  // fires there): the debugging hooks of a phase.
+  void enter_phase(KillPhase phase, int64_t step, const char* activity);
+  // What a step measures of itself: wall time, the bytes each group put on the wire and the
+  // memory peaks from its start, the tensor-parallel and recompute seconds of its chunks.
+  struct Probe {
+    std::chrono::steady_clock::time_point t0;
+    uint64_t bytes0 = 0, tp_bytes0 = 0, cross0 = 0;
+  };
+  Probe begin_probe();
+  StepMetrics step_metrics(const Probe& probe, const pipeline::Executor::Pass& pass,
+                           const Reduced& reduced, const Update& update,
+                           std::chrono::steady_clock::time_point update_start);
   void sum_tied_embeddings();
   double sum_over_pp_dp(double local);
   // ZeRO: the groups the states are sharded over and (MiCS) replicated across (shard_ is null

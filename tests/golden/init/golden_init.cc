@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "strata/core/safetensors.h"
-#include "strata/train/config.h"
+#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 #include "tests/golden/golden_case.h"

@@ -72,7 +72,6 @@ void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0);
 
 // --- cross-entropy (cross_entropy.cu) -----------------------------------------------------------
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
-void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss);
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets);
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
                 int64_t cols, int64_t v0, int64_t valid, float dloss);

@@ -198,19 +198,18 @@ __device__ __forceinline__ void row_dlogits(D* o, const S* x, int cols, int live
 
 // --- kernels ------------------------------------------------------------------------------------
 
-enum class Writes { kLoss, kStats, kGrad };
+enum class Writes { kLoss, kStats };
 
 // One block per row of logits (N, V), rows in reverse: the lm-head GEMM that just wrote them
 // finished with the last rows, which are then still in L2. losses (N); kStats: stats (3, N) = max,
-// Σ exp(x − max), target logit ({0, 1, 0} for ignored rows); kGrad: logits overwritten by their
-// dlogits (the fused classifier: the probabilities are never stored).
+// Σ exp(x − max), target logit ({0, 1, 0} for ignored rows), which ce_dlogits_kernel takes.
 template <typename S, Writes kWrites>
 __global__ void __launch_bounds__(kRowThreads, 2)
-    ce_rows_kernel(float* losses, float* stats, S* logits, const int32_t* targets, int N, int V,
-                   float dloss) {
+    ce_rows_kernel(float* losses, float* stats, const S* logits, const int32_t* targets, int N,
+                   int V) {
   __shared__ float shared[32];
   const int n = int(gridDim.x - 1 - blockIdx.x);
-  S* x = logits + int64_t(n) * V;  // (V)
+  const S* x = logits + int64_t(n) * V;  // (V)
   const int target = targets[n];
   if (target < 0) {
     if (threadIdx.x == 0) {
@@ -219,11 +218,9 @@ __global__ void __launch_bounds__(kRowThreads, 2)
         stats[n] = 0.0f, stats[int64_t(N) + n] = 1.0f, stats[2 * int64_t(N) + n] = 0.0f;
       }
     }
-    if constexpr (kWrites == Writes::kGrad) zero_row(x, V);
     return;
   }
-  // Read by every thread before the reductions' barriers, so before kGrad overwrites the row. A
-  // target past the vocabulary (check_tokens' to refuse, above the kernels) gives a NaN loss,
+  // A target past the vocabulary (check_tokens' to refuse, above the kernels) gives a NaN loss,
   // never a read outside the row.
   const float xt = target < V ? to_f(x[target]) : NAN;
   Online own;
@@ -235,7 +232,6 @@ __global__ void __launch_bounds__(kRowThreads, 2)
       stats[n] = row.m, stats[int64_t(N) + n] = row.s, stats[2 * int64_t(N) + n] = xt;
     }
   }
-  if constexpr (kWrites == Writes::kGrad) row_dlogits(x, x, V, V, target, xt, row.m, row.s, dloss);
 }
 
 // out (N, cols), row stride ldo = the dlogits of columns [c0, c0 + cols) of logits (N, V) from
@@ -325,14 +321,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // The serial kernels' launch: N = targets' count, V = the logits' row length.
 template <Writes kWrites>
-void launch_rows(const char* op, Tensor losses, Tensor stats, Tensor logits, Tensor targets,
-                 float dloss) {
+void launch_rows(const char* op, Tensor losses, Tensor stats, Tensor logits, Tensor targets) {
   const int64_t N = targets.numel(), V = logits.numel() / N;
   with_type(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     ce_rows_kernel<S, kWrites><<<unsigned(N), kRowThreads, 0, compute_stream()>>>(
-        dev<float>(losses), dev<float>(stats), dev<S>(logits), dev<const int32_t>(targets), int(N),
-        int(V), dloss);
+        dev<float>(losses), dev<float>(stats), dev<const S>(logits), dev<const int32_t>(targets),
+        int(N), int(V));
     STRATA_CUDA_LAUNCHED();
   });
 }
@@ -343,16 +338,11 @@ void launch_rows(const char* op, Tensor losses, Tensor stats, Tensor logits, Ten
 // out's for vocab_ce_max and max_rows), V = the logits' numel / N, all within int.
 
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
-  launch_rows<Writes::kLoss>("cross_entropy_forward", losses, Tensor(), logits, targets, 0.0f);
-}
-
-void cross_entropy_forward_backward(Tensor losses, Tensor logits, Tensor targets, float dloss) {
-  launch_rows<Writes::kGrad>("cross_entropy_forward_backward", losses, Tensor(), logits, targets,
-                             dloss);
+  launch_rows<Writes::kLoss>("cross_entropy_forward", losses, Tensor(), logits, targets);
 }
 
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets) {
-  launch_rows<Writes::kStats>("cross_entropy_stats", losses, stats, logits, targets, 0.0f);
+  launch_rows<Writes::kStats>("cross_entropy_stats", losses, stats, logits, targets);
 }
 
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,

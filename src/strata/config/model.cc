@@ -1,0 +1,372 @@
+// strata's own blocks: model (presets and derived fields), parallelism, data, train.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "strata/config/internal.h"
+#include "strata/core/check.h"
+
+namespace strata {
+
+namespace {
+
+struct Preset {
+  const char* name;
+  ModelConfig m;  // kv_heads / ffn_hidden 0 where finalize_model derives them
+};
+
+ModelConfig preset_model(const char* family, int layers, int hidden, int heads, int kv_heads,
+                         int ffn_hidden, int vocab, int seq_len, bool tied,
+                         float rope_theta = 10000.0f) {
+  ModelConfig m;
+  m.family = family;
+  m.layers = layers, m.hidden = hidden, m.heads = heads, m.kv_heads = kv_heads;
+  m.ffn_hidden = ffn_hidden, m.vocab = vocab, m.seq_len = seq_len;
+  m.tied_embeddings = tied;
+  m.rope_theta = rope_theta;
+  return m;
+}
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"gpt2-tiny", preset_model("gpt2", 2, 32, 4, 0, 0, 64, 16, true)},
+      {"llama-tiny", preset_model("llama", 2, 32, 4, 2, 64, 64, 16, false)},
+      // The byte-level demo: 256 bytes + end-of-text.
+      {"demo", preset_model("gpt2", 4, 128, 4, 0, 0, 257, 128, true)},
+      {"llama-demo", preset_model("llama", 4, 128, 4, 2, 352, 257, 128, false)},
+      {"bench-23M", preset_model("gpt2", 6, 512, 8, 0, 0, 8192, 256, true)},
+      {"gpt2-124M", preset_model("gpt2", 12, 768, 12, 0, 0, 50304, 1024, true)},
+      {"gpt2-350M", preset_model("gpt2", 24, 1024, 16, 0, 0, 50304, 1024, true)},
+      {"llama-1B", preset_model("llama", 16, 2048, 32, 8, 8192, 128256, 2048, false, 500000.0f)},
+  };
+  return p;
+}
+
+// The preset before finalize_model; `what` names the key in errors.
+ModelConfig raw_preset(const std::string& name, std::string_view what) {
+  for (const Preset& p : presets()) {
+    if (name == p.name) {
+      ModelConfig m = p.m;
+      m.preset = name;
+      return m;
+    }
+  }
+  const std::vector<std::string> names = model_preset_names();
+  STRATA_INPUT_FAIL(what, " \"", name, "\" is not a preset; did you mean \"",
+                    config_detail::nearest(name, names),
+                    "\"? presets: ", config_detail::list(names, false));
+}
+
+// Why tensor-parallel size t cannot split model m (its query heads, KV heads and MLP) or, with
+// sequence parallelism, a micro-batch of `micro_batch` sequences (0: unknown, not checked); ""
+// when it can. The vocabulary needs no rule: it is padded to a multiple of t.
+std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parallel,
+                               int64_t micro_batch, int context = 1) {
+  using detail::concat;
+  if (m.heads % t != 0) {
+    return concat("model.heads=", m.heads, " is not divisible by parallelism.tensor=", t,
+                  ": each tensor-parallel rank computes whole attention heads");
+  }
+  if (m.kv_heads >= t && m.kv_heads % t != 0) {
+    return concat("model.kv_heads=", m.kv_heads, " is not divisible by parallelism.tensor=", t,
+                  ": each tensor-parallel rank holds whole KV heads (with fewer KV heads than "
+                  "ranks, kv_heads must divide the tensor size instead)");
+  }
+  if (m.kv_heads < t && t % m.kv_heads != 0) {
+    return concat("parallelism.tensor=", t, " is not a multiple of model.kv_heads=", m.kv_heads,
+                  ": with fewer KV heads than tensor-parallel ranks each KV head is replicated on "
+                  "tensor/kv_heads ranks, which must be a whole number");
+  }
+  if (m.ffn_hidden % t != 0) {
+    return concat("model.ffn_hidden=", m.ffn_hidden, " is not divisible by parallelism.tensor=", t,
+                  ": the MLP's hidden units are split across the tensor-parallel ranks");
+  }
+  // (B·T) % t without forming B·T, which a huge micro batch would overflow; T is this rank's
+  // part of each sequence under context parallelism.
+  const int T = m.seq_len % context == 0 ? m.seq_len / context : m.seq_len;
+  if (sequence_parallel && micro_batch > 0 && (micro_batch % t) * (T % t) % t != 0) {
+    int64_t rows = 0;
+    const bool fits = !__builtin_mul_overflow(micro_batch, int64_t(T), &rows);
+    return concat(
+        "train_micro_batch_size_per_gpu=", micro_batch, " x ",
+        context > 1 ? concat("model.seq_len/parallelism.context=", T) : concat("model.seq_len=", T),
+        fits ? concat(" = ", rows) : std::string(),
+        " token rows is not divisible by parallelism.tensor=", t,
+        ": parallelism.sequence_parallel splits each micro-batch's rows across the "
+        "tensor-parallel ranks; make train_micro_batch_size_per_gpu a multiple of ",
+        t / std::gcd(t, T), " or set parallelism.sequence_parallel to false");
+  }
+  return "";
+}
+
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : presets()) names.push_back(p.name);
+  return names;
+}
+
+ModelConfig model_preset(const std::string& name) {
+  ModelConfig m = raw_preset(name, "model preset");
+  finalize_model(m);
+  return m;
+}
+
+void finalize_model(ModelConfig& m) {
+  if (m.family != "gpt2" && m.family != "llama") {
+    STRATA_INPUT_FAIL("model.family must be one of \"gpt2\", \"llama\", got \"", m.family, "\"");
+  }
+  const std::pair<const char*, int> positive[] = {{"layers", m.layers},
+                                                  {"hidden", m.hidden},
+                                                  {"heads", m.heads},
+                                                  {"vocab", m.vocab},
+                                                  {"seq_len", m.seq_len}};
+  for (const auto& [key, v] : positive) {
+    STRATA_INPUT_CHECK(v > 0, "model.", key, " must be > 0, got ", v);
+  }
+  STRATA_INPUT_CHECK(m.kv_heads >= 0, "model.kv_heads must be > 0, got ", m.kv_heads);
+  STRATA_INPUT_CHECK(m.ffn_hidden >= 0, "model.ffn_hidden must be > 0, got ", m.ffn_hidden);
+  if (m.kv_heads == 0) m.kv_heads = m.heads;
+  if (m.ffn_hidden == 0) {
+    if (m.family == "gpt2") {
+      m.ffn_hidden = 4 * m.hidden;
+    } else {  // Llama: 2/3 of 4·hidden, rounded up to a multiple of 256
+      const int64_t h = 2 * (4 * int64_t(m.hidden)) / 3;
+      m.ffn_hidden = int(256 * ((h + 255) / 256));
+    }
+  }
+  STRATA_INPUT_CHECK(m.hidden % m.heads == 0, "model.hidden=", m.hidden,
+                     " is not divisible by model.heads=", m.heads,
+                     "; the head dimension is hidden/heads: choose heads that divide hidden");
+  STRATA_INPUT_CHECK(m.heads % m.kv_heads == 0, "model.heads=", m.heads,
+                     " is not divisible by model.kv_heads=", m.kv_heads,
+                     "; each KV head serves heads/kv_heads query heads: choose kv_heads that "
+                     "divides heads");
+  if (m.family == "gpt2") {
+    STRATA_INPUT_CHECK(m.kv_heads == m.heads, "model.kv_heads=", m.kv_heads,
+                       " differs from model.heads=", m.heads,
+                       ", but family gpt2 has no grouped-query attention; remove model.kv_heads "
+                       "or use family \"llama\"");
+  } else {
+    STRATA_INPUT_CHECK((m.hidden / m.heads) % 2 == 0, "model.hidden/model.heads = ", m.hidden, "/",
+                       m.heads, " = ", m.hidden / m.heads,
+                       " is odd, but RoPE (family llama) rotates pairs of dimensions; choose "
+                       "model.hidden and model.heads with an even head dimension");
+  }
+  STRATA_INPUT_CHECK(std::isfinite(m.norm_eps) && m.norm_eps > 0,
+                     "model.norm_eps must be a finite number > 0, got ", m.norm_eps);
+  STRATA_INPUT_CHECK(std::isfinite(m.rope_theta) && m.rope_theta > 0,
+                     "model.rope_theta must be a finite number > 0, got ", m.rope_theta);
+  STRATA_INPUT_CHECK(std::isfinite(m.init_std) && m.init_std > 0,
+                     "model.init_std must be a finite number > 0, got ", m.init_std);
+}
+
+}  // namespace strata
+
+namespace strata::config_detail {
+
+std::string context_split_error(const ModelConfig& m, int tp, int cp, const std::string& impl) {
+  using detail::concat;
+  if (cp == 1) return "";
+  if (impl == "ring") {
+    if (m.seq_len % (2 * cp) != 0) {
+      return concat("model.seq_len=", m.seq_len,
+                    " is not divisible by 2 x parallelism.context=", 2 * cp,
+                    ": ring attention gives each context-parallel rank two zig-zag chunks of "
+                    "every sequence (balancing the causal work); choose a seq_len that is a "
+                    "multiple of ",
+                    2 * cp);
+    }
+    return "";
+  }
+  if (m.seq_len % cp != 0) {
+    return concat("model.seq_len=", m.seq_len, " is not divisible by parallelism.context=", cp,
+                  ": each context-parallel rank holds an equal part of every sequence");
+  }
+  // Ulysses gives each context-parallel rank whole key/value groups of this tensor rank's.
+  const int groups = m.kv_heads >= tp ? m.kv_heads / tp : 1;
+  if (groups % cp != 0) {
+    return concat(
+        "parallelism.context_impl \"ulysses\" with parallelism.context=", cp,
+        " needs this tensor-parallel rank's ", groups,
+        " key/value head group(s) (model.kv_heads=", m.kv_heads, " / parallelism.tensor=", tp,
+        ") to divide among the context-parallel ranks: the all-to-all hands each rank whole "
+        "groups; use parallelism.context_impl \"ring\", a context size dividing ",
+        groups, ", or fewer tensor-parallel ranks");
+  }
+  return "";
+}
+
+void check_tensor_split(const Config& c, int64_t micro_batch) {
+  const ParallelismConfig& p = c.parallelism;
+  const std::string context_error =
+      context_split_error(c.model, p.tensor, p.context, p.context_impl);
+  if (!context_error.empty()) STRATA_INPUT_FAIL(context_error);
+  const std::string error =
+      tensor_split_error(c.model, p.tensor, p.sequence_parallel, micro_batch, p.context);
+  if (error.empty()) return;
+  // Sizes beyond 64 ranks are left out: a tensor-parallel group stays inside one host.
+  std::string valid;
+  for (int t = 1; t <= 64; ++t) {
+    if (!tensor_split_error(c.model, t, p.sequence_parallel, micro_batch, p.context).empty()) {
+      continue;
+    }
+    valid += (valid.empty() ? "" : ", ") + std::to_string(t);
+  }
+  STRATA_INPUT_FAIL(error, "; valid values of parallelism.tensor: ", valid);
+}
+
+void parse_model(const Block& top, Config& c) {
+  Block b = top.child("model", keys_of("model"));
+  if (!b.present()) {
+    c.model = model_preset("demo");
+    return;
+  }
+  c.given_model = true;
+  ModelConfig m;
+  std::string preset;
+  const bool from_preset = b.get_string("preset", preset);
+  if (from_preset) m = raw_preset(preset, "model.preset");
+  const bool family_given = b.get_choice("family", m.family, {"gpt2", "llama"});
+  if (!from_preset && !family_given) {
+    STRATA_INPUT_FAIL(
+        "model.family is required when model.preset is not given: \"gpt2\" or "
+        "\"llama\" (or give a preset: ",
+        list(model_preset_names(), false), ")");
+  }
+  const std::pair<const char*, int*> ints[] = {
+      {"layers", &m.layers},        {"hidden", &m.hidden},   {"heads", &m.heads},
+      {"vocab", &m.vocab},          {"seq_len", &m.seq_len}, {"kv_heads", &m.kv_heads},
+      {"ffn_hidden", &m.ffn_hidden}};
+  for (const auto& [key, out] : ints) {
+    const bool given = b.get_int(key, *out, 1);
+    const bool derived =
+        std::string_view(key) == "kv_heads" || std::string_view(key) == "ffn_hidden";
+    if (!given && !from_preset && !derived && !b.has(key)) {  // a bad value is listed already
+      STRATA_INPUT_FAIL("model.", key, " is required when model.preset is not given");
+    }
+  }
+  // A preset whose family is overridden takes that family's default unless tied is given.
+  if (!b.get_bool("tied_embeddings", m.tied_embeddings) && family_given) {
+    m.tied_embeddings = m.family == "gpt2";
+  }
+  b.get_number("norm_eps", m.norm_eps, 0.0, HUGE_VAL, true);
+  if (b.get_number("rope_theta", m.rope_theta, 0.0, HUGE_VAL, true) && m.family != "llama") {
+    STRATA_INPUT_FAIL(
+        "model.rope_theta applies to family llama only (gpt2 has learned position "
+        "embeddings); remove it");
+  }
+  b.get_number("init_std", m.init_std, 0.0, HUGE_VAL, true);
+  finalize_model(m);
+  c.model = m;
+}
+
+void parse_layout_blocks(const Block& top, Config& c) {
+  Block pb = top.child("parallelism", keys_of("parallelism"));
+  ParallelismConfig& p = c.parallelism;
+  pb.get_int("tensor", p.tensor, 1);
+  pb.get_int("pipeline", p.pipeline, 1);
+  pb.get_int("virtual_stages", p.virtual_stages, 1);
+  pb.get_choice("schedule", p.schedule, {"gpipe", "1f1b", "interleaved", "zero_bubble"});
+  pb.get_bool("sequence_parallel", p.sequence_parallel);
+  const bool context_given = pb.get_int("context", p.context, 1);
+  pb.get_choice("context_impl", p.context_impl, {"ulysses", "ring"});
+  if (const int ds = c.ds_sequence_parallel_size; ds > 0) {  // DeepSpeed-Ulysses' degree
+    if (context_given && p.context != ds) {
+      STRATA_INPUT_FAIL("sequence_parallel_size=", ds,
+                        " (DeepSpeed-Ulysses) and parallelism.context=", p.context,
+                        " disagree; they name the same split of each sequence: keep one");
+    }
+    p.context = ds;
+  }
+  pb.get_int("timeout_s", p.timeout_s, 0);
+  pb.get_choice("partition", p.partition, {"uniform", "parameters", "time", "explicit"});
+  if (pb.has("partition_blocks")) {
+    const json& list = pb.at("partition_blocks");
+    const char* what = "a list of block counts, one per pipeline model chunk";
+    if (!list.is_array()) pb.fail("partition_blocks", what);
+    for (const json& n : list) {
+      if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > 1000000) {
+        pb.fail("partition_blocks", what);
+      }
+      p.partition_blocks.push_back(n.get<int>());
+    }
+  }
+  if ((p.partition == "explicit") != !p.partition_blocks.empty()) {
+    STRATA_INPUT_FAIL(
+        "parallelism.partition \"explicit\" and parallelism.partition_blocks go "
+        "together: give both (the blocks of each of the pipeline x virtual_stages "
+        "model chunks) or neither");
+  }
+  if (pb.get_string("order", p.order)) {
+    std::vector<std::string> parts;
+    for (size_t start = 0;;) {
+      const size_t dash = p.order.find('-', start);
+      parts.push_back(p.order.substr(start, dash == std::string::npos ? dash : dash - start));
+      if (dash == std::string::npos) break;
+      start = dash + 1;
+    }
+    std::vector<std::string> sorted = parts;
+    std::sort(sorted.begin(), sorted.end());
+    if (sorted != std::vector<std::string>{"dp", "pp", "tp"} &&
+        sorted != std::vector<std::string>{"cp", "dp", "pp", "tp"}) {
+      pb.fail("order",
+              "a permutation of tp, dp, pp (and optionally cp) joined by '-' (e.g. "
+              "\"tp-dp-pp\" or \"tp-cp-dp-pp\")");
+    }
+  }
+
+  // The micro batch is known here when given; resolve_batch checks again once it is resolved.
+  // Both checks need the model: a model block with errors (listed already) leaves it unset.
+  const ModelConfig& m = c.model;
+  if (m.layers > 0) check_tensor_split(c, c.given_micro_batch);
+  const int64_t chunks = int64_t(p.pipeline) * p.virtual_stages;
+  if (m.layers > 0 && chunks > m.layers) {
+    STRATA_INPUT_FAIL("more pipeline stages than units: parallelism.pipeline=", p.pipeline,
+                      " x virtual_stages=", p.virtual_stages, " = ", chunks,
+                      " model chunks, but model.layers=", m.layers,
+                      " Transformer blocks; each chunk needs at least one: lower "
+                      "parallelism.pipeline or virtual_stages");
+  }
+  if (p.virtual_stages > 1 && p.pipeline == 1) {
+    STRATA_INPUT_FAIL("parallelism.virtual_stages=", p.virtual_stages,
+                      " needs parallelism.pipeline > 1 (virtual stages are chunks of each "
+                      "pipeline stage)");
+  }
+  if (p.virtual_stages > 1 && p.schedule != "interleaved") {
+    STRATA_INPUT_FAIL("parallelism.virtual_stages=", p.virtual_stages,
+                      " needs parallelism.schedule \"interleaved\", got \"", p.schedule, "\"");
+  }
+  if (p.schedule == "interleaved" && p.virtual_stages < 2) {
+    STRATA_INPUT_FAIL(
+        "parallelism.schedule \"interleaved\" needs parallelism.virtual_stages >= 2 "
+        "(model chunks per stage); set virtual_stages or use schedule \"1f1b\"");
+  }
+
+  Block db = top.child("data", keys_of("data"));
+  db.get_string("path", c.data.path);
+  db.get_choice("format", c.data.format, {"auto", "llmc", "megatron"});
+  db.get_string("val_path", c.data.val_path);
+
+  Block tb = top.child("train", keys_of("train"));
+  tb.get_int("steps", c.train.steps, 1);
+  tb.get_int("eval_interval", c.train.eval_interval, 0);
+  tb.get_int("eval_iters", c.train.eval_iters, 0);
+  tb.get_int("straggler_interval", c.train.straggler_interval, 0);
+  tb.get_number("straggler_threshold", c.train.straggler_threshold, 0.0, 100.0, true);
+  tb.get_int("straggler_patience", c.train.straggler_patience, 1);
+  tb.get_uint64("seed", c.train.seed);
+  tb.get_choice("device", c.train.device, {"cpu", "cuda"});
+  if (c.train.device == "cuda" && p.context > 1) {
+    STRATA_INPUT_FAIL("parallelism.context=", p.context,
+                      " runs on the CPU backend only: the CUDA backend has no context-parallel "
+                      "attention yet; set train.device \"cpu\" or parallelism.context=1 (tensor "
+                      "parallelism with sequence_parallel also splits the sequence)");
+  }
+  if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {
+    tb.fail("run_dir", "a non-empty directory path");
+  }
+}
+
+}  // namespace strata::config_detail
