@@ -1,8 +1,8 @@
 // The core invariant for tensor and sequence parallelism (DESIGN.md §1): every tp × dp × ZeRO
 // stage × sequence-parallel layout gives the single-process losses, and each tensor-parallel
 // layer's forward (the logits) and backward (every parameter's gradient) equal the serial ones.
-// Runs under mpirun with 2, 4 and 8 ranks (tests/CMakeLists.txt); each rank computes the
-// single-process reference itself, without communication.
+// Runs under mpirun with 2, 4 and 8 ranks (tests/CMakeLists.txt); one rank computes each
+// single-process reference once and shares it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,18 +11,19 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
+#include "strata/config/config.h"
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
+#include "strata/cost/predict.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/cost/predict.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 #include "tests/mpi_world.h"
@@ -69,9 +70,26 @@ class TensorParallel : public ::testing::Test {
         {"model", {{"preset", preset}, {"vocab", kVocab}}}};
   }
 
-  // Losses of kSteps steps on one process, no communication.
-  // norms, when given: each step's global gradient norm.
-  static std::vector<double> serial_losses(nlohmann::json j, std::vector<double>* norms = nullptr) {
+  // Collective: the losses of kSteps steps on one process, computed once per config by one rank
+  // and shared (test::shared_out), the others waiting asleep. norms, when given: each step's
+  // global gradient norm.
+  static std::vector<double> serial_losses(const nlohmann::json& j,
+                                           std::vector<double>* norms = nullptr) {
+    const std::string key = j.dump();
+    auto it = serial_runs_.find(key);
+    if (it == serial_runs_.end()) {
+      const auto shared = test::shared_out(1, 2 * kSteps, [&](size_t) {
+        std::vector<double> n, v = run_serial(j, &n);
+        v.insert(v.end(), n.begin(), n.end());
+        return v;
+      });
+      it = serial_runs_.emplace(key, shared[0]).first;
+    }
+    const std::vector<double>& v = it->second;
+    if (norms) norms->assign(v.begin() + kSteps, v.end());
+    return {v.begin(), v.begin() + kSteps};
+  }
+  static std::vector<double> run_serial(nlohmann::json j, std::vector<double>* norms) {
     j["train_micro_batch_size_per_gpu"] = kGlobalBatch;
     Config cfg = parse_config(j);
     resolve_batch(cfg, 1);
@@ -111,10 +129,12 @@ class TensorParallel : public ::testing::Test {
 
   static std::string path_;
   static std::unique_ptr<data::TokenDataset> dataset_;
+  static std::map<std::string, std::vector<double>> serial_runs_;  // losses, then norms
 };
 
 std::string TensorParallel::path_;
 std::unique_ptr<data::TokenDataset> TensorParallel::dataset_;
+std::map<std::string, std::vector<double>> TensorParallel::serial_runs_;
 
 std::vector<int> tp_sizes() {
   std::vector<int> out;
