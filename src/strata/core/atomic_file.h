@@ -12,7 +12,7 @@
 // Not whole files, and so appended to in place: the logs written as a run goes, one complete line
 // at a time, which a reader may tail while they grow: metrics.jsonl's rows (monitor/metrics.cc; a
 // resumed run first trims the rows past its checkpoint by rewriting the file through here), the
-// elastic supervisor's events log elastic.jsonl (tools/strata/elastic_supervisor.cc), and stdout
+// elastic supervisor's events log elastic.jsonl (elastic/supervisor.cc), and stdout
 // and stderr (the launcher relays mpirun's output there as it comes). A crash loses at most the
 // line being written.
 //
