@@ -1,10 +1,11 @@
 // Every file in tests/config/bad_configs is refused with an InputError whose message contains the
 // text of its .expect file (the key path, the value given, what is allowed).
+#include "tests/config/bad_configs.h"
+
 #include <gtest/gtest.h>
 
-#include "strata/core/check.h"
 #include "strata/config/config.h"
-#include "tests/config/bad_configs.h"
+#include "strata/core/check.h"
 
 namespace strata {
 namespace {

@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "strata/core/check.h"
 #include "strata/config/config.h"
+#include "strata/core/check.h"
 
 namespace strata {
 namespace {
@@ -366,8 +366,7 @@ std::string check_noted(const Noted& n, int world) {
   if (any_names(before, named)) return n.key + ": noted without being set" + at + lines(before);
   if (!any_names(after, named)) {
     return n.key + "=" + n.value.dump() + " changes nothing in strata but no note names " + named +
-           at + lines(after) +
-           "\n  add a line to config_notices (src/strata/config/notices.cc)";
+           at + lines(after) + "\n  add a line to config_notices (src/strata/config/notices.cc)";
   }
   return "";
 }

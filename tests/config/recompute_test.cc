@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/core/check.h"
 #include "strata/config/config.h"
+#include "strata/core/check.h"
 
 namespace strata {
 namespace {

@@ -104,23 +104,23 @@ class Context : public ::testing::Test {
   // Collective: the single-process runs of these configs, each computed once, shared out over
   // the ranks (test::shared_out) rather than each rank running every one.
   static std::map<std::string, Run> serial_runs(const std::vector<nlohmann::json>& configs) {
-    std::vector<nlohmann::json> todo;
+    std::vector<nlohmann::json> missing;
     for (const nlohmann::json& j : configs) {
-      if (std::find(todo.begin(), todo.end(), j) == todo.end()) todo.push_back(j);
+      if (std::find(missing.begin(), missing.end(), j) == missing.end()) missing.push_back(j);
     }
-    const auto packed = test::shared_out(todo.size(), 2 * kSteps + 1, [&](size_t i) {
-      const Run r = serial(todo[i]);
+    const auto packed = test::shared_out(missing.size(), 2 * kSteps + 1, [&](size_t i) {
+      const Run r = serial(missing[i]);
       std::vector<double> v = r.loss;
       v.insert(v.end(), r.norm.begin(), r.norm.end());
       v.push_back(r.val);
       return v;
     });
     std::map<std::string, Run> out;
-    for (size_t i = 0; i < todo.size(); ++i) {
+    for (size_t i = 0; i < missing.size(); ++i) {
       const std::vector<double>& v = packed[i];
-      out[todo[i].dump()] = {{v.begin(), v.begin() + kSteps},
-                             {v.begin() + kSteps, v.begin() + 2 * kSteps},
-                             v[2 * kSteps]};
+      out[missing[i].dump()] = {{v.begin(), v.begin() + kSteps},
+                                {v.begin() + kSteps, v.begin() + 2 * kSteps},
+                                v[2 * kSteps]};
     }
     return out;
   }

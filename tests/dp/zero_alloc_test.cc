@@ -13,8 +13,8 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
-#include "strata/core/memory.h"
 #include "strata/config/config.h"
+#include "strata/core/memory.h"
 #include "strata/train/engine.h"
 #include "strata/zero/zero_sync.h"
 #include "tests/alloc_hooks.h"

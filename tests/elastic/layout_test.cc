@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/core/check.h"
 #include "strata/config/elasticity.h"
+#include "strata/core/check.h"
 
 namespace strata {
 namespace {

@@ -78,26 +78,26 @@ class Pipeline : public ::testing::Test {
   // the ranks rather than each rank running every one.
   static void prefetch(const std::vector<nlohmann::json>& configs, int micro = 1) {
     const std::string tag = " micro " + std::to_string(micro);
-    std::vector<nlohmann::json> todo;
+    std::vector<nlohmann::json> missing;
     for (const nlohmann::json& j : configs) {
       const bool known = serial_runs_.count(j.dump() + tag) > 0 ||
-                         std::find(todo.begin(), todo.end(), j) != todo.end();
-      if (!known) todo.push_back(j);
+                         std::find(missing.begin(), missing.end(), j) != missing.end();
+      if (!known) missing.push_back(j);
     }
-    const auto packed = test::shared_out(todo.size(), 4 * kSteps, [&](size_t i) {
-      const Run r = run_serial(todo[i], micro);
+    const auto packed = test::shared_out(missing.size(), 4 * kSteps, [&](size_t i) {
+      const Run r = run_serial(missing[i], micro);
       std::vector<double> v = r.loss;
       v.insert(v.end(), r.norm.begin(), r.norm.end());
       v.insert(v.end(), r.scale.begin(), r.scale.end());
       for (bool b : r.skipped) v.push_back(b ? 1.0 : 0.0);
       return v;
     });
-    for (size_t i = 0; i < todo.size(); ++i) {
+    for (size_t i = 0; i < missing.size(); ++i) {
       const auto at = [&](int part) { return packed[i].begin() + part * kSteps; };
       Run r;
       r.loss.assign(at(0), at(1)), r.norm.assign(at(1), at(2)), r.scale.assign(at(2), at(3));
       for (auto x = at(3); x != at(4); ++x) r.skipped.push_back(*x != 0.0);
-      serial_runs_.emplace(todo[i].dump() + tag, r);
+      serial_runs_.emplace(missing[i].dump() + tag, r);
     }
   }
 

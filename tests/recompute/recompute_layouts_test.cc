@@ -15,12 +15,12 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
+#include "strata/config/config.h"
 #include "strata/core/memory.h"
 #include "strata/core/rng.h"
+#include "strata/cost/predict.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/cost/predict.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
 
@@ -90,7 +90,8 @@ class RecomputeLayouts : public ::testing::Test {
         r.recompute_block_s.assign(m.recompute_block_s.begin(), m.recompute_block_s.end());
       // The tensor-parallel traffic is the formula's, recompute included.
       if (pp == 1) {
-        EXPECT_EQ(m.tp_bytes, cost::predict_tp_bytes(cost::layout_of(cfg), engine.spec())) << j.dump();
+        EXPECT_EQ(m.tp_bytes, cost::predict_tp_bytes(cost::layout_of(cfg), engine.spec()))
+            << j.dump();
       }
     }
     return r;

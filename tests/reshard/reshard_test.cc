@@ -15,10 +15,10 @@
 
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
+#include "strata/config/config.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
 

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "strata/ckpt/store.h"
+#include "strata/config/config.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 
 namespace strata {

@@ -9,11 +9,11 @@
 #include <memory>
 #include <vector>
 
+#include "strata/config/config.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 
 namespace strata {

@@ -7,10 +7,10 @@
 #include <memory>
 #include <vector>
 
+#include "strata/config/config.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/config/config.h"
 #include "tests/device_host.h"
 
 namespace strata {

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "strata/config/config.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/alloc_hooks.h"
 #include "tests/data/data_test_util.h"

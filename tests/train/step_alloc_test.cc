@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "strata/core/memory.h"
 #include "strata/config/config.h"
+#include "strata/core/memory.h"
 #include "strata/train/engine.h"
 #include "tests/alloc_hooks.h"
 

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "strata/config/config.h"
 #include "strata/core/check.h"
 #include "strata/core/rng.h"
 #include "strata/data/llmc_shard.h"
 #include "strata/data/token_dataset.h"
-#include "strata/config/config.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 

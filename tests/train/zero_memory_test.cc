@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "strata/core/check.h"
-#include "strata/model/param_spec.h"
-#include "strata/cost/predict.h"
 #include "strata/config/config.h"
+#include "strata/core/check.h"
+#include "strata/cost/predict.h"
+#include "strata/model/param_spec.h"
 #include "strata/train/engine.h"
 
 namespace strata {

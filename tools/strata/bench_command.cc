@@ -4,8 +4,8 @@
 #include <string>
 
 #include "strata/config/config.h"
-#include "strata/planner/calibrate.h"
 #include "strata/cost/device_profile.h"
+#include "strata/planner/calibrate.h"
 #include "strata/train/bench.h"
 #include "tools/strata/commands.h"
 

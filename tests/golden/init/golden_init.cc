@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/core/safetensors.h"
 #include "strata/config/config.h"
+#include "strata/core/safetensors.h"
 #include "strata/train/engine.h"
 #include "tests/device_host.h"
 #include "tests/golden/golden_case.h"
