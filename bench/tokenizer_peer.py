@@ -1,8 +1,9 @@
 """The `tokenizers` side of bench/tokenizer.sh.
 
   tokenizer_peer.py corpus DIR MB      DIR/corpus/doc_*.txt, about MB megabytes made as the peer
-                                       test's corpus (many scripts, CJK, emoji, odd whitespace),
-                                       and the two tokenizers trained on its first 1.2 MB
+                                       test's corpus (many scripts, CJK, emoji, odd whitespace,
+                                       text not in NFC), and the peer test's tokenizers trained
+                                       on its first 1.2 MB
   tokenizer_peer.py time DIR NAME      seconds of tokenizers' encode_batch over the corpus with
                                        the tokenizer DIR/NAME (threads: RAYON_NUM_THREADS), best
                                        of ROUNDS (default 3); prints "wall S cpu S bytes N"

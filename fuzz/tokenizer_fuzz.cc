@@ -1,5 +1,7 @@
-// fuzz-sources: src/strata/data/hf_tokenizer.cc src/strata/core/check.cc
-// fuzz-flags: -lpcre2-8
+// clang-format off
+// fuzz-sources: src/strata/data/hf_tokenizer.cc src/strata/data/hf_support.cc src/strata/data/hf_normalizer.cc src/strata/data/hf_pre_tokenizer.cc src/strata/data/hf_bpe.cc src/strata/core/check.cc
+// fuzz-flags: -lpcre2-8 -licuuc
+// clang-format on
 //
 // The Hugging Face tokenizer.json reader (data/hf_tokenizer.h) on arbitrary text, and the encoder
 // on what it accepts. An InputError is the expected answer to garbage; a finding is a crash, a
@@ -7,8 +9,10 @@
 // promises: every id in [0, vocab_size), the same ids when the same text is encoded again (the
 // pre-token cache must not change them), and template ids inside the vocabulary. The texts
 // encoded are fixed samples (ASCII, CJK, emoji, combining marks, odd whitespace, special-token
-// look-alikes) and the input itself where it is UTF-8. Seeds in fuzz/corpus/tokenizer/ are small
-// GPT-2- and Llama-3-style files.
+// look-alikes, text not in NFC) and the input itself where it is UTF-8. Seeds in
+// fuzz/corpus/tokenizer/ are small files of each family strata reads: GPT-2, Llama-3, Qwen2 (NFC),
+// SmolLM2 (Digits), Gemma (Replace, byte_fallback), Llama-2 legacy (Prepend), Mistral (Metaspace)
+// and a mix of the other normalizers and Split behaviors.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       "Hello world, it's 2026! DON'T  stop\r\n\tnow   ",
       "日本語のテキスト 中文 한국어 🙂👍🏽 e\u0301 naïve \u00a0\u3000x",
       "<|endoftext|><|begin_of_text|>a<|eot_id|> <mask>  ab",
+      "<s>hi</s> x<bos>▁▁y <unk><|im_start|>a-b--c \u1100\u1161\ufb01 \xef\xbf\xbd",
       "12345678901234567890 3.14 \n\n\n   \x0b\x0c",
   };
   HfTokenizer::Session session(*tok);

@@ -1,10 +1,11 @@
 # What strata needs from Debian to build and test, and the function that installs what is missing
 # (sourced by scripts/setup.sh and scripts/sanitize.sh; the sanitizer runtimes, libasan and
-# libubsan, come with g++). libcairo2-dev and pkg-config: strata report's figures. Chromium, which
+# libubsan, come with g++). libpcre2-dev and libicu-dev: the tokenizer reader's regexes and Unicode
+# normalization. libcairo2-dev and pkg-config: strata report's figures. Chromium, which
 # one report test renders the page in, is installed by that test itself (it is large, and only
 # that test needs it).
 strata_packages=(cmake g++ make libopenmpi-dev openmpi-bin libdnnl-dev nlohmann-json3-dev
-                 libcli11-dev libgtest-dev iproute2 python3 libpcre2-dev python3-venv
+                 libcli11-dev libgtest-dev iproute2 python3 libpcre2-dev libicu-dev python3-venv
                  libprotobuf-dev protobuf-compiler libcairo2-dev pkg-config)
 
 install_missing_packages() {

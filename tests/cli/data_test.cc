@@ -11,6 +11,7 @@
 namespace strata::data {
 namespace {
 
+using nlohmann::json;
 using test_util::Builder;
 using test_util::write_text;
 
@@ -81,6 +82,33 @@ TEST_F(DataCliTest, BadInputExitsTwoWithoutSourceLocation) {
   EXPECT_EQ(run("data prepare -i " + path("texts") + " -o " + path("d") + " --append-eod", &out),
             2);
   EXPECT_NE(out.find("--append-eod needs --tokenizer"), std::string::npos) << out;
+}
+
+// A tokenizer of the newer kinds with a bad value: exit 2, the key path named, nothing written.
+TEST_F(DataCliTest, BadNormalizerOrMetaspaceExitsTwoAndWritesNothing) {
+  Builder b;
+  b.add("<|endoftext|>");
+  json j = b.build();
+  j["normalizer"] = {{"type", "Sequence"},
+                     {"normalizers", {{{"type", "Replace"}, {"pattern", {{"String", " "}}}}}}};
+  write_text(path("bad_norm.json"), j.dump());
+  j = b.build();
+  j["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "▁"}, {"prepend_scheme", "sometimes"}};
+  write_text(path("bad_meta.json"), j.dump());
+  const std::pair<const char*, const char*> cases[] = {
+      {"bad_norm.json", "normalizer.normalizers[0].content is missing"},
+      {"bad_meta.json", "pre_tokenizer.prepend_scheme is \"sometimes\""}};
+  for (const auto& [file, message] : cases) {
+    std::string out;
+    EXPECT_EQ(
+        run("data prepare -i " + path("texts") + " -o " + path("d") + " --tokenizer " + path(file),
+            &out),
+        2)
+        << out;
+    EXPECT_NE(out.find(message), std::string::npos) << out;
+    EXPECT_FALSE(std::filesystem::exists(path("d_train.bin")));
+  }
 }
 
 }  // namespace

@@ -88,6 +88,17 @@ TEST(HfTokenizerTest, AddedTokenFlags) {
   EXPECT_EQ(encode(*tok, "ab"), (std::vector<int32_t>{word}));
 }
 
+// The next added token may start in the spaces rstrip took: `tokenizers` finds matches on the
+// text as it is, then widens them.
+TEST(HfTokenizerTest, AddedTokenInsideTheSpacesRstripTook) {
+  Builder b;
+  const int mask = b.add("<mask>", true, {{"rstrip", true}});
+  const int sp_x = b.add(" x", false, {{"normalized", false}});
+  const auto tok = b.tokenizer();
+  EXPECT_EQ(encode(*tok, "<mask> x"), (std::vector<int32_t>{mask, sp_x}));
+  EXPECT_EQ(encode(*tok, "b<mask> xb"), (std::vector<int32_t>{'b', mask, sp_x, 'b'}));
+}
+
 TEST(HfTokenizerTest, AddPrefixSpace) {
   Builder b;
   b.pre["add_prefix_space"] = true;
@@ -267,14 +278,11 @@ TEST(HfTokenizerTest, RefusesWhatItDoesNotImplement) {
   j["model"]["type"] = "WordPiece";
   expect_refused(j.dump(), {"model.type", "WordPiece", "BPE"});
   j = Builder().build();
-  j["normalizer"] = {{"type", "NFC"}};
-  expect_refused(j.dump(), {"normalizer"});
+  j["normalizer"] = {{"type", "Lowercase"}};
+  expect_refused(j.dump(), {"normalizer.type", "Lowercase", "NFC"});
   j = Builder().build();
-  j["pre_tokenizer"] = {{"type", "Metaspace"}};
-  expect_refused(j.dump(), {"pre_tokenizer.type", "Metaspace"});
-  j = Builder().build();
-  j["pre_tokenizer"] = nullptr;
-  expect_refused(j.dump(), {"pre_tokenizer", "ByteLevel"});
+  j["pre_tokenizer"] = {{"type", "Whitespace"}};
+  expect_refused(j.dump(), {"pre_tokenizer.type", "Whitespace", "Metaspace"});
   j = Builder().build();
   j["pre_tokenizer"] = {{"type", "Sequence"},
                         {"pretokenizers",
@@ -285,8 +293,8 @@ TEST(HfTokenizerTest, RefusesWhatItDoesNotImplement) {
                           {{"type", "ByteLevel"}, {"use_regex", false}}}}};
   expect_refused(j.dump(), {"pattern", "does not compile in PCRE2"});
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "x";
-  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Contiguous";
-  expect_refused(j.dump(), {"behavior", "Contiguous"});
+  j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Sideways";
+  expect_refused(j.dump(), {"pre_tokenizer.pretokenizers[0].behavior", "Sideways", "Contiguous"});
   j = Builder().build();
   j["model"]["dropout"] = 0.1;
   expect_refused(j.dump(), {"model.dropout"});

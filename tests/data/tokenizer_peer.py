@@ -1,17 +1,29 @@
 """The `tokenizers` side of tokenizer_peer_test.sh.
 
-  tokenizer_peer.py make DIR      corpus (DIR/corpus/doc_*.txt, > 1 MB, much non-ASCII) and two
-                                  tokenizers trained on it: DIR/gpt2/tokenizer.json (byte-level
-                                  BPE as GPT-2) and DIR/llama3/tokenizer.json (Llama-3's Split
-                                  regex + ByteLevel(use_regex=False), BOS template, Llama-3's
-                                  special tokens, padded past 65,536 ids)
+  tokenizer_peer.py make DIR      corpus (DIR/corpus/doc_*.txt, > 1 MB, much non-ASCII, some of it
+                                  not NFC) and tokenizers trained on it, DIR/NAME/tokenizer.json
+                                  for each NAME of FAMILIES:
+                                    gpt2    byte-level BPE as GPT-2
+                                    llama3  Llama-3's Split regex + ByteLevel(use_regex=False), BOS
+                                            template, Llama-3's special tokens, padded past 65,536
+                                            ids
+                                    qwen2   NFC + Qwen2's Split regex + ByteLevel(use_regex=False)
+                                    smollm  Digits(individual_digits) + ByteLevel(use_regex=True)
+                                    gemma   Replace(" ", "▁") + Split(" ", merged_with_previous),
+                                            character BPE with byte_fallback (<0x00>..<0xFF>),
+                                            fuse_unk, "<bos> $A"
+                                    llama2  legacy Llama-2/Phi-3: Prepend("▁") + Replace(" ", "▁"),
+                                            no pre-tokenizer, byte_fallback, "<s> $A"
+                                    mistral non-legacy: Metaspace(prepend_scheme="first",
+                                            split=False), no byte_fallback (unknown characters
+                                            become one fused <unk>), "<s> $A"
   tokenizer_peer.py check DIR NAME FORMAT PATH [--append-eod]
                                   the ids strata wrote at PATH (llm.c shard or Megatron prefix)
                                   against tokenizers' encode(doc, add_special_tokens=True) of
-                                  every document, framed as strata defines: GPT-2 <|endoftext|>
-                                  opens each document (closes it with --append-eod); Llama-3 the
-                                  template's BOS opens it, <|end_of_text|> closes it with
-                                  --append-eod
+                                  every document, framed as strata defines: without a BOS template
+                                  the end-of-text token opens each document (closes it with
+                                  --append-eod); with one, the template's BOS opens it and the
+                                  end-of-text token closes it with --append-eod
 """
 import json
 import os
@@ -19,7 +31,8 @@ import random
 import struct
 import sys
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors, trainers)
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                   r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -28,6 +41,14 @@ LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_t
                    "<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
                    "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
 LLAMA3_VOCAB = 70000  # > 65,536: strata must write uint32 / int32
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SP_BYTES = [f"<0x{b:02X}>" for b in range(256)]
+# The special tokens of every family, put inside documents: text right after them is where
+# Prepend (legacy) and Metaspace "first" differ.
+FAMILY_SPECIALS = ["<s>", "</s>", "<unk>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>",
+                   "<|endoftext|>"]
 
 WORDS = {
     "english": "the quick brown fox jumps over lazy dog while we're sure it's fine THEY'LL "
@@ -44,7 +65,12 @@ WORDS = {
     "korean": "안녕하세요 세계 한국어 서울 한글".split(),
     "emoji": "🙂 😀 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️ 🇯🇵 ✨ 🤖 ☕".split(),
     "combining": ["e\u0301", "a\u0308\u0304", "n\u0303", "Z\u0351\u0358\u0361a\u0334lgo",
-                  "\u0915\u093c", "o\u0328\u0301"],
+                  "\u0915\u093c", "o\u0328\u0301", "cafe\u0301", "A\u030a", "\u1e9b\u0323",
+                  "\u0071\u0307\u0323", "\ufb01ne", "\u2126"],
+    # Not NFC: conjoining jamo (NFC makes syllables of them) and decomposed syllables.
+    "hangul": ["\u1100\u1161", "\u1112\u1161\u11ab\u1100\u1173\u11af", "\u1161", "\u11a8",
+               "\u1109\u1165\u110b\u116e\u11af", "\u1100\u1161\u11a8", "한국어",
+               "\u1103\u1161\u1100\u1161"],
     "digits": ["1", "42", "2026", "314159265358979", "1,000,000", "3.14", "٣٤٥", "１２３",
                "0x1F600", "12ab34", "v2.0.1"],
     "symbols": ["!!", "...", "—", "«»", "“quoted”", "(a+b)*c", "#include", "<tag>", "&&", "->",
@@ -65,7 +91,7 @@ ALPHABETS = [
 ]
 SPACES = [" ", " ", " ", " ", "  ", "\t", "\n", "\r\n", "\n\n", " \n", "\u00a0", "\u2003",
           "\u3000", "\u2028", "\u0085", "\x0b", "\x0c", "   ", " \t ", "\u180e", "\u200b",
-          "\ufeff", "\x1c"]
+          "\ufeff", "\x1c", "        ", "\n\n\n    ", "\t\t"]
 
 
 def make_corpus(rng):
@@ -89,6 +115,9 @@ def make_corpus(rng):
             parts.insert(rng.randrange(len(parts)), "<|endoftext|>")
         if i % 11 == 5:  # Llama-3 special tokens in the text
             parts.insert(rng.randrange(len(parts)), rng.choice(LLAMA3_SPECIALS[1:]))
+        if i % 3 == 1:  # other families' special tokens, before words and before spaces
+            for _ in range(rng.randint(1, 6)):
+                parts.insert(rng.randrange(len(parts)), rng.choice(FAMILY_SPECIALS))
         if i % 13 == 0:  # leading and trailing whitespace
             parts.insert(0, "  \n")
             parts.append("\n\n   ")
@@ -137,6 +166,118 @@ def train_llama3(docs):
     return tok
 
 
+def train_qwen2(docs):
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=CHAT_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(docs, trainer)
+    return tok
+
+
+def train_smollm(docs):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=CHAT_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(docs, trainer)
+    return tok
+
+
+def train_sentencepiece_style(docs, specials, unk):
+    """A character-level BPE with "▁" for spaces, as the SentencePiece models transformers converts:
+    the special tokens, <0x00>..<0xFF> (in the vocabulary, not added tokens), then the pieces.
+    The alphabet is limited so that rare characters (CJK, emoji) need byte_fallback or unk.
+    Returns the tokenizer.json as a dict, for each family to put its pipeline around."""
+    tok = Tokenizer(models.BPE(unk_token=unk, byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never",
+                                                 split=True)
+    trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=specials + SP_BYTES,
+                                  limit_alphabet=160, show_progress=False)
+    tok.train_from_iterator(docs, trainer)
+    j = json.loads(tok.to_str())
+    j["added_tokens"] = [t for t in j["added_tokens"] if t["content"] not in SP_BYTES]
+    return j
+
+
+def replace_json(pattern, content):
+    return {"type": "Replace", "pattern": {"String": pattern}, "content": content}
+
+
+def bos_template(j, bos):
+    bos_id = j["model"]["vocab"][bos]
+    return {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
+
+
+SP_DECODER = {"type": "Sequence", "decoders": [replace_json("▁", " "), {"type": "ByteFallback"},
+                                               {"type": "Fuse"}]}
+
+
+def train_gemma(docs):
+    j = train_sentencepiece_style(docs, ["<pad>", "<eos>", "<bos>", "<unk>"], "<unk>")
+    j["normalizer"] = replace_json(" ", "▁")
+    j["pre_tokenizer"] = {"type": "Split", "pattern": {"String": " "},
+                          "behavior": "MergedWithPrevious", "invert": False}
+    j["post_processor"] = bos_template(j, "<bos>")
+    j["decoder"] = SP_DECODER
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def train_llama2(docs):
+    j = train_sentencepiece_style(docs, ["<unk>", "<s>", "</s>"], "<unk>")
+    j["normalizer"] = {"type": "Sequence",
+                       "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                       replace_json(" ", "▁")]}
+    j["pre_tokenizer"] = None
+    j["post_processor"] = bos_template(j, "<s>")
+    j["decoder"] = SP_DECODER
+    return Tokenizer.from_str(json.dumps(j))
+
+
+def train_mistral(docs):
+    j = train_sentencepiece_style(docs, ["<unk>", "<s>", "</s>"], "<unk>")
+    j["normalizer"] = None
+    j["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first",
+                          "split": False}
+    j["model"]["byte_fallback"] = False
+    j["post_processor"] = bos_template(j, "<s>")
+    j["decoder"] = SP_DECODER
+    return Tokenizer.from_str(json.dumps(j))
+
+
+# name: (trainer, end-of-text token, ids need 32 bits)
+FAMILIES = {
+    "gpt2": (train_gpt2, "<|endoftext|>", False),
+    "llama3": (train_llama3, "<|end_of_text|>", True),
+    "qwen2": (train_qwen2, "<|endoftext|>", False),
+    "smollm": (train_smollm, "<|endoftext|>", False),
+    "gemma": (train_gemma, "<eos>", False),
+    "llama2": (train_llama2, "</s>", False),
+    "mistral": (train_mistral, "</s>", False),
+}
+
+
 def make(out):
     rng = random.Random(20261202)
     docs = make_corpus(rng)
@@ -144,9 +285,9 @@ def make(out):
     for i, d in enumerate(docs):
         with open(f"{out}/corpus/doc_{i:05d}.txt", "w", encoding="utf-8", newline="") as f:
             f.write(d)
-    for name, tok in (("gpt2", train_gpt2(docs)), ("llama3", train_llama3(docs))):
+    for name, (train, _, _) in FAMILIES.items():
         os.makedirs(f"{out}/{name}", exist_ok=True)
-        tok.save(f"{out}/{name}/tokenizer.json")
+        train(docs).save(f"{out}/{name}/tokenizer.json")
     nbytes = sum(len(d.encode("utf-8")) for d in docs)
     print(f"corpus: {len(docs)} documents, {nbytes} bytes")
 
@@ -159,11 +300,12 @@ def expected_docs(out, name, append_eod):
         with open(f"{out}/corpus/{f}", encoding="utf-8", newline="") as fh:
             texts.append(fh.read())
     encs = tok.encode_batch(texts, add_special_tokens=True)
-    eot = tok.token_to_id("<|endoftext|>" if name == "gpt2" else "<|end_of_text|>")
+    eot = tok.token_to_id(FAMILIES[name][1])
+    with_bos = len(tok.encode("", add_special_tokens=True).ids) > 0
     docs = []
     for e in encs:
         ids = list(e.ids)
-        if name == "gpt2":
+        if not with_bos:
             ids = ids + [eot] if append_eod else [eot] + ids
         elif append_eod:
             ids.append(eot)
@@ -204,7 +346,7 @@ def first_difference(a, b):
 
 def check(out, name, fmt, path, append_eod):
     files, want = expected_docs(out, name, append_eod)
-    want_width = 4 if name == "llama3" else 2
+    want_width = 4 if FAMILIES[name][2] else 2
     if fmt == "llmc":
         width, stream = read_llmc(path)
         got, pos = [], 0

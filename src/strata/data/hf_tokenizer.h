@@ -1,19 +1,21 @@
-// A Hugging Face `tokenizer.json` read and run for encoding: the byte-level BPE of GPT-2 and of
-// Llama-3-style tokenizers, giving exactly the ids of the `tokenizers` package.
+// A Hugging Face `tokenizer.json` read and run for encoding, giving exactly the ids of the
+// `tokenizers` package: the BPE tokenizers of GPT-2, Llama-3, Qwen2/3, SmolLM2 and OLMo 2
+// (byte-level) and of Gemma, Llama-2, Mistral and Phi-3 (SentencePiece-style, over characters).
 //
-// What is read (anything else is refused with an InputError naming the key):
-//   normalizer      null
-//   pre_tokenizer   ByteLevel{add_prefix_space, use_regex (GPT-2's pattern)}, or a Sequence of
-//                   Split{pattern Regex|String, behavior Isolated|Removed, invert false} and
-//                   ByteLevel steps (Llama-3: Split(its regex) then ByteLevel(use_regex false))
+// What is read (anything else is refused with an InputError naming the key path):
+//   normalizer      null, NFC/NFD/NFKC/NFKD (ICU), Replace, Prepend, Sequence (hf_normalizer.h)
+//   pre_tokenizer   null, Split (every behavior, invert), Digits, Metaspace, ByteLevel (last),
+//                   Sequence (hf_pre_tokenizer.h)
 //   model           BPE: vocab, merges ("a b" strings or [a, b] pairs), unk_token, fuse_unk,
 //                   byte_fallback, ignore_merges; dropout null, no subword prefix or suffix
-//   added_tokens    matched in the text before pre-tokenization as `tokenizers` does: leftmost
-//                   longest, the normalized=false ones first; single_word, lstrip and rstrip kept
+//                   (hf_bpe.h)
+//   added_tokens    matched as `tokenizers` does: leftmost longest, the normalized=false ones on
+//                   the raw text, then the normalized=true ones by their normalized content in the
+//                   normalized text between those; single_word, lstrip and rstrip kept
 //   post_processor  null, ByteLevel, TemplateProcessing or a Sequence of them: the ids the
 //                   "single" template puts before and after the sequence
 // Regexes run in PCRE2 (UTF + UCP, JIT where available). Encoding is thread-safe through one
-// Session per thread, which holds the match buffers and a cache of pre-token ids.
+// Session per thread, which holds the match buffers and a cache of word ids.
 #pragma once
 
 #include <cstdint>

@@ -299,7 +299,7 @@ PrepareResult prepare_tokenizer(const std::vector<std::string>& inputs, const st
   const bool has_template = !r.doc_prefix.empty() || !r.doc_suffix.empty();
   if (!has_template || o.append_eod) {
     STRATA_INPUT_CHECK(eot.has_value(), tok->source(), ": no end-of-text token (",
-                       "<|end_of_text|>, <|endoftext|> or </s>) ",
+                       "<|end_of_text|>, <|endoftext|>, </s> or <eos>) ",
                        has_template ? "for --append-eod"
                                     : "to open each document with, and its "
                                       "post-processor adds no BOS",
@@ -406,7 +406,7 @@ PrepareResult prepare_tokenizer(const std::vector<std::string>& inputs, const st
 }  // namespace
 
 std::optional<int32_t> end_of_text_id(const HfTokenizer& tok) {
-  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>"}) {
+  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"}) {
     if (auto id = tok.token_id(name)) return id;
   }
   return std::nullopt;

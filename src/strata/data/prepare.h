@@ -65,7 +65,7 @@ PrepareResult prepare_text_dataset(const std::vector<std::string>& inputs,
                                    double val_fraction);
 
 // The end-of-text token of a tokenizer: the first of <|end_of_text|> (Llama-3), <|endoftext|>
-// (GPT-2), </s> that it has; nullopt if none.
+// (GPT-2, Qwen2, SmolLM2), </s> (Llama-2, Mistral), <eos> (Gemma) that it has; nullopt if none.
 class HfTokenizer;
 std::optional<int32_t> end_of_text_id(const HfTokenizer& tok);
 
