@@ -16,6 +16,7 @@
 #include "strata/core/atomic_file.h"
 #include "strata/core/check.h"
 #include "strata/core/memory.h"
+#include "strata/kernels/ops.h"
 #include "strata/model/param_spec.h"
 #include "strata/model/transformer.h"
 #include "tools/strata/commands.h"
@@ -174,9 +175,13 @@ void logits(const CkptArgs& a) {
   model->forward(tokens.data(), targets.data(), 1.0f, false);
   const Tensor l = model->logits(0);
   const int64_t V = spec.tp.vocab_rows;
+  // The logits live in device memory: read back through the kernel interface.
+  std::vector<float> host(size_t(l.numel()));
+  ops::copy_to_host(host.data(), l);
   AtomicFile out(a.out, IoError::input);
-  const float* p = static_cast<const float*>(l.data);
-  for (int64_t r = 0; r < n; ++r) out.write(p + r * V, sizeof(float) * size_t(mc.vocab));
+  for (int64_t r = 0; r < n; ++r) {
+    out.write(host.data() + r * V, sizeof(float) * size_t(mc.vocab));
+  }
   out.commit();
   std::printf("logits of %s: %d x %d tokens x %d vocabulary (float32) -> %s\n", rd.dir().c_str(),
               a.batch, T, mc.vocab, a.out.c_str());
