@@ -2,11 +2,14 @@
 // tiled) on one shape, forward and backward, fp32, bf16 and fp16, and prints the minimum of --reps
 // runs in milliseconds (the four calls interleaved in each round) with the bytes each keeps for
 // backward.
-//   build/attention_paths [B NH KVH hd] [T ...] [--reps n] [--ring]
+//   build/attention_paths [B NH KVH hd] [T ...] [--reps n] [--ring] [--window w]
 // Defaults: bench-23M's attention (B 8, 8 heads, hd 64) at T 64, 128, 256, 512, 1024.
 // --ring: the tiled kernel against the ring attention blocks (attention_ring.h) on the same whole
 // causal sequence, as one causal block and as the 4 chunks of a zig-zag cp 2 (4 causal blocks and
 // 6 full ones), each with its pack_kv and delta.
+// --window w: the tiled kernel with a sliding window of w keys (AttentionScores::window) against
+// the same T without one, forward and backward, fp32 and bf16, and the speed-up of each (T of 4·w
+// and more: the window skips all but about (w + 64)/(T/2) of the causal key tiles).
 #include <omp.h>
 
 #include <algorithm>
@@ -155,10 +158,42 @@ void run_ring(int B, int T, int NH, int KVH, int hd, int reps) {
               ms[2] + ms[3], ms[4], ms[5], ms[4] + ms[5]);
 }
 
+// The tiled path at T with and without a window of w keys.
+template <typename S>
+void run_window(int B, int T, int NH, int KVH, int hd, int w, int reps) {
+  const int64_t qkv_n = int64_t(B) * T * (NH + 2 * KVH) * hd, out_n = int64_t(B) * T * NH * hd;
+  const int64_t lse_n = int64_t(B) * NH * T;
+  std::vector<S> qkv(static_cast<size_t>(qkv_n)), dy(static_cast<size_t>(out_n)),
+      out(static_cast<size_t>(out_n)), dqkv(static_cast<size_t>(qkv_n));
+  std::vector<float> lse(static_cast<size_t>(lse_n)), wlse(static_cast<size_t>(lse_n));
+  const uint64_t key = rng_key(7, "attention_paths");
+  for (int64_t i = 0; i < qkv_n; ++i) qkv[size_t(i)] = from_f32<S>(rng_normal(key, uint64_t(i)));
+  for (int64_t i = 0; i < out_n; ++i) {
+    dy[size_t(i)] = from_f32<S>(rng_normal(key, uint64_t(qkv_n + i)));
+  }
+  AttentionScores sc;
+  sc.window = w;
+  const auto [pf, pb, wf, wb] = min_ms<4>(
+      reps,
+      {[&] { attention_tiled_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, hd); },
+       [&] {
+         attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), lse.data(), B, T, NH, KVH,
+                                  hd);
+       },
+       [&] { attention_tiled_forward(out.data(), wlse.data(), qkv.data(), B, T, NH, KVH, hd, sc); },
+       [&] {
+         attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), wlse.data(), B, T, NH, KVH,
+                                  hd, sc);
+       }});
+  std::printf("%-5s %5d %6d  %9.2f %9.2f %9.2f  %9.2f %9.2f %9.2f  %6.2f %6.2f %6.2f\n",
+              dtype_name(dtype_of<S>()), T, w, pf, pb, pf + pb, wf, wb, wf + wb, pf / wf, pb / wb,
+              (pf + pb) / (wf + wb));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int reps = 5;
+  int reps = 5, window = 0;
   bool ring = false;
   std::vector<int> args;
   for (int i = 1; i < argc; ++i) {
@@ -166,6 +201,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--ring") == 0) {
       ring = true;
+    } else if (std::strcmp(argv[i], "--window") == 0 && i + 1 < argc) {
+      window = std::atoi(argv[++i]);
     } else {
       args.push_back(std::atoi(argv[i]));
     }
@@ -179,6 +216,14 @@ int main(int argc, char** argv) {
   const CpuFeatures& f = cpu_features();
   std::printf("# %s; %s; %d threads; B %d, heads %d, kv heads %d, hd %d; min of %d runs, ms\n",
               f.model.c_str(), f.flags().c_str(), omp_get_max_threads(), B, NH, KVH, hd, reps);
+  if (window > 0) {
+    std::printf("%-5s %5s %6s  %9s %9s %9s  %9s %9s %9s  %6s %6s %6s\n", "dtype", "T", "window",
+                "full fwd", "full bwd", "full f+b", "win fwd", "win bwd", "win f+b", "x fwd",
+                "x bwd", "x f+b");
+    for (int T : Ts) run_window<float>(B, T, NH, KVH, hd, window, reps);
+    for (int T : Ts) run_window<bf16>(B, T, NH, KVH, hd, window, reps);
+    return 0;
+  }
   if (ring) {
     std::printf("%-5s %5s  %9s %9s %9s  %9s %9s %9s  %9s %9s %9s\n", "dtype", "T", "tile fwd",
                 "tile bwd", "tile f+b", "ring1 fwd", "ring1 bwd", "ring1 f+b", "ring4 fwd",

@@ -129,7 +129,7 @@ TEST(HfTensors, AParameterWithoutCounterpartIsAnError) {
     hf_tensors(spec);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("wte of a mistral model has no Hugging Face"),
+    EXPECT_NE(std::string(e.what()).find("wpe of a mistral model has no Hugging Face"),
               std::string::npos)
         << e.what();
   }
@@ -434,9 +434,32 @@ TEST_F(HfTest, ImportReadsAShardedCheckpoint) {
 TEST_F(HfTest, ConfigJsonRoundTrips) {
   ModelConfig llama = tiny("llama", false);
   llama.norm_eps = 1e-6f, llama.rope_theta = 500000.0f, llama.init_std = 0.01f;
+  llama.rope_scaling = {"llama3", 8.0f, 1.0f, 4.0f, 8192};
   ModelConfig gpt2 = tiny("gpt2", true);
   ModelConfig llama_tied = tiny("llama", true);
-  for (const ModelConfig& m : {gpt2, llama, llama_tied}) {
+  // Each family's description: what its config.json must carry back.
+  ModelConfig mistral = tiny("llama", false);
+  mistral.family = "mistral", mistral.sliding_window = 5, mistral.head_dim = 16;
+  ModelConfig qwen2 = tiny("llama", true);
+  qwen2.family = "qwen2", qwen2.qkv_bias = true;
+  qwen2.rope_scaling.type = "yarn", qwen2.rope_scaling.factor = 4.0f;
+  qwen2.rope_scaling.original_max_positions = 8, qwen2.rope_scaling.attention_factor = 1.25f;
+  ModelConfig qwen3 = tiny("llama", true);
+  qwen3.family = "qwen3", qwen3.qk_norm = "head", qwen3.head_dim = 24;
+  qwen3.sliding_window = 4, qwen3.layer_sliding = {0, 1};
+  ModelConfig phi3 = tiny("llama", false);
+  phi3.family = "phi3", phi3.sliding_window = 7;
+  ModelConfig smollm3 = tiny("llama", true);
+  smollm3.family = "smollm3", smollm3.layer_rope = {1, 0};
+  ModelConfig gemma3 = tiny("llama", true);
+  gemma3.family = "gemma3", gemma3.qk_norm = "head", gemma3.norm_placement = "sandwich";
+  gemma3.norm_offset = 1.0f, gemma3.mlp_act = "gelu_tanh", gemma3.embed_scale = true;
+  gemma3.attn_scale = 0.25f, gemma3.rope_local_theta = 10000.0f, gemma3.rope_theta = 1e6f;
+  gemma3.sliding_window = 4, gemma3.layer_sliding = {1, 0}, gemma3.head_dim = 12;
+  ModelConfig olmo2 = tiny("llama", false);
+  olmo2.family = "olmo2", olmo2.qk_norm = "whole", olmo2.norm_placement = "post";
+  for (const ModelConfig& m :
+       {gpt2, llama, llama_tied, mistral, qwen2, qwen3, phi3, smollm3, gemma3, olmo2}) {
     const std::string name = m.family + (m.tied_embeddings ? "_tied" : "");
     export_random(m, name);
     const ModelConfig r = model_config_from_hf(path(name) + "/config.json");
@@ -452,6 +475,21 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
     EXPECT_EQ(r.norm_eps, m.norm_eps) << name;
     EXPECT_EQ(r.rope_theta, m.rope_theta) << name;
     EXPECT_EQ(r.init_std, m.init_std) << name;
+    EXPECT_EQ(r.hd(), m.hd()) << name;
+    EXPECT_EQ(r.qkv_bias, m.qkv_bias) << name;
+    EXPECT_EQ(r.qk_norm, m.qk_norm) << name;
+    EXPECT_EQ(r.sliding_window, m.sliding_window) << name;
+    for (int l = 0; l < m.layers; ++l) {
+      EXPECT_EQ(r.sliding(l), m.sliding(l)) << name << " layer " << l;
+      EXPECT_EQ(r.rope(l), m.rope(l)) << name << " layer " << l;
+    }
+    EXPECT_EQ(r.rope_scaling, m.rope_scaling) << name;
+    EXPECT_EQ(r.norm_placement, m.norm_placement) << name;
+    EXPECT_EQ(r.norm_offset, m.norm_offset) << name;
+    EXPECT_EQ(r.mlp_act, m.mlp_act) << name;
+    EXPECT_EQ(r.embed_scale, m.embed_scale) << name;
+    EXPECT_EQ(r.attn_scale, m.attn_scale) << name;
+    EXPECT_EQ(r.rope_local_theta, m.rope_local_theta) << name;
     EXPECT_EQ(model_config_from_hf(path(name)).hidden, m.hidden) << "a directory reads config.json";
   }
   std::ifstream in(path("llama") + "/config.json");
@@ -497,12 +535,26 @@ TEST_F(HfTest, ConfigRefusesWhatStrataDoesNotCompute) {
       {llama + R"(, "hidden_act": "gelu")", "\"hidden_act\" is \"gelu\""},
       {llama + R"(, "attention_bias": true)", "\"attention_bias\" is true"},
       {llama + R"(, "mlp_bias": true)", "\"mlp_bias\" is true"},
-      {llama + R"(, "head_dim": 16)", "\"head_dim\" is 16"},
+      {llama + R"(, "head_dim": 15)", "even head dimension"},
       {llama + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 8.0})",
-       "\"rope_type\" is \"llama3\""},
-      {llama + R"(, "rope_parameters": {"rope_type": "linear", "factor": 2.0})",
-       "\"rope_type\" is \"linear\""},
-      {R"("model_type": "mistral", "hidden_size": 32)", "\"model_type\" is \"mistral\""},
+       "has no \"original_max_position_embeddings\""},
+      {llama + R"(, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0})",
+       "RoPE scaling \"dynamic\" is not supported"},
+      {llama + R"(, "rope_scaling": {"type": "longrope", "short_factor": [1]})", "longrope is not"},
+      {llama + R"(, "rope_scaling": {"rope_type": "yarn"})", "has no \"factor\""},
+      {llama + R"(, "partial_rotary_factor": 0.75)", "partial rotary"},
+      {R"("model_type": "mamba", "hidden_size": 32)", "\"model_type\" is \"mamba\""},
+      {R"("model_type": "gemma2", "hidden_size": 32)", "Gemma 1 and 2 are not supported"},
+      {llama + R"(, "model_type": "gemma3_text", "final_logit_softcapping": 30.0)",
+       "soft-capping (Gemma 2's) is not supported"},
+      {llama + R"(, "model_type": "gemma3_text", "hidden_activation": "gelu")",
+       "\"hidden_activation\" is \"gelu\""},
+      {llama + R"(, "vision_config": {})", "text-only"},
+      {llama + R"(, "model_type": "smollm3", "no_rope_layers": [1])", "one 0 or 1 per layer"},
+      {llama + R"(, "model_type": "qwen2", "use_sliding_window": true, "sliding_window": 4,
+         "layer_types": ["sliding_attention", "local"])",
+       "holds \"local\""},
+      {llama + R"(, "model_type": "qwen3", "attention_bias": true)", "\"attention_bias\" is true"},
   };
   for (const auto& [body, want] : cases) {
     write_text(path("bad.json"), "{" + body + "}");

@@ -578,17 +578,82 @@ TEST(Config, ModelBlock) {
                        "model.hidden is required when model.preset is not given"));
   EXPECT_TRUE(contains(
       error_of(with(kMinimal, {{"model", {{"preset", "gpt2-tiny"}, {"rope_theta", 1e4}}}})),
-      "model.rope_theta applies to family llama only"));
+      "model.rope_theta applies to the RoPE families only"));
   EXPECT_TRUE(
       contains(error_of(with(kMinimal, {{"model", {{"preset", "llama-tiny"}, {"kv_heads", 3}}}})),
                "model.heads=4 is not divisible by model.kv_heads=3"));
   EXPECT_TRUE(
       contains(error_of(with(kMinimal, {{"model", {{"preset", "demo"}, {"family", "bert"}}}})),
-               "model.family must be one of \"gpt2\", \"llama\", got \"bert\""));
+               "model.family must be one of \"gpt2\", \"llama\", \"mistral\""));
 
   ModelConfig bad;
   bad.family = "gpt2";
   EXPECT_THROW(finalize_model(bad), InputError);  // layers 0
+}
+
+// A family is a description of its block: its defaults, and every field written by hand.
+TEST(Config, ModelFamiliesDescribeTheirBlock) {
+  auto model = [](json fields) {
+    json m = {{"layers", 4},   {"hidden", 64}, {"heads", 4},
+              {"kv_heads", 2}, {"vocab", 96},  {"seq_len", 16}};
+    m.update(fields);
+    return parse_config(with(kMinimal, {{"model", m}})).model;
+  };
+  const ModelConfig qwen2 = model({{"family", "qwen2"}});
+  EXPECT_TRUE(qwen2.qkv_bias);
+  EXPECT_EQ(qwen2.qk_norm, "none");
+  EXPECT_FALSE(qwen2.tied_embeddings);
+  const ModelConfig qwen3 = model({{"family", "qwen3"}, {"head_dim", 24}});
+  EXPECT_EQ(qwen3.qk_norm, "head");
+  EXPECT_FALSE(qwen3.qkv_bias);
+  EXPECT_EQ(qwen3.hd(), 24);
+  const ModelConfig smol = model({{"family", "smollm3"}});
+  EXPECT_TRUE(smol.rope(0) && smol.rope(1) && smol.rope(2));
+  EXPECT_FALSE(smol.rope(3)) << "every fourth layer leaves RoPE out";
+  const ModelConfig mistral = model({{"family", "mistral"}, {"sliding_window", 5}});
+  EXPECT_TRUE(mistral.sliding(0) && mistral.sliding(3));
+  const ModelConfig mixed =
+      model({{"family", "llama"},
+             {"sliding_window", 3},
+             {"layer_types",
+              {"sliding_attention", "full_attention", "sliding_attention", "full_attention"}},
+             {"rope_layers", {1, 1, 0, 1}},
+             {"qkv_bias", true},
+             {"rope_scaling",
+              {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 8}}}});
+  EXPECT_TRUE(mixed.sliding(0));
+  EXPECT_FALSE(mixed.sliding(1));
+  EXPECT_FALSE(mixed.rope(2));
+  EXPECT_TRUE(mixed.qkv_bias);
+  EXPECT_EQ(mixed.rope_scaling.type, "yarn");
+  EXPECT_EQ(mixed.rope_scaling.original_max_positions, 8);
+  // The block's JSON form (checkpoint manifests, a resume's model) reads back as the same model.
+  const ModelConfig back = model(model_block_json(mixed));
+  EXPECT_EQ(model_block_json(back), model_block_json(mixed));
+
+  const std::pair<json, std::string> bad[] = {
+      {{{"family", "qwen3"}, {"head_dim", 15}}, "must be even"},
+      {{{"family", "llama"}, {"layer_types", {"sliding_attention"}}},
+       "model.layer_types lists 1 layers, but model.layers=4"},
+      {{{"family", "llama"},
+        {"layer_types",
+         {"sliding_attention", "full_attention", "sliding_attention", "full_attention"}}},
+       "model.sliding_window is not given"},
+      {{{"family", "llama"}, {"layer_types", {"local", "full_attention"}}}, "layer_types"},
+      {{{"family", "llama"}, {"rope_layers", {1, 2, 1, 1}}}, "rope_layers"},
+      {{{"family", "llama"}, {"rope_scaling", {{"type", "llama3"}, {"factor", 8.0}}}},
+       "needs original_max_position_embeddings"},
+      {{{"family", "llama"}, {"rope_scaling", {{"type", "ntk"}}}}, "rope_scaling.type"},
+      {{{"family", "gpt2"}, {"kv_heads", 4}, {"qk_norm", "head"}}, "family gpt2 has its own"},
+      {{{"family", "llama"}, {"hidden", 63}}, "or set head_dim"},
+  };
+  for (const auto& [fields, want] : bad) {
+    json m = {{"layers", 4},   {"hidden", 64}, {"heads", 4},
+              {"kv_heads", 2}, {"vocab", 96},  {"seq_len", 16}};
+    m.update(fields);
+    const std::string e = error_of(with(kMinimal, {{"model", m}}));
+    EXPECT_TRUE(contains(e, want)) << fields.dump() << "\n -> " << e;
+  }
 }
 
 TEST(Config, Parallelism) {

@@ -245,8 +245,8 @@ TEST_P(GpuRope, ForwardAndBackward) {
     const auto qkv = random(BT * row, 30), dqkv = random(BT * row, 31);
     auto run = [&](Device d) {
       auto x = make(d, dt, {BT, row}, qkv), dx = make(d, dt, {BT, row}, dqkv);
-      ops::rope_forward(x->t, s, 10000.0f);
-      ops::rope_backward(dx->t, s, 10000.0f);
+      ops::rope_forward(x->t, s, ops::rope_default(s.hd, 10000.0f));
+      ops::rope_backward(dx->t, s, ops::rope_default(s.hd, 10000.0f));
       return std::pair{values(x->t), values(dx->t)};
     };
     const auto [got_x, got_dx] = run(kGpu);

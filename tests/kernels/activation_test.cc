@@ -84,6 +84,34 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(rel_err(dx, test::numeric_grad(x, loss, 1e-3f)), 1e-2);
 }
 
+// GeGLU (Gemma's MLP): gelu_pytorch_tanh(gate) · up on the interleaved layout.
+double gelu_tanh_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+
+TEST(GeGlu, ForwardAgainstReference) {
+  const int N = 7, F = 33;
+  auto x = act_input(2 * N * F);
+  std::vector<float> out(N * F);
+  geglu_forward(out.data(), x.data(), N, F);
+  std::vector<double> ref(N * F);
+  for (int i = 0; i < N * F; ++i) ref[i] = gelu_tanh_ref(x[2 * i]) * double(x[2 * i + 1]);
+  EXPECT_LT(rel_err(out, ref), 1e-6);
+}
+
+TEST(GeGlu, BackwardMatchesFiniteDifferences) {
+  const int N = 5, F = 24;
+  auto x = act_input(2 * N * F), w = test::randn(N * F, "w");
+  std::vector<float> out(N * F);
+  auto loss = [&] {
+    geglu_forward(out.data(), x.data(), N, F);
+    return test::weighted_sum(w, out.data(), out.size());
+  };
+  std::vector<float> dx(2 * N * F, 123.0f);
+  geglu_backward(dx.data(), w.data(), x.data(), N, F);
+  EXPECT_LT(rel_err(dx, test::numeric_grad(x, loss, 1e-3f)), 1e-2);
+}
+
 // Outputs are rounded once to S: relative error <= u (2^-8 bf16, 2^-11 fp16) of each value, so
 // 2u bounds the error relative to the largest value. Gradients likewise.
 template <typename S>
@@ -107,6 +135,12 @@ void check_half(double u) {
   EXPECT_LT(rel_err(out, fout), 2 * u);
   swiglu_backward(dx.data(), tdy.data(), tx.data(), N, F);
   swiglu_backward(fdx.data(), dy.data(), x.data(), N, F);
+  EXPECT_LT(rel_err(dx, fdx), 2 * u);
+  geglu_forward(out.data(), tx.data(), N, F);
+  geglu_forward(fout.data(), x.data(), N, F);
+  EXPECT_LT(rel_err(out, fout), 2 * u);
+  geglu_backward(dx.data(), tdy.data(), tx.data(), N, F);
+  geglu_backward(fdx.data(), dy.data(), x.data(), N, F);
   EXPECT_LT(rel_err(dx, fdx), 2 * u);
 }
 

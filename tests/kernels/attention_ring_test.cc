@@ -4,10 +4,12 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 
 #include "kernel_test_util.h"
 #include "strata/core/check.h"
 #include "strata/kernels/cpu/attention_tiled.h"
+#include "strata/kernels/ops.h"
 
 namespace strata::kernels {
 namespace {
@@ -76,11 +78,21 @@ std::vector<BlockCall> ring_blocks(const RingConfig& c, int r, int s, bool merge
 
 // Ring attention over the ranks, simulated in one process: each rank's forward steps (its own kv
 // first, then rank r−1's, r−2's, … as a ring passes them), then the backward's (the dkv of each
-// kv accumulated where it travels, here in one buffer per owner).
+// kv accumulated where it travels, here in one buffer per owner). sc's scale, cap and window
+// apply to every block, with the positions of rank r's rows (pos) and of rank s's (kv_pos).
 template <typename S>
 Assembled run_ring(const RingConfig& c, const std::vector<S>& qkv, const std::vector<S>& dy,
-                   bool merged) {
+                   bool merged, const AttentionScores& sc = {}) {
   const int Tl = c.Tl(), rep = c.rep();
+  std::vector<std::vector<int32_t>> pos(c.cp, std::vector<int32_t>(Tl));
+  for (int r = 0; r < c.cp; ++r) {
+    for (int i = 0; i < Tl; ++i) pos[r][i] = c.pos(r, i);
+  }
+  auto block_scores = [&](int r, int s) {
+    AttentionScores b = sc;
+    b.pos = pos[r].data(), b.kv_pos = pos[s].data();
+    return b;
+  };
   const int64_t row = c.qkv_row(), orow = int64_t(c.NH) * c.hd, kvrow = int64_t(c.KVH) * 2 * c.hd;
   std::vector<std::vector<S>> lqkv(c.cp), ldy(c.cp), kv(c.cp);
   for (int r = 0; r < c.cp; ++r) {
@@ -104,7 +116,8 @@ Assembled run_ring(const RingConfig& c, const std::vector<S>& qkv, const std::ve
       const int s = (r - step + c.cp) % c.cp;
       for (const BlockCall& k : ring_blocks(c, r, s, merged)) {
         attention_block_forward(o.data(), lse.data(), lqkv[r].data(), Tl, k.q0, k.Tq, kv[s].data(),
-                                Tl, k.k0, k.Tk, c.B, c.NH, c.KVH, c.hd, k.causal);
+                                Tl, k.k0, k.Tk, c.B, c.NH, c.KVH, c.hd, k.causal,
+                                block_scores(r, s));
       }
     }
     const std::vector<S> out = test::to_dtype<S>(o);
@@ -115,7 +128,7 @@ Assembled run_ring(const RingConfig& c, const std::vector<S>& qkv, const std::ve
       for (const BlockCall& k : ring_blocks(c, r, s, merged)) {
         attention_block_backward(dq.data(), dkv[s].data(), ldy[r].data(), lqkv[r].data(),
                                  lse.data(), delta.data(), Tl, k.q0, k.Tq, kv[s].data(), Tl, k.k0,
-                                 k.Tk, c.B, c.NH, c.KVH, c.hd, k.causal);
+                                 k.Tk, c.B, c.NH, c.KVH, c.hd, k.causal, block_scores(r, s));
       }
     }
     for (int b = 0; b < c.B; ++b)
@@ -145,12 +158,13 @@ Assembled run_ring(const RingConfig& c, const std::vector<S>& qkv, const std::ve
 
 // attention_tiled on the whole sequence, in fp32.
 template <typename S>
-Assembled run_tiled(const RingConfig& c, const std::vector<S>& qkv, const std::vector<S>& dy) {
+Assembled run_tiled(const RingConfig& c, const std::vector<S>& qkv, const std::vector<S>& dy,
+                    const AttentionScores& sc = {}) {
   std::vector<S> out(c.out_size()), dqkv(c.qkv_size());
   std::vector<float> lse(c.lse_size());
-  attention_tiled_forward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.NH, c.KVH, c.hd);
+  attention_tiled_forward(out.data(), lse.data(), qkv.data(), c.B, c.T, c.NH, c.KVH, c.hd, sc);
   attention_tiled_backward(dqkv.data(), dy.data(), qkv.data(), lse.data(), c.B, c.T, c.NH, c.KVH,
-                           c.hd);
+                           c.hd, sc);
   return {test::to_float(out), lse, test::to_float(dqkv)};
 }
 
@@ -178,6 +192,123 @@ TEST(AttentionRing, ZigZagMatchesTiled) {
       }
     }
   });
+}
+
+// Sliding windows (with a soft cap and a scale) over the zig-zag ring: windows inside one chunk,
+// across the boundary between chunks that live on different ranks (the first rows of a chunk see
+// the last keys of the one before it), several chunks wide, and so short that whole blocks fall
+// outside them (skipped), per chunk pair and merged; the whole sequence's tiled result, which
+// attention_window_test checks against a reference, is the one-piece result.
+TEST(AttentionRing, WindowsMatchTiled) {
+  struct WindowCase {
+    RingConfig c;
+    AttentionScores sc;
+  };
+  const WindowCase cases[] = {
+      {{2, 256, 4, 2, 16, 2}, {0.0f, 0.0f, 3}},      // chunks of 64: across the boundaries
+      {{2, 256, 4, 2, 16, 2}, {0.3f, 5.0f, 100}},    // wider than a chunk, capped
+      {{1, 520, 4, 2, 64, 4}, {0.0f, 5.0f, 70}},     // chunks of 65: whole blocks outside it
+      {{2, 200, 8, 2, 20, 2}, {0.3f, 0.0f, 51}},     // chunks of 50, one key past a chunk
+      {{1, 8, 4, 1, 8, 4}, {0.0f, 0.0f, 2}},         // one-row chunks
+      {{1, 300, 4, 2, 64, 2}, {0.0f, 0.0f, 1000}}};  // window past T: the plain ring
+  on_each_isa([&] {
+    for (const WindowCase& w : cases) {
+      for (bool merged : {false, true}) {
+        SCOPED_TRACE(testing::Message()
+                     << w.c << " window=" << w.sc.window << " softcap=" << w.sc.softcap
+                     << " scale=" << w.sc.scale << (merged ? " merged" : " per chunk pair"));
+        auto qkv = test::randn(w.c.qkv_size(), "qkv", 2.0f), dy = test::randn(w.c.out_size(), "dy");
+        const Assembled ring = run_ring(w.c, qkv, dy, merged, w.sc);
+        const Assembled ref = run_tiled(w.c, qkv, dy, w.sc);
+        EXPECT_LT(rel_err(ring.out, ref.out), 1e-5);
+        EXPECT_LT(rel_err(ring.lse, ref.lse), 1e-5);
+        EXPECT_LT(rel_err(ring.dqkv, ref.dqkv), 1e-5);
+        // The window matters here: the plain ring gives another result.
+        if (w.sc.window < w.c.T) {
+          AttentionScores plain = w.sc;
+          plain.window = 0;
+          EXPECT_GT(rel_err(run_ring(w.c, qkv, dy, merged, plain).out, ring.out), 1e-2);
+        }
+      }
+    }
+  });
+}
+
+// A block wholly outside the window reads nothing: NaN keys and values leave the running output,
+// lse and gradients as they were, bit for bit.
+TEST(AttentionRing, BlockOutsideTheWindowIsSkipped) {
+  const RingConfig c{1, 256, 4, 2, 16, 2};  // chunks of 64
+  const int n = c.chunk(), Tl = c.Tl();
+  // Queries of chunk 2 (positions 128…) against keys of chunk 0 (…63): 65 apart at the nearest.
+  const int32_t qpos[2] = {2 * 64, 3 * 64}, kpos[2] = {0, 64};
+  std::vector<int32_t> pos(Tl), kv_pos(Tl);
+  for (int i = 0; i < Tl; ++i) pos[i] = qpos[i / n] + i % n, kv_pos[i] = kpos[i / n] + i % n;
+  const AttentionScores sc{0.0f, 0.0f, 65, pos.data(), kv_pos.data()};
+  auto qkv = test::randn(int64_t(c.B) * Tl * c.qkv_row(), "qkv");
+  std::vector<float> kv(int64_t(c.B) * Tl * c.KVH * 2 * c.hd,
+                        std::numeric_limits<float>::quiet_NaN());
+  auto o = test::randn(int64_t(c.B) * Tl * c.NH * c.hd, "o"), lse = test::randn(c.NH * Tl, "lse");
+  auto dq = o, dkv = test::randn(kv.size(), "dkv");
+  const auto o0 = o, lse0 = lse, dq0 = dq, dkv0 = dkv;
+  attention_block_forward(o.data(), lse.data(), qkv.data(), Tl, 0, n, kv.data(), Tl, 0, n, c.B,
+                          c.NH, c.KVH, c.hd, false, sc);
+  attention_block_backward(dq.data(), dkv.data(), o.data(), qkv.data(), lse.data(), lse.data(), Tl,
+                           0, n, kv.data(), Tl, 0, n, c.B, c.NH, c.KVH, c.hd, false, sc);
+  EXPECT_TRUE(test::bit_equal(o, o0));
+  EXPECT_TRUE(test::bit_equal(lse, lse0));
+  EXPECT_TRUE(test::bit_equal(dq, dq0));
+  EXPECT_TRUE(test::bit_equal(dkv, dkv0));
+  // One position nearer, the window reaches the last key: the block is computed (NaN everywhere).
+  std::vector<int32_t> nearer = pos;
+  for (int i = 0; i < n; ++i) nearer[i] -= 1;
+  const AttentionScores in{0.0f, 0.0f, 65, nearer.data(), kv_pos.data()};
+  attention_block_forward(o.data(), lse.data(), qkv.data(), Tl, 0, n, kv.data(), Tl, 0, n, c.B,
+                          c.NH, c.KVH, c.hd, false, in);
+  EXPECT_TRUE(std::isnan(o[0]));
+}
+
+// The op layer's ring pieces: one sequence held whole, its chunks' blocks at positions q0 and k0
+// (window, cap and scale passed through), give the op layer's tiled attention; with a rank's
+// positions (pos), whose visiting keys' positions the shape cannot say, a window is refused.
+TEST(AttentionRing, OpsBlocksWithWindow) {
+  ops::AttentionShape s{1, 192, 2, 2, 16};  // 4 heads over 2 groups; 3 chunks of 64
+  s.scale = 0.3f, s.softcap = 5.0f, s.window = 70;
+  const int c = 64, NH = 4;
+  const int64_t qkv_n = int64_t(s.T) * 2 * 4 * s.hd, out_n = int64_t(s.T) * NH * s.hd;
+  const int64_t kv_n = int64_t(s.T) * 2 * 2 * s.hd, lse_n = int64_t(NH) * s.T;
+  auto qkv = test::randn(qkv_n, "qkv", 2.0f), dy = test::randn(out_n, "dy");
+  std::vector<float> kv(kv_n), o(out_n), lse(lse_n), delta(lse_n), dq(out_n, 0.0f), dkv(kv_n, 0.0f),
+      dqkv(qkv_n);
+  auto T = [](std::vector<float>& v) { return Tensor(v.data(), DType::F32, {int64_t(v.size())}); };
+  ops::attention_pack_kv(T(kv), T(qkv), s);
+  ops::attention_lse_clear(T(lse));
+  for (int a = 0; a < 3; ++a) {
+    for (int b = a; b >= 0; --b) {
+      ops::attention_block_forward(T(o), T(lse), T(qkv), a * c, c, T(kv), b * c, c, s, a == b);
+    }
+  }
+  ops::attention_delta(T(delta), T(dy), T(o), s);
+  for (int a = 0; a < 3; ++a) {
+    for (int b = a; b >= 0; --b) {
+      ops::attention_block_backward(T(dq), T(dkv), T(dy), T(qkv), T(lse), T(delta), a * c, c, T(kv),
+                                    b * c, c, s, a == b);
+    }
+  }
+  ops::attention_unpack_dqkv(T(dqkv), T(dq), T(dkv), s);
+  set_attention_path(AttentionPath::Tiled);
+  std::vector<float> out(out_n), tlse(lse_n), tdqkv(qkv_n);
+  ops::attention_forward(T(out), T(tlse), T(qkv), s);
+  std::vector<float> scratch(1);
+  ops::attention_backward(T(tdqkv), T(scratch), T(dy), T(qkv), T(tlse), s);
+  set_attention_path(std::nullopt);
+  EXPECT_LT(rel_err(o, out), 1e-5);
+  EXPECT_LT(rel_err(lse, tlse), 1e-5);
+  EXPECT_LT(rel_err(dqkv, tdqkv), 1e-5);
+  std::vector<int32_t> pos(s.T);
+  for (int t = 0; t < s.T; ++t) pos[t] = t;
+  s.pos = pos.data();
+  EXPECT_THROW(ops::attention_block_forward(T(o), T(lse), T(qkv), 0, c, T(kv), 0, c, s, true),
+               Error);
 }
 
 // Half storage: q, k, v widen exactly and everything inside is fp32, as the tiled kernel; the

@@ -152,6 +152,68 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   for (size_t i = 0; i < dw.size(); ++i) EXPECT_FLOAT_EQ(dw[i], 2.0f * dw1[i]);
 }
 
+// Gemma's gain 1 + w (w_offset 1), w random around 0 so that using w, or 1 + w where w belongs,
+// fails: the forward against the reference with gain 1 + w, the backward against finite
+// differences, and the split backward equal to the fused one bit for bit.
+TEST(RmsNorm, OffsetGainForwardAndBackward) {
+  const int N = 6, C = 20;
+  auto x = norm_input(N * C), w = test::randn(C, "w", 0.5f), lw = test::randn(N * C, "loss_w");
+  std::vector<float> gain(C);
+  for (int c = 0; c < C; ++c) gain[c] = 1.0f + w[c];
+  std::vector<float> out(N * C), rstd(N);
+  auto loss = [&] {
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, kEps, 1.0f);
+    return test::weighted_sum(lw, out.data(), out.size());
+  };
+  loss();
+  Ref r = rmsnorm_reference(x, gain, N, C);
+  EXPECT_LT(rel_err(out, r.out), 1e-5);
+  EXPECT_LT(rel_err(rstd, r.rstd), 1e-5);
+  std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f), scratch(norm_backward_scratch_floats(N, C));
+  rmsnorm_backward(dx.data(), dw.data(), scratch.data(), lw.data(), x.data(), w.data(), rstd.data(),
+                   N, C, 1.0f);
+  EXPECT_LT(rel_err(dx, test::numeric_grad(x, loss, 1e-3f)), 1e-2);
+  EXPECT_LT(rel_err(dw, test::numeric_grad(w, loss, 1e-3f)), 1e-2);
+  std::vector<float> dx2(N * C, 0.0f), dw2(C, 0.0f);
+  rmsnorm_backward_input(dx2.data(), lw.data(), x.data(), w.data(), rstd.data(), N, C, 1.0f);
+  rmsnorm_backward_weight(dw2.data(), scratch.data(), lw.data(), x.data(), rstd.data(), N, C);
+  EXPECT_TRUE(test::bit_equal(dx2, dx));
+  EXPECT_TRUE(test::bit_equal(dw2, dw));
+}
+
+// Without an offset the gain is w itself, bit for bit, a −0 weight included (its sign reaches the
+// output).
+TEST(RmsNorm, NoOffsetKeepsThePlainGainsBits) {
+  const int N = 3, C = 8;
+  auto x = norm_input(N * C), w = test::randn(C, "w");
+  w[1] = -0.0f;
+  std::vector<float> out(N * C), rstd(N);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, kEps);
+  std::vector<float> want(N * C);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < C; ++c) want[n * C + c] = x[n * C + c] * rstd[n] * w[c];
+  EXPECT_TRUE(test::bit_equal(out, want));
+}
+
+// The gain 1 + w is formed in fp32: with bf16 weights of a few hundredths, 1 + w rounded to bf16
+// would move about half of the bf16 outputs by an ulp; formed in fp32, all but the rare output
+// within fp32 noise of a rounding boundary are the exact result rounded once.
+TEST(RmsNorm, OffsetGainKeepsHalfWeights) {
+  const int N = 16, C = 64;
+  auto x = test::rounded<bf16>(norm_input(N * C)),
+       w = test::rounded<bf16>(test::randn(C, "w", 0.02f));
+  auto tx = test::to_dtype<bf16>(x), tw = test::to_dtype<bf16>(w);
+  std::vector<bf16> out(N * C);
+  std::vector<float> rstd(N);
+  rmsnorm_forward(out.data(), rstd.data(), tx.data(), tw.data(), N, C, kEps, 1.0f);
+  std::vector<float> gain(C);
+  for (int c = 0; c < C; ++c) gain[c] = 1.0f + w[c];
+  const Ref r = rmsnorm_reference(x, gain, N, C);
+  int off = 0;
+  for (int i = 0; i < N * C; ++i) off += out[i].bits != from_f32<bf16>(float(r.out[i])).bits;
+  EXPECT_LE(off, N * C / 100);
+}
+
 // Half storage: the fp32 gradients of the rounded inputs, rounded to S (dinp) or G.
 template <typename S, typename G>
 void check_half_backward(double tol) {

@@ -140,7 +140,7 @@ TEST(OpsRope, RotatesQueriesAndKeysNeverValues) {
           ref[hi] = x[hi] * std::cos(angle) + x[lo] * std::sin(angle);
         }
   auto y = x;
-  rope_forward(view(y, {s.B * s.T, row}), s, theta);
+  rope_forward(view(y, {s.B * s.T, row}), s, rope_default(s.hd, theta));
   EXPECT_LT(rel_err(y, ref), 2e-6);
   for (int64_t n = 0; n < s.B * s.T; ++n)
     for (int g = 0; g < s.groups; ++g)
@@ -149,7 +149,7 @@ TEST(OpsRope, RotatesQueriesAndKeysNeverValues) {
         ASSERT_EQ(y[i], x[i]) << "value head of group " << g << " moved at row " << n;
       }
   // The backward is the inverse rotation.
-  rope_backward(view(y, {s.B * s.T, row}), s, theta);
+  rope_backward(view(y, {s.B * s.T, row}), s, rope_default(s.hd, theta));
   EXPECT_LT(rel_err(y, x), 1e-6);
 }
 
@@ -330,8 +330,8 @@ TEST(OpsPosition, MappedPositionsReadTheirOwnRows) {
   auto qkv = test::randn(Tw * 3 * 8, "qkv");
   std::vector<float> mine;
   for (int32_t p : pos) mine.insert(mine.end(), qkv.begin() + p * 24, qkv.begin() + p * 24 + 24);
-  rope_forward(view(qkv, {Tw, 24}), whole, 10000.0f);
-  rope_forward(view(mine, {T, 24}), part, 10000.0f);
+  rope_forward(view(qkv, {Tw, 24}), whole, rope_default(8, 10000.0f));
+  rope_forward(view(mine, {T, 24}), part, rope_default(8, 10000.0f));
   for (int64_t t = 0; t < T; ++t) {
     for (int k = 0; k < 24; ++k) EXPECT_EQ(mine[t * 24 + k], qkv[pos[t] * 24 + k]) << t << " " << k;
   }

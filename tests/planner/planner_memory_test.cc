@@ -41,13 +41,16 @@ class PlannerMemory : public ::testing::Test {
     if (world_rank() == 0) std::filesystem::remove(path_);
   }
 
-  static planner::PlanInput input(const std::string& preset, int global_batch) {
+  static nlohmann::json preset(const std::string& name) {
+    return {{"preset", name}, {"layers", 4}};
+  }
+  static planner::PlanInput input(const nlohmann::json& model, int global_batch) {
     planner::PlanInput in;
     in.base = {{"train_batch_size", global_batch},
                {"steps_per_print", 0},
                {"bf16", {{"enabled", true}}},
                {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-               {"model", {{"preset", preset}, {"layers", 4}}}};
+               {"model", model}};
     in.cluster = planner::uniform_cluster(world_size(), world_size());
     in.device.name = "test", in.device.memory_bytes = in.device.host_memory_bytes = 1ull << 40;
     in.device.fp32_flops = 1e11, in.device.memory_bytes_per_s = 1e10;
@@ -128,11 +131,24 @@ void expect_matches(const planner::PlanInput& in, const planner::Row& r, const s
 
 TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
   int checked = 0;
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
-    const planner::PlanInput in = input(preset, 8);
+  // GPT-2, Llama, and a Gemma 3 block (sandwich norms, q/k norms, a head_dim of its own).
+  const nlohmann::json models[] = {{{"preset", "gpt2-tiny"}, {"layers", 4}},
+                                   {{"preset", "llama-tiny"}, {"layers", 4}},
+                                   {{"family", "gemma3"},
+                                    {"layers", 4},
+                                    {"hidden", 32},
+                                    {"heads", 4},
+                                    {"kv_heads", 2},
+                                    {"head_dim", 12},
+                                    {"ffn_hidden", 64},
+                                    {"vocab", 64},
+                                    {"seq_len", 16},
+                                    {"sliding_window", 4}}};
+  for (const nlohmann::json& model : models) {
+    const planner::PlanInput in = input(model, 8);
     const std::vector<planner::Row> rows = sample(planner::plan(in));
     for (const planner::Row& r : rows) {
-      expect_matches(in, r, preset);
+      expect_matches(in, r, model.value("preset", std::string("gemma3")));
       ++checked;
     }
   }
@@ -146,7 +162,7 @@ TEST_F(PlannerMemory, ZeroStage3UnderPipelinesMatchesTheEngine) {
   if (world_size() < 2) GTEST_SKIP() << "a pipeline needs 2 ranks";
   int checked = 0;
   for (bool reshard : {true, false}) {
-    planner::PlanInput in = input(reshard ? "gpt2-tiny" : "llama-tiny", 8);
+    planner::PlanInput in = input(preset(reshard ? "gpt2-tiny" : "llama-tiny"), 8);
     in.base["zero_optimization"] = {{"stage3_param_persistence_threshold", 0},
                                     {"stage3_prefetch_bucket_size", 10000},
                                     {"stage3_reshard_after_forward", reshard}};
@@ -165,7 +181,7 @@ TEST_F(PlannerMemory, ZeroStage3UnderPipelinesMatchesTheEngine) {
 
 // The refused layouts: the engine (or the config parser) says the same.
 TEST_F(PlannerMemory, RefusalsAreTheEnginesOwn) {
-  const planner::PlanInput in = input("gpt2-tiny", 8);
+  const planner::PlanInput in = input(preset("gpt2-tiny"), 8);
   int checked = 0;
   for (const planner::Row& r : planner::plan(in)) {
     if (r.valid() || checked >= 6) continue;

@@ -71,7 +71,33 @@ constexpr Rule kRules[] = {
     {"llama", R::Fc2W, {"model.layers.{i}.mlp.down_proj.weight"}, false},
     {"llama", R::FinalNormW, {"model.norm.weight"}, false},
     {"llama", R::OutputW, {"lm_head.weight"}, false},
+    {"llama",
+     R::QkvB,
+     {"model.layers.{i}.self_attn.q_proj.bias", "model.layers.{i}.self_attn.k_proj.bias",
+      "model.layers.{i}.self_attn.v_proj.bias"},
+     false},
+    {"llama", R::QNormW, {"model.layers.{i}.self_attn.q_norm.weight"}, false},
+    {"llama", R::KNormW, {"model.layers.{i}.self_attn.k_norm.weight"}, false},
+    // Phi-3 stores q|k|v and gate|up fused, in the canonical row order; the rest as Llama.
+    {"phi3", R::QkvW, {"model.layers.{i}.self_attn.qkv_proj.weight"}, false},
+    {"phi3", R::FcW, {"model.layers.{i}.mlp.gate_up_proj.weight"}, false},
+    // Gemma's sandwich norms: its post_attention_layernorm is the attention output's norm.
+    {"gemma3", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
+    {"gemma3", R::Norm2W, {"model.layers.{i}.pre_feedforward_layernorm.weight"}, false},
+    {"gemma3", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
+    // OLMo 2's norms follow each sublayer.
+    {"olmo2", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
+    {"olmo2", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
 };
+
+// The rules' naming a family's checkpoints use: GPT-2's; Phi-3's, Gemma 3's and OLMo 2's (each
+// Llama's but a few); or Llama's (every other RoPE family).
+std::string_view naming(const std::string& family) {
+  for (const char* own : {"gpt2", "phi3", "gemma3", "olmo2"}) {
+    if (family == own) return own;
+  }
+  return "llama";
+}
 
 // The prefix of the base model's tensors, which checkpoints saved from the base model lack.
 std::string_view base_prefix(const std::string& family) {
@@ -171,6 +197,130 @@ const char* torch_dtype(DType t) {
   return t == DType::F32 ? "float32" : t == DType::BF16 ? "bfloat16" : "float16";
 }
 
+// The transformers class and model_type of each RoPE family.
+struct HfFamily {
+  const char* family;
+  const char* model_type;
+  const char* architecture;
+};
+constexpr HfFamily kHfFamilies[] = {
+    {"llama", "llama", "LlamaForCausalLM"},
+    {"mistral", "mistral", "MistralForCausalLM"},
+    {"qwen2", "qwen2", "Qwen2ForCausalLM"},
+    {"qwen3", "qwen3", "Qwen3ForCausalLM"},
+    {"phi3", "phi3", "Phi3ForCausalLM"},
+    {"smollm3", "smollm3", "SmolLM3ForCausalLM"},
+    {"gemma3", "gemma3_text", "Gemma3ForCausalLM"},
+    {"olmo2", "olmo2", "Olmo2ForCausalLM"},
+};
+
+// The family that a config.json's model_type names: its own name but Gemma 3's text model.
+std::string family_of_model_type(const std::string& type) {
+  return type == "gemma3_text" ? "gemma3" : type;
+}
+
+const HfFamily& hf_family(const std::string& family) {
+  for (const HfFamily& f : kHfFamilies) {
+    if (family == f.family) return f;
+  }
+  STRATA_INPUT_FAIL("a Hugging Face export of family ", family, " is not supported");
+}
+
+json rope_scaling_json(const RopeScaling& r) {
+  if (r.type == "none") return nullptr;
+  json j = {{"rope_type", r.type}, {"type", r.type}, {"factor", decimal(r.factor)}};
+  if (r.original_max_positions > 0) {
+    j["original_max_position_embeddings"] = r.original_max_positions;
+  }
+  if (r.type == "llama3") {
+    j["low_freq_factor"] = decimal(r.low_freq_factor);
+    j["high_freq_factor"] = decimal(r.high_freq_factor);
+  } else if (r.type == "yarn") {
+    j["beta_fast"] = decimal(r.beta_fast);
+    j["beta_slow"] = decimal(r.beta_slow);
+    if (r.attention_factor > 0) j["attention_factor"] = decimal(r.attention_factor);
+  }
+  return j;
+}
+
+// The RoPE families' config.json fields (Llama's, and what each family adds).
+void rope_family_config(const ModelConfig& m, json& j) {
+  const HfFamily& f = hf_family(m.family);
+  j["architectures"] = json::array({f.architecture});
+  j["model_type"] = f.model_type;
+  j["vocab_size"] = m.vocab;
+  j["max_position_embeddings"] = m.seq_len;
+  j["hidden_size"] = m.hidden;
+  j["intermediate_size"] = m.ffn_hidden;
+  j["num_hidden_layers"] = m.layers;
+  j["num_attention_heads"] = m.heads;
+  j["num_key_value_heads"] = m.kv_heads;
+  j["head_dim"] = m.hd();
+  j["hidden_act"] = "silu";
+  j["rms_norm_eps"] = decimal(m.norm_eps);
+  // transformers 4 reads rope_theta and rope_scaling, 5 rope_parameters.
+  j["rope_theta"] = decimal(m.rope_theta);
+  j["rope_scaling"] = rope_scaling_json(m.rope_scaling);
+  json params = m.rope_scaling.type == "none" ? json{{"rope_type", "default"}}
+                                              : rope_scaling_json(m.rope_scaling);
+  params.erase("type");
+  params["rope_theta"] = decimal(m.rope_theta);
+  j["rope_parameters"] = params;
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  if (m.family == "llama") j["pretraining_tp"] = 1;
+  if (m.family == "mistral" || m.family == "phi3") {
+    j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
+  }
+  if (m.family == "qwen2" || m.family == "qwen3") {
+    j.erase("attention_bias");
+    if (m.family == "qwen3") j["attention_bias"] = false;
+    j["use_sliding_window"] = m.sliding_window > 0;
+    j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
+    j["max_window_layers"] = m.layers;
+    if (m.sliding_window > 0) {
+      json types = json::array();
+      for (int l = 0; l < m.layers; ++l) {
+        types.push_back(m.sliding(l) ? "sliding_attention" : "full_attention");
+      }
+      j["layer_types"] = types;
+      int first = m.layers;  // transformers derives the kinds from max_window_layers
+      while (first > 0 && m.sliding(first - 1)) --first;
+      j["max_window_layers"] = first;
+    }
+  }
+  if (m.family == "phi3") {
+    j["resid_pdrop"] = 0.0;
+    j["embd_pdrop"] = 0.0;
+    j["original_max_position_embeddings"] = m.seq_len;
+    j["partial_rotary_factor"] = 1.0;
+  }
+  if (m.family == "gemma3") {
+    j["hidden_activation"] = "gelu_pytorch_tanh";
+    j.erase("hidden_act");
+    j["query_pre_attn_scalar"] =
+        m.attn_scale > 0 ? json(decimal(1.0f / (m.attn_scale * m.attn_scale))) : json(m.hd());
+    j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json(m.seq_len);
+    json types = json::array();
+    for (int l = 0; l < m.layers; ++l) {
+      types.push_back(m.sliding(l) ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+    j["rope_local_base_freq"] = decimal(m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta);
+    j["attn_logit_softcapping"] = nullptr;
+    j["final_logit_softcapping"] = nullptr;
+    j.erase("rope_parameters");  // transformers 4's Gemma 3 reads rope_theta and rope_scaling
+  }
+  if (m.family == "smollm3") {
+    json layers = json::array();
+    for (int l = 0; l < m.layers; ++l) layers.push_back(m.rope(l) ? 1 : 0);
+    j["no_rope_layers"] = layers;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
+}
+
 // config.json of m's transformers model. Dropouts are 0 and the token ids null: strata trains
 // without dropout and knows no tokenizer.
 json hf_config(const ModelConfig& m, DType dtype) {
@@ -193,32 +343,13 @@ json hf_config(const ModelConfig& m, DType dtype) {
     j["scale_attn_by_inverse_layer_idx"] = false;
     j["reorder_and_upcast_attn"] = false;
   } else {
-    const int hd = m.hidden / m.heads;
-    j["architectures"] = json::array({"LlamaForCausalLM"});
-    j["model_type"] = "llama";
-    j["vocab_size"] = m.vocab;
-    j["max_position_embeddings"] = m.seq_len;
-    j["hidden_size"] = m.hidden;
-    j["intermediate_size"] = m.ffn_hidden;
-    j["num_hidden_layers"] = m.layers;
-    j["num_attention_heads"] = m.heads;
-    j["num_key_value_heads"] = m.kv_heads;
-    j["head_dim"] = hd;
-    j["hidden_act"] = "silu";
-    j["rms_norm_eps"] = decimal(m.norm_eps);
-    // transformers 4 reads rope_theta, 5 rope_parameters.
-    j["rope_theta"] = decimal(m.rope_theta);
-    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", decimal(m.rope_theta)}};
-    j["rope_scaling"] = nullptr;
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
-    j["attention_dropout"] = 0.0;
-    j["pretraining_tp"] = 1;
+    rope_family_config(m, j);
   }
   j["tie_word_embeddings"] = m.tied_embeddings;
   j["initializer_range"] = decimal(m.init_std);
   j["bos_token_id"] = nullptr;
   j["eos_token_id"] = nullptr;
+  j["pad_token_id"] = nullptr;  // some classes' defaults (Phi-3's 32000) lie past a small vocab
   j["use_cache"] = true;
   j["torch_dtype"] = torch_dtype(dtype);
   return j;
@@ -333,13 +464,80 @@ void require(const json& j, const std::string& path, const char* key, T fallback
                      ", which strata does not support: ", why);
 }
 
-void require_default_rope(const json& j, const std::string& path, const char* key) {
-  if (!j.contains(key) || j[key].is_null()) return;
-  const json& r = j[key];
-  STRATA_INPUT_CHECK(r.is_object(), path, ": \"", key, "\" is not an object");
-  const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
-  require<std::string>(r, path + " (" + key + ")", type_key, "default", "default",
-                       "strata's RoPE has no scaling (rope_type \"default\" only)");
+// RoPE's scaling from transformers 4's "rope_scaling" or 5's "rope_parameters" (whose
+// "rope_theta" it also reads); types strata does not compute are refused, naming them.
+void read_rope(const json& j, const std::string& path, ModelConfig& m) {
+  double theta = field<double>(j, path, "rope_theta", 10000.0);
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const json& r = j[key];
+    const std::string where = path + " (" + key + ")";
+    STRATA_INPUT_CHECK(r.is_object(), path, ": \"", key, "\" is not an object");
+    STRATA_INPUT_CHECK(!r.contains("full_attention") && !r.contains("sliding_attention"), where,
+                       ": RoPE settings per layer type (Gemma 3's) are not supported");
+    if (std::string(key) == "rope_parameters") theta = field<double>(r, where, "rope_theta", theta);
+    const std::string type =
+        field<std::string>(r, where, r.contains("rope_type") ? "rope_type" : "type", "default");
+    if (type == "default") continue;
+    STRATA_INPUT_CHECK(type == "linear" || type == "llama3" || type == "yarn", where,
+                       ": RoPE scaling \"", type,
+                       "\" is not supported; strata computes \"default\", \"linear\", "
+                       "\"llama3\" and \"yarn\"",
+                       type == "longrope" || type == "su"
+                           ? " (Phi-3's long-context longrope is not: use a 4k-context Phi-3)"
+                           : "");
+    RopeScaling& s = m.rope_scaling;
+    s.type = type;
+    s.factor = float(field<double>(r, where, "factor", std::nullopt));
+    // Required by llama3; yarn's defaults to the model's context; linear has none.
+    s.original_max_positions = field<int>(
+        r, where, "original_max_position_embeddings",
+        type == "yarn"     ? std::optional<int>(field<int>(j, path, "max_position_embeddings", 0))
+        : type == "linear" ? std::optional<int>(0)
+                           : std::nullopt);
+    if (type == "llama3") {
+      s.low_freq_factor = float(field<double>(r, where, "low_freq_factor", std::nullopt));
+      s.high_freq_factor = float(field<double>(r, where, "high_freq_factor", std::nullopt));
+    } else if (type == "yarn") {
+      s.beta_fast = float(field<double>(r, where, "beta_fast", 32.0));
+      s.beta_slow = float(field<double>(r, where, "beta_slow", 1.0));
+      s.attention_factor = float(field<double>(r, where, "attention_factor", 0.0));
+      STRATA_INPUT_CHECK(!r.contains("mscale") && !r.contains("mscale_all_dim"), where,
+                         ": yarn's mscale and mscale_all_dim are not supported");
+    }
+  }
+  m.rope_theta = float(theta);
+}
+
+// The attention kinds of each layer: an explicit "layer_types" list (newer transformers), else
+// the family's rule (Mistral and Phi-3: every layer slides when sliding_window is set; Qwen2/3:
+// the layers from max_window_layers on, when use_sliding_window).
+void read_sliding(const json& j, const std::string& path, const std::string& type, ModelConfig& m) {
+  const bool qwen = type == "qwen2" || type == "qwen3";
+  const bool used = qwen ? field<bool>(j, path, "use_sliding_window", false)
+                         : type == "mistral" || type == "phi3" || type == "gemma3";
+  const int window = field<int>(j, path, "sliding_window", 0);
+  if (!used || window == 0) return;
+  m.sliding_window = window;
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const json& t = j["layer_types"];
+    STRATA_INPUT_CHECK(t.is_array() && int(t.size()) == m.layers, path,
+                       ": \"layer_types\" must list one kind per layer (", m.layers, ")");
+    for (const json& k : t) {
+      STRATA_INPUT_CHECK(k == "sliding_attention" || k == "full_attention", path,
+                         ": \"layer_types\" holds ", k.dump(),
+                         "; strata reads \"sliding_attention\" and \"full_attention\"");
+      m.layer_sliding.push_back(k == "sliding_attention");
+    }
+  } else if (qwen) {
+    const int first = field<int>(j, path, "max_window_layers", m.layers);
+    for (int l = 0; l < m.layers; ++l) m.layer_sliding.push_back(l >= first);
+  } else if (type == "gemma3") {  // every sliding_window_pattern-th layer attends in full
+    const int every = field<int>(j, path, "sliding_window_pattern", 6);
+    STRATA_INPUT_CHECK(every > 0, path, ": \"sliding_window_pattern\" must be > 0");
+    for (int l = 0; l < m.layers; ++l) m.layer_sliding.push_back((l + 1) % every != 0);
+  }
+  // A window as long as the sequence changes nothing; keep it for the export all the same.
 }
 
 ModelConfig gpt2_config(const json& j, const std::string& path) {
@@ -365,9 +563,11 @@ ModelConfig gpt2_config(const json& j, const std::string& path) {
   return m;
 }
 
-ModelConfig llama_config(const json& j, const std::string& path) {
+// Llama and the families built on it: Mistral, Qwen2/2.5, Qwen3, Phi-3, SmolLM2 (a "llama")
+// and SmolLM3.
+ModelConfig rope_family_model(const json& j, const std::string& path, const std::string& type) {
   ModelConfig m;
-  m.family = "llama";
+  m.family = type;
   m.layers = field<int>(j, path, "num_hidden_layers");
   m.hidden = field<int>(j, path, "hidden_size");
   m.heads = field<int>(j, path, "num_attention_heads");
@@ -376,20 +576,63 @@ ModelConfig llama_config(const json& j, const std::string& path) {
   m.vocab = field<int>(j, path, "vocab_size");
   m.seq_len = field<int>(j, path, "max_position_embeddings");
   m.norm_eps = float(field<double>(j, path, "rms_norm_eps", 1e-6));
-  m.tied_embeddings = field<bool>(j, path, "tie_word_embeddings", false);
-  double theta = field<double>(j, path, "rope_theta", 10000.0);
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-    theta = field<double>(j["rope_parameters"], path + " (rope_parameters)", "rope_theta", theta);
+  const bool gemma = type == "gemma3";
+  // Absent: the transformers class's default, which only SmolLM3's and Gemma's tie.
+  m.tied_embeddings = field<bool>(j, path, "tie_word_embeddings", type == "smollm3" || gemma);
+  m.qkv_bias = type == "qwen2";
+  m.qk_norm = type == "qwen3" || gemma ? "head" : type == "olmo2" ? "whole" : "none";
+  m.norm_placement = gemma ? "sandwich" : type == "olmo2" ? "post" : "pre";
+  if (gemma) {  // Gemma 3: (1 + w) norms, GeGLU, scaled embeddings and scores, local RoPE base
+    m.norm_offset = 1.0f;
+    m.mlp_act = "gelu_tanh";
+    m.embed_scale = true;
+    const double scalar = field<double>(j, path, "query_pre_attn_scalar", 256.0);
+    STRATA_INPUT_CHECK(scalar > 0, path, ": \"query_pre_attn_scalar\" must be > 0");
+    m.attn_scale = float(1.0 / std::sqrt(scalar));
+    m.rope_local_theta = float(field<double>(j, path, "rope_local_base_freq", 10000.0));
+    require<std::string>(j, path, "hidden_activation", "gelu_pytorch_tanh", "gelu_pytorch_tanh",
+                         "Gemma's MLP is GeGLU with the tanh GELU");
+    for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+      STRATA_INPUT_CHECK(!j.contains(key) || j[key].is_null(), path, ": \"", key,
+                         "\" is set; soft-capping (Gemma 2's) is not supported");
+    }
+    require(j, path, "use_bidirectional_attention", false, false,
+            "strata trains causal decoders (EmbeddingGemma's bidirectional attention is not "
+            "supported)");
   }
-  m.rope_theta = float(theta);
-  require<std::string>(j, path, "hidden_act", "silu", "silu", "its Llama MLP is SwiGLU (silu)");
-  require(j, path, "attention_bias", false, false, "its Llama projections have no biases");
-  require(j, path, "mlp_bias", false, false, "its Llama projections have no biases");
-  require_default_rope(j, path, "rope_scaling");
-  require_default_rope(j, path, "rope_parameters");
   if (m.heads > 0) {
-    require(j, path, "head_dim", m.hidden / m.heads, m.hidden / m.heads,
-            "the head dimension is hidden_size / num_attention_heads");
+    const int hd = field<int>(j, path, "head_dim", m.hidden / m.heads);
+    if (hd != m.hidden / m.heads || m.hidden % m.heads != 0) m.head_dim = hd;
+  }
+  read_rope(j, path, m);
+  read_sliding(j, path, type, m);
+  if (!gemma) {
+    require<std::string>(j, path, "hidden_act", "silu", "silu",
+                         "its MLP is SwiGLU (silu); a GELU-gated MLP is Gemma's");
+  }
+  if (type != "qwen2") {
+    require(j, path, "attention_bias", false, false,
+            "its attention projections have no biases (Qwen2's q/k/v biases come with "
+            "model_type qwen2)");
+  }
+  require(j, path, "mlp_bias", false, false, "its MLP projections have no biases");
+  require(j, path, "partial_rotary_factor", 1.0, 1.0,
+          "RoPE rotates every dimension of a head (partial rotary is not supported)");
+  if (type == "smollm3") {
+    if (j.contains("no_rope_layers") && !j["no_rope_layers"].is_null()) {
+      const json& v = j["no_rope_layers"];
+      STRATA_INPUT_CHECK(v.is_array() && int(v.size()) == m.layers, path,
+                         ": \"no_rope_layers\" must hold one 0 or 1 per layer (", m.layers, ")");
+      for (const json& x : v) {
+        STRATA_INPUT_CHECK(x == 0 || x == 1, path, ": \"no_rope_layers\" holds ", x.dump(),
+                           "; each entry is 1 (the layer applies RoPE) or 0");
+        m.layer_rope.push_back(x == 1);
+      }
+    } else {
+      const int every = field<int>(j, path, "no_rope_layer_interval", 4);
+      STRATA_INPUT_CHECK(every > 0, path, ": \"no_rope_layer_interval\" must be > 0");
+      for (int l = 0; l < m.layers; ++l) m.layer_rope.push_back((l + 1) % every != 0);
+    }
   }
   return m;
 }
@@ -401,9 +644,13 @@ std::vector<HfTensor> hf_tensors(const ModelSpec& spec) {
   std::vector<HfTensor> out;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     const ParamSpec& p = spec.params[i];
+    // A family's own rule, else the Llama one it shares (Phi-3).
     const Rule* rule = nullptr;
     for (const Rule& r : kRules) {
-      if (r.family == family && r.role == p.role) rule = &r;
+      if (r.role == p.role &&
+          (r.family == naming(family) || (!rule && r.family == "llama" && family != "gpt2"))) {
+        rule = &r;
+      }
     }
     STRATA_CHECK(rule != nullptr, "parameter ", p.name, " of a ", family,
                  " model has no Hugging Face counterpart");
@@ -539,9 +786,31 @@ ModelConfig model_config_from_hf(const std::string& config_json_path) {
   }
   STRATA_INPUT_CHECK(j.is_object(), path, " is not a JSON object");
   const std::string type = field<std::string>(j, path, "model_type");
-  STRATA_INPUT_CHECK(type == "gpt2" || type == "llama", path, ": \"model_type\" is \"", type,
-                     "\"; strata reads \"gpt2\" and \"llama\" models");
-  ModelConfig m = type == "gpt2" ? gpt2_config(j, path) : llama_config(j, path);
+  const std::vector<std::string>& families = model_families();
+  STRATA_INPUT_CHECK(
+      std::find(families.begin(), families.end(), family_of_model_type(type)) != families.end(),
+      path, ": \"model_type\" is \"", type, "\"; strata reads ",
+      [&] {
+        std::string names;
+        for (const std::string& f : families) {
+          names += (names.empty() ? "\"" : ", \"") + f + "\"";
+        }
+        return names;
+      }(),
+      " models",
+      type == "gemma" || type == "gemma2"
+          ? " (Gemma 1 and 2 are not supported: Gemma 2's final-logit soft-cap "
+            "is not computed; Gemma 3 is, as model_type gemma3_text)"
+      : type == "gemma3" ? " (import the text model, model_type gemma3_text: "
+                           "the vision tower is not supported)"
+                         : "");
+  for (const char* key : {"vision_config", "audio_config", "text_config"}) {
+    STRATA_INPUT_CHECK(!j.contains(key), path, ": the model has a \"", key,
+                       "\"; strata trains text-only decoder models (import the text model's "
+                       "own checkpoint)");
+  }
+  ModelConfig m = type == "gpt2" ? gpt2_config(j, path)
+                                 : rope_family_model(j, path, family_of_model_type(type));
   m.init_std = float(field<double>(j, path, "initializer_range", 0.02));
   const std::pair<const char*, int> positive[] = {
       {"layers", m.layers},     {"hidden", m.hidden},         {"heads", m.heads},
@@ -550,11 +819,12 @@ ModelConfig model_config_from_hf(const std::string& config_json_path) {
   for (const auto& [key, v] : positive) {
     STRATA_INPUT_CHECK(v > 0, path, " gives model.", key, " = ", v, "; it must be > 0");
   }
-  STRATA_INPUT_CHECK(m.hidden % m.heads == 0 && m.heads % m.kv_heads == 0, path,
+  STRATA_INPUT_CHECK((m.head_dim > 0 || m.hidden % m.heads == 0) && m.heads % m.kv_heads == 0, path,
                      ": the hidden size ", m.hidden, ", ", m.heads, " attention heads and ",
-                     m.kv_heads, " key/value heads do not divide evenly");
-  STRATA_INPUT_CHECK(m.family == "gpt2" || (m.hidden / m.heads) % 2 == 0, path,
-                     ": RoPE needs an even head dimension, got ", m.hidden / m.heads);
+                     m.kv_heads,
+                     " key/value heads do not divide evenly (and no \"head_dim\" is given)");
+  STRATA_INPUT_CHECK(m.family == "gpt2" || (m.hd() % 2 == 0 && m.hd() <= 512), path,
+                     ": RoPE needs an even head dimension of at most 512, got ", m.hd());
   STRATA_INPUT_CHECK(std::isfinite(m.norm_eps) && m.norm_eps > 0 && std::isfinite(m.rope_theta) &&
                          m.rope_theta > 0,
                      path, ": the norm epsilon ", m.norm_eps, " and RoPE theta ", m.rope_theta,

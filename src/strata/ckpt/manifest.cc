@@ -1,5 +1,6 @@
 #include "strata/ckpt/manifest.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -17,18 +18,7 @@ bool known_kind(const std::string& kind) {
 namespace {
 
 json model_json(const ModelConfig& m) {
-  return {{"family", m.family},
-          {"layers", m.layers},
-          {"hidden", m.hidden},
-          {"heads", m.heads},
-          {"kv_heads", m.kv_heads},
-          {"ffn_hidden", m.ffn_hidden},
-          {"vocab", m.vocab},
-          {"seq_len", m.seq_len},
-          {"tied_embeddings", m.tied_embeddings},
-          {"norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"init_std", m.init_std}};
+  return model_block_json(m);
 }
 
 // Typed, bounded access to a parsed manifest: every failure names the file and the field.
@@ -90,7 +80,10 @@ ModelConfig parse_model(const Reader& r, const json& o) {
   ModelConfig m;
   const std::string f = "model";
   m.family = r.string(o, "family", f);
-  if (m.family != "gpt2" && m.family != "llama") r.fail(f + ".family", "is not gpt2 or llama");
+  const std::vector<std::string>& families = model_families();
+  if (std::find(families.begin(), families.end(), m.family) == families.end()) {
+    r.fail(f + ".family", "is not a model family strata knows");
+  }
   m.layers = int(r.integer(o, "layers", f, 0, 1 << 20));
   m.hidden = int(r.integer(o, "hidden", f, 1, 1 << 24));
   m.heads = int(r.integer(o, "heads", f, 1, 1 << 20));
@@ -106,8 +99,72 @@ ModelConfig parse_model(const Reader& r, const json& o) {
     return v;
   };
   m.norm_eps = finite("norm_eps");
-  m.rope_theta = finite("rope_theta");
+  if (o.contains("rope_theta")) m.rope_theta = finite("rope_theta");
   m.init_std = finite("init_std");
+  // The block's description (model_block_json): absent in manifests written before it.
+  if (o.contains("head_dim")) m.head_dim = int(r.integer(o, "head_dim", f, 1, 1 << 16));
+  if (o.contains("qkv_bias")) m.qkv_bias = r.boolean(o, "qkv_bias", f);
+  if (o.contains("qk_norm")) {
+    m.qk_norm = r.string(o, "qk_norm", f);
+    if (m.qk_norm != "none" && m.qk_norm != "head" && m.qk_norm != "whole") {
+      r.fail(f + ".qk_norm", "is not none, head or whole");
+    }
+  }
+  if (o.contains("norm_placement")) {
+    m.norm_placement = r.string(o, "norm_placement", f);
+    if (m.norm_placement != "pre" && m.norm_placement != "sandwich" && m.norm_placement != "post") {
+      r.fail(f + ".norm_placement", "is not pre, sandwich or post");
+    }
+  }
+  if (o.contains("mlp_act")) {
+    m.mlp_act = r.string(o, "mlp_act", f);
+    if (m.mlp_act != "silu" && m.mlp_act != "gelu_tanh") {
+      r.fail(f + ".mlp_act", "is not silu or gelu_tanh");
+    }
+  }
+  if (o.contains("embed_scale")) m.embed_scale = r.boolean(o, "embed_scale", f);
+  for (auto [key, out] : {std::pair<const char*, float*>{"norm_offset", &m.norm_offset},
+                          {"attn_scale", &m.attn_scale},
+                          {"rope_local_theta", &m.rope_local_theta}}) {
+    if (o.contains(key)) *out = finite(key);
+  }
+  if (o.contains("sliding_window")) {
+    m.sliding_window = int(r.integer(o, "sliding_window", f, 0, 1 << 30));
+  }
+  if (o.contains("layer_types")) {
+    for (const json& t : r.array(o, "layer_types", f)) {
+      if (t != "sliding_attention" && t != "full_attention") {
+        r.fail(f + ".layer_types",
+               "holds something other than sliding_attention or full_attention");
+      }
+      m.layer_sliding.push_back(t == "sliding_attention");
+    }
+  }
+  if (o.contains("rope_layers")) {
+    for (const json& t : r.array(o, "rope_layers", f)) {
+      if (t != 0 && t != 1) r.fail(f + ".rope_layers", "holds something other than 0 or 1");
+      m.layer_rope.push_back(t == 1);
+    }
+  }
+  if (o.contains("rope_scaling")) {
+    const json& rs = o["rope_scaling"];
+    const std::string g = f + ".rope_scaling";
+    RopeScaling& s = m.rope_scaling;
+    s.type = r.string(rs, "type", g);
+    if (s.type != "linear" && s.type != "llama3" && s.type != "yarn") {
+      r.fail(g + ".type", "is not linear, llama3 or yarn");
+    }
+    s.factor = float(r.number(rs, "factor", g));
+    s.low_freq_factor = float(r.number(rs, "low_freq_factor", g));
+    s.high_freq_factor = float(r.number(rs, "high_freq_factor", g));
+    if (rs.contains("original_max_position_embeddings")) {
+      s.original_max_positions =
+          int(r.integer(rs, "original_max_position_embeddings", g, 1, 1 << 30));
+    }
+    s.beta_fast = float(r.number(rs, "beta_fast", g));
+    s.beta_slow = float(r.number(rs, "beta_slow", g));
+    s.attention_factor = float(r.number(rs, "attention_factor", g));
+  }
   return m;
 }
 
@@ -289,14 +346,33 @@ std::string model_difference(const ModelConfig& saved, const ModelConfig& here) 
     return o.str();
   };
   for (const std::string& d :
-       {diff("family", saved.family, here.family), diff("layers", saved.layers, here.layers),
-        diff("hidden", saved.hidden, here.hidden), diff("heads", saved.heads, here.heads),
+       {diff("family", saved.family, here.family),
+        diff("layers", saved.layers, here.layers),
+        diff("hidden", saved.hidden, here.hidden),
+        diff("heads", saved.heads, here.heads),
         diff("kv_heads", saved.kv_heads, here.kv_heads),
         diff("ffn_hidden", saved.ffn_hidden, here.ffn_hidden),
-        diff("vocab", saved.vocab, here.vocab), diff("seq_len", saved.seq_len, here.seq_len),
+        diff("vocab", saved.vocab, here.vocab),
+        diff("seq_len", saved.seq_len, here.seq_len),
         diff("tied_embeddings", saved.tied_embeddings, here.tied_embeddings),
         diff("norm_eps", saved.norm_eps, here.norm_eps),
-        diff("rope_theta", saved.rope_theta, here.rope_theta)}) {
+        diff("rope_theta", saved.rope_theta, here.rope_theta),
+        diff("head_dim", saved.hd(), here.hd()),
+        diff("qkv_bias", saved.qkv_bias, here.qkv_bias),
+        diff("qk_norm", saved.qk_norm, here.qk_norm),
+        diff("norm_placement", saved.norm_placement, here.norm_placement),
+        diff("norm_offset", saved.norm_offset, here.norm_offset),
+        diff("mlp_act", saved.mlp_act, here.mlp_act),
+        diff("embed_scale", saved.embed_scale, here.embed_scale),
+        diff("attn_scale", saved.attn_scale, here.attn_scale),
+        diff("rope_local_theta", saved.rope_local_theta, here.rope_local_theta),
+        diff("sliding_window", saved.sliding_window, here.sliding_window),
+        diff("layer_types", model_block_json(saved).value("layer_types", json()).dump(),
+             model_block_json(here).value("layer_types", json()).dump()),
+        diff("rope_layers", model_block_json(saved).value("rope_layers", json()).dump(),
+             model_block_json(here).value("rope_layers", json()).dump()),
+        diff("rope_scaling", model_block_json(saved).value("rope_scaling", json()).dump(),
+             model_block_json(here).value("rope_scaling", json()).dump())}) {
     if (!d.empty()) return d;
   }
   return "";

@@ -283,6 +283,8 @@ void resolve_batch(Config& c, int dp_size);
 // Model presets: "gpt2-124M", "gpt2-350M", "bench-23M", "llama-tiny", "gpt2-tiny", "llama-1B"...
 ModelConfig model_preset(const std::string& name);  // throws InputError listing the presets
 std::vector<std::string> model_preset_names();
+// The description m.family gives its block (biases, q/k norms, ...: model_config.h), set on m.
+void family_defaults(ModelConfig& m);
 // Fills derived fields (kv_heads = heads, ffn_hidden = 4*hidden or Llama's 8/3 rounded) and
 // checks consistency (hidden % heads, heads % kv_heads, even head dim for RoPE, ...).
 void finalize_model(ModelConfig& m);

@@ -5,6 +5,7 @@
 
 #include "strata/config/internal.h"
 #include "strata/core/check.h"
+#include "strata/kernels/ops.h"
 
 namespace strata {
 
@@ -77,6 +78,13 @@ std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parall
                   ": with fewer KV heads than tensor-parallel ranks each KV head is replicated on "
                   "tensor/kv_heads ranks, which must be a whole number");
   }
+  if (m.qk_norm == "whole" && m.kv_heads < t) {
+    return concat(
+        "model.qk_norm \"whole\" (OLMo 2) normalises all of a token's key heads "
+        "together, which needs whole key heads on every tensor-parallel rank: "
+        "parallelism.tensor=",
+        t, " exceeds model.kv_heads=", m.kv_heads);
+  }
   if (m.ffn_hidden % t != 0) {
     return concat("model.ffn_hidden=", m.ffn_hidden, " is not divisible by parallelism.tensor=", t,
                   ": the MLP's hidden units are split across the tensor-parallel ranks");
@@ -113,9 +121,23 @@ ModelConfig model_preset(const std::string& name) {
   return m;
 }
 
+void family_defaults(ModelConfig& m) {
+  const bool gemma = m.family == "gemma3";
+  m.tied_embeddings = m.family == "gpt2" || gemma;
+  m.qkv_bias = m.family == "qwen2";
+  m.qk_norm = m.family == "qwen3" || gemma ? "head" : m.family == "olmo2" ? "whole" : "none";
+  m.norm_placement = gemma ? "sandwich" : m.family == "olmo2" ? "post" : "pre";
+  m.norm_offset = gemma ? 1.0f : 0.0f;
+  m.mlp_act = gemma ? "gelu_tanh" : "silu";
+  m.embed_scale = gemma;
+  m.layer_rope.clear();
+}
+
 void finalize_model(ModelConfig& m) {
-  if (m.family != "gpt2" && m.family != "llama") {
-    STRATA_INPUT_FAIL("model.family must be one of \"gpt2\", \"llama\", got \"", m.family, "\"");
+  const std::vector<std::string>& families = model_families();
+  if (std::find(families.begin(), families.end(), m.family) == families.end()) {
+    STRATA_INPUT_FAIL("model.family must be one of ", config_detail::list(families, false),
+                      ", got \"", m.family, "\"");
   }
   const std::pair<const char*, int> positive[] = {{"layers", m.layers},
                                                   {"hidden", m.hidden},
@@ -136,9 +158,10 @@ void finalize_model(ModelConfig& m) {
       m.ffn_hidden = int(256 * ((h + 255) / 256));
     }
   }
-  STRATA_INPUT_CHECK(m.hidden % m.heads == 0, "model.hidden=", m.hidden,
+  STRATA_INPUT_CHECK(m.head_dim > 0 || m.hidden % m.heads == 0, "model.hidden=", m.hidden,
                      " is not divisible by model.heads=", m.heads,
-                     "; the head dimension is hidden/heads: choose heads that divide hidden");
+                     "; the head dimension is hidden/heads unless model.head_dim is given: "
+                     "choose heads that divide hidden, or set head_dim");
   STRATA_INPUT_CHECK(m.heads % m.kv_heads == 0, "model.heads=", m.heads,
                      " is not divisible by model.kv_heads=", m.kv_heads,
                      "; each KV head serves heads/kv_heads query heads: choose kv_heads that "
@@ -148,11 +171,56 @@ void finalize_model(ModelConfig& m) {
                        " differs from model.heads=", m.heads,
                        ", but family gpt2 has no grouped-query attention; remove model.kv_heads "
                        "or use family \"llama\"");
+    const bool plain = m.head_dim == 0 && !m.qkv_bias && m.qk_norm == "none" &&
+                       m.sliding_window == 0 && m.layer_sliding.empty() && m.layer_rope.empty() &&
+                       m.rope_scaling.type == "none" && m.norm_placement == "pre" &&
+                       m.norm_offset == 0.0f && m.mlp_act == "silu" && !m.embed_scale &&
+                       m.attn_scale == 0.0f && m.rope_local_theta == 0.0f;
+    STRATA_INPUT_CHECK(plain,
+                       "model.head_dim, qkv_bias, qk_norm, norm_placement, norm_offset, mlp_act, "
+                       "embed_scale, attn_scale, sliding_window, layer_types, rope_layers, "
+                       "rope_scaling and rope_local_theta describe the RoPE families' blocks; "
+                       "family gpt2 has its own (biases everywhere, learned positions): remove "
+                       "them");
   } else {
-    STRATA_INPUT_CHECK((m.hidden / m.heads) % 2 == 0, "model.hidden/model.heads = ", m.hidden, "/",
-                       m.heads, " = ", m.hidden / m.heads,
-                       " is odd, but RoPE (family llama) rotates pairs of dimensions; choose "
-                       "model.hidden and model.heads with an even head dimension");
+    STRATA_INPUT_CHECK(m.hd() % 2 == 0 && m.hd() <= 2 * ops::Rope::kMaxHalf, "the head dimension ",
+                       m.hd(), m.head_dim > 0 ? " (model.head_dim)" : " (model.hidden/model.heads)",
+                       " must be even and at most ", 2 * ops::Rope::kMaxHalf, ": RoPE (family ",
+                       m.family, ") rotates pairs of dimensions; choose an even head dimension");
+    if (m.family == "smollm3" && m.layer_rope.empty()) {
+      // SmolLM3 leaves RoPE out on every fourth layer (transformers' no_rope_layer_interval 4).
+      for (int l = 0; l < m.layers; ++l) m.layer_rope.push_back((l + 1) % 4 != 0);
+    }
+    const std::pair<const char*, const std::vector<char>*> per_layer[] = {
+        {"layer_types", &m.layer_sliding}, {"rope_layers", &m.layer_rope}};
+    for (const auto& [key, v] : per_layer) {
+      STRATA_INPUT_CHECK(v->empty() || int(v->size()) == m.layers, "model.", key, " lists ",
+                         v->size(), " layers, but model.layers=", m.layers,
+                         ": give one entry per layer");
+    }
+    STRATA_INPUT_CHECK(m.layer_sliding.empty() || m.sliding_window > 0,
+                       "model.layer_types marks sliding-attention layers, but "
+                       "model.sliding_window is not given: set the window's length");
+    const RopeScaling& r = m.rope_scaling;
+    STRATA_INPUT_CHECK(std::isfinite(r.factor) && r.factor > 0,
+                       "model.rope_scaling.factor must be a finite number > 0, got ", r.factor);
+    if (r.type == "llama3" || r.type == "yarn") {
+      STRATA_INPUT_CHECK(r.original_max_positions > 0, "model.rope_scaling type \"", r.type,
+                         "\" needs original_max_position_embeddings (the context length "
+                         "trained before scaling)");
+    }
+    if (r.type == "llama3") {
+      STRATA_INPUT_CHECK(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+                         "model.rope_scaling (llama3) needs 0 < low_freq_factor < "
+                         "high_freq_factor, got ",
+                         r.low_freq_factor, " and ", r.high_freq_factor);
+    }
+    if (r.type == "yarn") {
+      STRATA_INPUT_CHECK(r.beta_fast > r.beta_slow && r.beta_slow > 0 &&
+                             std::isfinite(r.attention_factor) && r.attention_factor >= 0,
+                         "model.rope_scaling (yarn) needs beta_fast > beta_slow > 0 and an "
+                         "attention_factor >= 0 (0: 0.1 ln(factor) + 1)");
+    }
   }
   STRATA_INPUT_CHECK(std::isfinite(m.norm_eps) && m.norm_eps > 0,
                      "model.norm_eps must be a finite number > 0, got ", m.norm_eps);
@@ -217,6 +285,57 @@ void check_tensor_split(const Config& c, int64_t micro_batch) {
   STRATA_INPUT_FAIL(error, "; valid values of parallelism.tensor: ", valid);
 }
 
+// The model block's description of the block beyond the shape (model_config.h).
+void parse_block_description(const Block& b, ModelConfig& m) {
+  b.get_bool("qkv_bias", m.qkv_bias);
+  b.get_choice("qk_norm", m.qk_norm, {"none", "head", "whole"});
+  b.get_choice("norm_placement", m.norm_placement, {"pre", "sandwich", "post"});
+  b.get_number("norm_offset", m.norm_offset, -HUGE_VAL, HUGE_VAL, false);
+  b.get_choice("mlp_act", m.mlp_act, {"silu", "gelu_tanh"});
+  b.get_bool("embed_scale", m.embed_scale);
+  b.get_number("attn_scale", m.attn_scale, 0.0, HUGE_VAL, false);
+  b.get_number("rope_local_theta", m.rope_local_theta, 0.0, HUGE_VAL, false);
+  b.get_int("sliding_window", m.sliding_window, 0);
+  // Per layer: transformers' layer_types ("sliding_attention" | "full_attention"), and which
+  // layers apply RoPE (1) or not (0; transformers' no_rope_layers).
+  if (b.has("layer_types")) {
+    const json& v = b.at("layer_types");
+    m.layer_sliding.clear();
+    for (const json& t : v.is_array() ? v : json::array({nullptr})) {
+      if (!t.is_string() || (t != "sliding_attention" && t != "full_attention")) {
+        b.fail("layer_types",
+               "a list of \"sliding_attention\" or \"full_attention\", one per layer");
+      }
+      m.layer_sliding.push_back(t == "sliding_attention");
+    }
+  }
+  if (b.has("rope_layers")) {
+    const json& v = b.at("rope_layers");
+    m.layer_rope.clear();
+    for (const json& t : v.is_array() ? v : json::array({nullptr})) {
+      if (!t.is_number_integer() || (t != 0 && t != 1)) {
+        b.fail("rope_layers", "a list of 1 (the layer applies RoPE) or 0, one per layer");
+      }
+      m.layer_rope.push_back(t == 1);
+    }
+  }
+  Block r = b.child("rope_scaling", {"type", "factor", "low_freq_factor", "high_freq_factor",
+                                     "original_max_position_embeddings", "beta_fast", "beta_slow",
+                                     "attention_factor"});
+  if (!r.present()) return;
+  RopeScaling& s = m.rope_scaling;
+  if (!r.get_choice("type", s.type, {"none", "linear", "llama3", "yarn"})) {
+    b.fail("rope_scaling", "an object with \"type\": \"linear\", \"llama3\" or \"yarn\"");
+  }
+  r.get_number("factor", s.factor, 0.0, HUGE_VAL, true);
+  r.get_number("low_freq_factor", s.low_freq_factor, 0.0, HUGE_VAL, true);
+  r.get_number("high_freq_factor", s.high_freq_factor, 0.0, HUGE_VAL, true);
+  r.get_int("original_max_position_embeddings", s.original_max_positions, 1);
+  r.get_number("beta_fast", s.beta_fast, 0.0, HUGE_VAL, true);
+  r.get_number("beta_slow", s.beta_slow, 0.0, HUGE_VAL, true);
+  r.get_number("attention_factor", s.attention_factor, 0.0, HUGE_VAL, false);
+}
+
 void parse_model(const Block& top, Config& c) {
   Block b = top.child("model", keys_of("model"));
   if (!b.present()) {
@@ -228,36 +347,36 @@ void parse_model(const Block& top, Config& c) {
   std::string preset;
   const bool from_preset = b.get_string("preset", preset);
   if (from_preset) m = raw_preset(preset, "model.preset");
-  const bool family_given = b.get_choice("family", m.family, {"gpt2", "llama"});
+  const bool family_given = b.get_choice("family", m.family, model_families());
   if (!from_preset && !family_given) {
-    STRATA_INPUT_FAIL(
-        "model.family is required when model.preset is not given: \"gpt2\" or "
-        "\"llama\" (or give a preset: ",
-        list(model_preset_names(), false), ")");
+    STRATA_INPUT_FAIL("model.family is required when model.preset is not given: one of ",
+                      list(model_families(), false),
+                      " (or give a preset: ", list(model_preset_names(), false), ")");
   }
+  // A preset whose family is overridden takes that family's description.
+  if (family_given) family_defaults(m);
   const std::pair<const char*, int*> ints[] = {
-      {"layers", &m.layers},        {"hidden", &m.hidden},   {"heads", &m.heads},
-      {"vocab", &m.vocab},          {"seq_len", &m.seq_len}, {"kv_heads", &m.kv_heads},
-      {"ffn_hidden", &m.ffn_hidden}};
+      {"layers", &m.layers},         {"hidden", &m.hidden},    {"heads", &m.heads},
+      {"vocab", &m.vocab},           {"seq_len", &m.seq_len},  {"kv_heads", &m.kv_heads},
+      {"ffn_hidden", &m.ffn_hidden}, {"head_dim", &m.head_dim}};
   for (const auto& [key, out] : ints) {
     const bool given = b.get_int(key, *out, 1);
-    const bool derived =
-        std::string_view(key) == "kv_heads" || std::string_view(key) == "ffn_hidden";
+    const bool derived = std::string_view(key) == "kv_heads" ||
+                         std::string_view(key) == "ffn_hidden" ||
+                         std::string_view(key) == "head_dim";
     if (!given && !from_preset && !derived && !b.has(key)) {  // a bad value is listed already
       STRATA_INPUT_FAIL("model.", key, " is required when model.preset is not given");
     }
   }
-  // A preset whose family is overridden takes that family's default unless tied is given.
-  if (!b.get_bool("tied_embeddings", m.tied_embeddings) && family_given) {
-    m.tied_embeddings = m.family == "gpt2";
-  }
+  b.get_bool("tied_embeddings", m.tied_embeddings);
   b.get_number("norm_eps", m.norm_eps, 0.0, HUGE_VAL, true);
-  if (b.get_number("rope_theta", m.rope_theta, 0.0, HUGE_VAL, true) && m.family != "llama") {
+  if (b.get_number("rope_theta", m.rope_theta, 0.0, HUGE_VAL, true) && m.family == "gpt2") {
     STRATA_INPUT_FAIL(
-        "model.rope_theta applies to family llama only (gpt2 has learned position "
+        "model.rope_theta applies to the RoPE families only (gpt2 has learned position "
         "embeddings); remove it");
   }
   b.get_number("init_std", m.init_std, 0.0, HUGE_VAL, true);
+  parse_block_description(b, m);
   finalize_model(m);
   c.model = m;
 }

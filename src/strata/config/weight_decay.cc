@@ -22,6 +22,10 @@ const char* weight_decay_group(ParamRole role) {
     case ParamRole::Norm2B:
     case ParamRole::FinalNormW:
     case ParamRole::FinalNormB:
+    case ParamRole::QNormW:
+    case ParamRole::KNormW:
+    case ParamRole::PostAttnNormW:
+    case ParamRole::PostMlpNormW:
       return "norm";
     case ParamRole::QkvW:
     case ParamRole::ProjW:

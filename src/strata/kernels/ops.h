@@ -112,20 +112,22 @@ void linear_backward(Tensor dx, Tensor dw, Tensor db, Tensor dy, Tensor x, Tenso
 // out, x (N, C); w, b (C); mean, rstd (N) fp32 saved for backward.
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
                        float eps);
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps);
+// RMSNorm's gain is (w_offset + w): 0 (Llama), or 1 (Gemma, whose stored w starts at 0).
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, float w_offset = 0.0f);
 // fp32 scratch a norm backward needs for (N, C).
 size_t norm_backward_scratch_floats(int64_t N, int64_t C);
 // Fused: dx (N, C) += input gradient; dw, db (C) += gain and bias gradients (db absent for rms).
 void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                         Tensor w, Tensor mean, Tensor rstd);
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
-                      Tensor rstd);
+                      Tensor rstd, float w_offset = 0.0f);
 // Split: the input gradient alone (dx +=), and the parameter gradients alone (dw, db +=); the
 // two give bit for bit what the fused form gives.
 void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor mean, Tensor rstd);
 void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                                Tensor mean, Tensor rstd);
-void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd);
+void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd,
+                            float w_offset = 0.0f);
 void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor rstd);
 
 // --- attention --------------------------------------------------------------------------------
@@ -137,6 +139,18 @@ struct AttentionShape {
   // RoPE: the position of each of a sequence's T rows (context parallelism holds parts of longer
   // sequences; CPU only), or nullptr: row t is position t.
   const int32_t* pos = nullptr;
+  // The ring pieces below: the positions of kv's T rows (the rank they came from), which a
+  // sliding window needs when pos is given; nullptr: those of pos.
+  const int32_t* kv_pos = nullptr;
+  // What a model family changes (model/model_config.h), as transformers' eager attention: the
+  // scores q·k are multiplied by `scale` (0: 1/sqrt(hd)); soft-capped, softcap·tanh(s/softcap),
+  // where softcap > 0 (Gemma 2), before the mask; and a query at position i sees the keys at
+  // positions j with i − window < j ≤ i where window > 0 (itself and window − 1 before it: Mistral,
+  // Gemma's sliding layers), every j ≤ i where window is 0. Positions are absolute: pos above,
+  // and q0/k0 in the ring pieces below.
+  float scale = 0.0f;
+  float softcap = 0.0f;
+  int window = 0;
 };
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
 // What `att` holds is the backend's: CUDA, and the CPU on its tiled path, keep flash-style each
@@ -174,8 +188,57 @@ void attention_delta(Tensor delta, Tensor dout, Tensor out, const AttentionShape
 void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv, Tensor lse,
                               Tensor delta, int q0, int Tq, Tensor kv, int k0, int Tk,
                               const AttentionShape& s, bool causal);
-void rope_forward(Tensor qkv, const AttentionShape& s, float theta);
-void rope_backward(Tensor dqkv, const AttentionShape& s, float theta);
+// A rotary embedding's frequencies, built by the model from its RoPE settings (base, scaling:
+// linear, llama3, yarn; model/rope.h): the first rotary_dim of each query and key head's hd
+// values rotate in pairs (i, i + rotary_dim/2) by the angle pos·inv_freq[i], i < rotary_dim/2
+// (transformers' rotate_half); the other hd − rotary_dim values pass through (partial rotary).
+// cos and sin are multiplied by attention_factor (yarn's; 1 elsewhere). Plain data, passed to a
+// GPU kernel by value.
+struct Rope {
+  static constexpr int kMaxHalf = 256;
+  int rotary_dim = 0;
+  float attention_factor = 1.0f;
+  float inv_freq[kMaxHalf] = {};
+};
+// The unscaled rotary embedding of base theta over all of hd: inv_freq[i] = 1 / theta^(2i/hd) in
+// fp32, as Hugging Face computes it.
+Rope rope_default(int hd, float theta);
+void rope_forward(Tensor qkv, const AttentionShape& s, const Rope& rope);
+void rope_backward(Tensor dqkv, const AttentionShape& s, const Rope& rope);
+
+// --- q/k normalisation ---------------------------------------------------------------------------
+// RMS normalisation of the query and key heads in the grouped QKV layout; value heads are copied.
+// Per head (Qwen3, Gemma 3): each query head and each key head over its hd values, with one (hd)
+// gain wq for every query head and wk for every key head. Whole (OLMo 2): all of a row's query
+// heads together, and all its key heads together, gains wq (groups·rep·hd) and wk (groups·hd),
+// this rank's slices under tensor parallelism, where a row's heads are spread over the ranks and
+// the sums below are all-reduced over the tensor-parallel group between the two calls.
+// The gain is (w_offset + w) (Gemma's RMSNorm keeps 1 + w: w_offset 1; others 0). rstd fp32:
+// (N, groups·(rep+1)) per head ((g, r) query heads, then the key heads g); (N, 2) whole.
+struct QkNorm {
+  bool per_head = true;
+  float eps = 1e-6f;
+  float w_offset = 0.0f;
+  // Whole: the number of query and key values a row's norm spans (over every tensor-parallel
+  // rank); ignored per head.
+  int64_t q_width = 0, k_width = 0;
+};
+// Whole only: sumsq (N, 2) fp32 = each row's Σ q² and Σ k² over this rank's heads (then
+// all-reduced over the tensor-parallel group, and passed to qk_norm_forward).
+void qk_norm_sumsq(Tensor sumsq, Tensor qkv, const AttentionShape& s);
+// out (N, groups·(rep+2)·hd) from qkv (not in place: the backward reads qkv); rstd saved for
+// backward. sumsq: whole only, the reduced sums (empty per head).
+void qk_norm_forward(Tensor out, Tensor rstd, Tensor qkv, Tensor wq, Tensor wk, Tensor sumsq,
+                     const AttentionShape& s, const QkNorm& n);
+// Whole only: dot (N, 2) fp32 = each row's Σ over this rank's query (key) values of
+// dout·gain·x·rstd, which the input gradient needs over the whole row (all-reduced, then passed
+// to qk_norm_backward).
+void qk_norm_backward_dot(Tensor dot, Tensor dout, Tensor qkv, Tensor wq, Tensor wk, Tensor rstd,
+                          const AttentionShape& s, const QkNorm& n);
+// dqkv (overwritten, not dout; value heads copied from dout); dwq, dwk += the gains' gradients.
+// dot: whole only, the reduced sums (empty per head).
+void qk_norm_backward(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor dout, Tensor qkv, Tensor wq,
+                      Tensor wk, Tensor rstd, Tensor dot, const AttentionShape& s, const QkNorm& n);
 
 // --- activations --------------------------------------------------------------------------------
 void gelu_forward(Tensor out, Tensor x);
@@ -183,6 +246,10 @@ void gelu_backward(Tensor dx, Tensor x, Tensor dy);  // dx overwritten
 // x (N, 2F) interleaved (gate f, up f); out (N, F) = silu(gate) · up.
 void swiglu_forward(Tensor out, Tensor x);
 void swiglu_backward(Tensor dx, Tensor dy, Tensor x);  // dx (N, 2F) overwritten
+// The same layout; out = gelu_tanh(gate) · up (GeGLU: Gemma's MLP, the tanh approximation
+// 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))), as transformers' gelu_pytorch_tanh).
+void geglu_forward(Tensor out, Tensor x);
+void geglu_backward(Tensor dx, Tensor dy, Tensor x);  // dx (N, 2F) overwritten
 
 // --- embeddings ----------------------------------------------------------------------------------
 // tokens (N) int32. rows holds the embedding rows [row_begin, row_end) of the (global) table.

@@ -30,6 +30,19 @@ int check_ring(const char* op, const Call& access, const AttentionShape& s, cons
   return s.groups * s.rep;
 }
 
+// The score settings of a block. Its query rows and key rows are at the positions pos[q0 + i]
+// and kv_pos[k0 + j] (q0 + i and k0 + j without pos: the rows of one sequence held whole). A
+// window over a rank's share of a longer sequence (pos) needs the visiting keys' own positions.
+kernels::AttentionScores block_scores(const char* op, const AttentionShape& s) {
+  STRATA_CHECK(s.scale >= 0.0f && s.softcap >= 0.0f && s.window >= 0, op, ": attention scale ",
+               s.scale, ", softcap ", s.softcap, " and window ", s.window,
+               " must be >= 0 (0: 1/sqrt(hd), no cap, no window)");
+  STRATA_CHECK(s.window == 0 || s.pos == nullptr || s.kv_pos != nullptr, op,
+               ": a sliding window over ring attention's blocks needs the positions of the "
+               "visiting keys (AttentionShape::kv_pos)");
+  return {s.scale, s.softcap, s.window, s.pos, s.kv_pos != nullptr ? s.kv_pos : s.pos};
+}
+
 }  // namespace
 
 void attention_lse_clear(Tensor lse) {
@@ -79,10 +92,12 @@ void attention_block_forward(Tensor o, Tensor lse, Tensor qkv, int q0, int Tq, T
   expect_f32(op, "lse", lse);
   expect_numel(op, "o", o, int64_t(s.B) * s.T * NH * s.hd);
   expect_numel(op, "lse", lse, int64_t(s.B) * NH * s.T);
+  const kernels::AttentionScores sc = block_scores(op, s);
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     kernels::attention_block_forward(p<float>(o), p<float>(lse), p<const S>(qkv), s.T, q0, Tq,
-                                     p<const S>(kv), s.T, k0, Tk, s.B, NH, s.groups, s.hd, causal);
+                                     p<const S>(kv), s.T, k0, Tk, s.B, NH, s.groups, s.hd, causal,
+                                     sc);
   });
 }
 
@@ -122,12 +137,13 @@ void attention_block_backward(Tensor dq, Tensor dkv, Tensor dout, Tensor qkv, Te
   expect_numel(op, "dout", dout, rows * NH * s.hd);
   expect_numel(op, "lse", lse, int64_t(s.B) * NH * s.T);
   expect_numel(op, "delta", delta, int64_t(s.B) * NH * s.T);
+  const kernels::AttentionScores sc = block_scores(op, s);
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     kernels::attention_block_backward(p<float>(dq), p<float>(dkv), p<const S>(dout),
                                       p<const S>(qkv), p<const float>(lse), p<const float>(delta),
                                       s.T, q0, Tq, p<const S>(kv), s.T, k0, Tk, s.B, NH, s.groups,
-                                      s.hd, causal);
+                                      s.hd, causal, sc);
   });
 }
 

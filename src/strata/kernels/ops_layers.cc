@@ -1,5 +1,7 @@
 // ops.h: normalisation, attention, rotary embedding, activations, embeddings (the dispatch:
 // dispatch.h).
+#include <cmath>
+
 #include "strata/kernels/cpu/activation.h"
 #include "strata/kernels/cpu/attention.h"
 #include "strata/kernels/cpu/attention_tiled.h"
@@ -57,18 +59,18 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w,
   });
 }
 
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, float w_offset) {
   constexpr const char* op = "rmsnorm_forward";
   const Call access = on_device(op, {out, rstd, x, w});
   if (access.dry) return;
   same_dtype(op, {out, x, w});
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "out", out, x.numel());
-  STRATA_ON_CUDA(access, rmsnorm_forward(out, rstd, x, w, eps));
+  STRATA_ON_CUDA(access, rmsnorm_forward(out, rstd, x, w, eps, w_offset));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
-    kernels::rmsnorm_forward(p<S>(out), p<float>(rstd), p<const S>(x), p<const S>(w), n.N, n.C,
-                             eps);
+    kernels::rmsnorm_forward(p<S>(out), p<float>(rstd), p<const S>(x), p<const S>(w), n.N, n.C, eps,
+                             w_offset);
   });
 }
 
@@ -101,7 +103,7 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor 
 }
 
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
-                      Tensor rstd) {
+                      Tensor rstd, float w_offset) {
   constexpr const char* op = "rmsnorm_backward";
   const Call access = on_device(op, {dx, dw, scratch, dy, x, w, rstd});
   if (access.dry) return;
@@ -111,12 +113,12 @@ void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x,
   expect_numel(op, "dy", dy, x.numel());
   expect_numel(op, "dw", dw, n.C);
   expect_scratch(op, scratch, n);
-  STRATA_ON_CUDA(access, rmsnorm_backward(dx, dw, scratch, dy, x, w, rstd));
+  STRATA_ON_CUDA(access, rmsnorm_backward(dx, dw, scratch, dy, x, w, rstd, w_offset));
   with_sg(op, x.dtype, dw.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
     kernels::rmsnorm_backward(p<S>(dx), p<G>(dw), p<float>(scratch), p<const S>(dy), p<const S>(x),
-                              p<const S>(w), p<const float>(rstd), n.N, n.C);
+                              p<const S>(w), p<const float>(rstd), n.N, n.C, w_offset);
   });
 }
 
@@ -157,7 +159,7 @@ void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, 
   });
 }
 
-void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
+void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd, float w_offset) {
   constexpr const char* op = "rmsnorm_backward_input";
   const Call access = on_device(op, {dx, dy, x, w, rstd});
   if (access.dry) return;
@@ -165,11 +167,11 @@ void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rst
   const Rows n = norm_size(op, x, w.numel(), {rstd});
   expect_numel(op, "dx", dx, x.numel());
   expect_numel(op, "dy", dy, x.numel());
-  STRATA_ON_CUDA(access, rmsnorm_backward_input(dx, dy, x, w, rstd));
+  STRATA_ON_CUDA(access, rmsnorm_backward_input(dx, dy, x, w, rstd, w_offset));
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::rmsnorm_backward_input(p<S>(dx), p<const S>(dy), p<const S>(x), p<const S>(w),
-                                    p<const float>(rstd), n.N, n.C);
+                                    p<const float>(rstd), n.N, n.C, w_offset);
   });
 }
 
@@ -204,6 +206,21 @@ int64_t check_attention(const char* op, const AttentionShape& s, const Tensor& q
   return row;
 }
 
+// The score settings (AttentionShape's scale, softcap, window, pos) as the CPU kernels take them,
+// checked.
+kernels::AttentionScores check_scores(const char* op, const AttentionShape& s) {
+  STRATA_CHECK(s.scale >= 0.0f && s.softcap >= 0.0f && s.window >= 0, op, ": attention scale ",
+               s.scale, ", softcap ", s.softcap, " and window ", s.window,
+               " must be >= 0 (0: 1/sqrt(hd), no cap, no window)");
+  if (s.window > 0 && s.pos != nullptr) {
+    for (int t = 1; t < s.T; ++t) {
+      STRATA_CHECK(s.pos[t] > s.pos[t - 1], op, ": a window needs positions that increase along ",
+                   "the rows, but row ", t, " is at ", s.pos[t], " after ", s.pos[t - 1]);
+    }
+  }
+  return {s.scale, s.softcap, s.window, s.pos, nullptr};
+}
+
 // att holds what attention_saved says for qkv's device and dtype.
 void expect_saved(const char* op, const Tensor& att, const Tensor& qkv, const AttentionShape& s) {
   const AttentionSaved saved = attention_saved(qkv.device, qkv.dtype, s);
@@ -232,15 +249,16 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape&
   const int NH = s.groups * s.rep;
   if (out.data != nullptr) expect_numel(op, "out", out, int64_t(s.B) * s.T * NH * s.hd);
   expect_saved(op, att, qkv, s);
+  const kernels::AttentionScores sc = check_scores(op, s);
   STRATA_ON_CUDA(access, attention_forward(out, att, qkv, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     if (kernels::attention_path(s.T, qkv.dtype) == kernels::AttentionPath::Tiled) {
       kernels::attention_tiled_forward(p<S>(out), p<float>(att), p<const S>(qkv), s.B, s.T, NH,
-                                       s.groups, s.hd);
+                                       s.groups, s.hd, sc);
     } else {
       kernels::attention_forward(p<S>(out), p<S>(att), p<const S>(qkv), s.B, s.T, NH, s.groups,
-                                 s.hd);
+                                 s.hd, sc);
     }
   });
 }
@@ -250,7 +268,8 @@ size_t attention_backward_scratch_floats(Device device, DType act, const Attenti
       kernels::attention_path(s.T, act) == kernels::AttentionPath::Tiled) {
     return 0;  // recomputed tile by tile (the CPU's tiles are the kernel's own workspace)
   }
-  return kernels::attention_backward_scratch_floats(s.B, s.T, s.groups * s.rep, s.groups, s.hd);
+  return kernels::attention_backward_scratch_floats(s.B, s.T, s.groups * s.rep, s.groups, s.hd,
+                                                    {s.scale, s.softcap, s.window, s.pos, nullptr});
 }
 
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
@@ -269,55 +288,71 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
   STRATA_CHECK(need == 0 || (scratch.data != nullptr && size_t(scratch.numel()) >= need), op,
                ": scratch ", scratch.shape_str(),
                " is smaller than attention_backward_scratch_floats");
+  const kernels::AttentionScores sc = check_scores(op, s);
   STRATA_ON_CUDA(access, attention_backward(dqkv, scratch, dout, qkv, att, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     if (kernels::attention_path(s.T, qkv.dtype) == kernels::AttentionPath::Tiled) {
       kernels::attention_tiled_backward(p<S>(dqkv), p<const S>(dout), p<const S>(qkv),
-                                        p<const float>(att), s.B, s.T, NH, s.groups, s.hd);
+                                        p<const float>(att), s.B, s.T, NH, s.groups, s.hd, sc);
       return;
     }
     kernels::attention_backward(p<S>(dqkv), p<float>(scratch), p<const S>(dout), p<const S>(qkv),
-                                p<const S>(att), s.B, s.T, NH, s.groups, s.hd);
+                                p<const S>(att), s.B, s.T, NH, s.groups, s.hd, sc);
   });
+}
+
+Rope rope_default(int hd, float theta) {
+  STRATA_CHECK(hd > 0 && hd % 2 == 0 && hd / 2 <= Rope::kMaxHalf,
+               "rope_default: rope needs an even head dim <= ", 2 * Rope::kMaxHalf, ", got ", hd);
+  Rope r;
+  r.rotary_dim = hd;
+  // In fp32, as Hugging Face computes them.
+  for (int i = 0; i < hd / 2; ++i) r.inv_freq[i] = 1.0f / std::pow(theta, float(2 * i) / float(hd));
+  return r;
 }
 
 namespace {
 
 // The rep query heads and the key head of every group rotate; the value heads do not.
-void rope(const char* op, Tensor qkv, const AttentionShape& s, float theta, bool forward) {
+void rope(const char* op, Tensor qkv, const AttentionShape& s, const Rope& r, bool forward) {
   const Call access = on_device(op, {qkv});
   if (access.dry) return;
   const int64_t row = check_attention(op, s, qkv);
   const int64_t group = int64_t(s.rep + 2) * s.hd;
+  STRATA_CHECK(r.rotary_dim > 0 && r.rotary_dim % 2 == 0 && r.rotary_dim <= s.hd &&
+                   r.rotary_dim / 2 <= Rope::kMaxHalf,
+               op, ": rotary_dim=", r.rotary_dim, " must be even, in (0, hd=", s.hd,
+               "] and <= ", 2 * Rope::kMaxHalf,
+               " (build the table with rope_default or model/rope.h)");
 #if STRATA_HAVE_CUDA
   if (access.cuda) {
     STRATA_CHECK(s.pos == nullptr, op,
                  ": positions other than 0..T-1 (context parallelism) "
                  "run on the CPU only");
-    return forward ? cuda::rope_forward(qkv, s, theta) : cuda::rope_backward(qkv, s, theta);
+    return forward ? cuda::rope_forward(qkv, s, r) : cuda::rope_backward(qkv, s, r);
   }
 #endif
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     if (forward) {
-      kernels::rope_forward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta,
-                            s.pos);
+      kernels::rope_forward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, r.inv_freq,
+                            r.rotary_dim, r.attention_factor, s.pos);
     } else {
-      kernels::rope_backward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, theta,
-                             s.pos);
+      kernels::rope_backward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, r.inv_freq,
+                             r.rotary_dim, r.attention_factor, s.pos);
     }
   });
 }
 
 }  // namespace
 
-void rope_forward(Tensor qkv, const AttentionShape& s, float theta) {
-  rope("rope_forward", qkv, s, theta, true);
+void rope_forward(Tensor qkv, const AttentionShape& s, const Rope& table) {
+  rope("rope_forward", qkv, s, table, true);
 }
 
-void rope_backward(Tensor dqkv, const AttentionShape& s, float theta) {
-  rope("rope_backward", dqkv, s, theta, false);
+void rope_backward(Tensor dqkv, const AttentionShape& s, const Rope& table) {
+  rope("rope_backward", dqkv, s, table, false);
 }
 
 // --- activations --------------------------------------------------------------------------------
@@ -351,7 +386,7 @@ void gelu_backward(Tensor dx, Tensor x, Tensor dy) {
 
 namespace {
 
-// (N, F) of a SwiGLU output (N, F) with input (N, 2F).
+// (N, F) of a gated unit's output (N, F) with input (N, 2F) (SwiGLU, GeGLU).
 Rows swiglu_size(const char* op, const Tensor& y, const Tensor& x) {
   const int64_t F = last_dim(op, "out", y);
   expect_numel(op, "x", x, 2 * y.numel());
@@ -384,6 +419,33 @@ void swiglu_backward(Tensor dx, Tensor dy, Tensor x) {
   with_s(op, x.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::swiglu_backward(p<S>(dx), p<const S>(dy), p<const S>(x), n.N, n.C);
+  });
+}
+
+void geglu_forward(Tensor out, Tensor x) {
+  constexpr const char* op = "geglu_forward";
+  const Call access = on_device(op, {out, x});
+  if (access.dry) return;
+  same_dtype(op, {out, x});
+  const Rows n = swiglu_size(op, out, x);
+  STRATA_ON_CUDA(access, geglu_forward(out, x));
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::geglu_forward(p<S>(out), p<const S>(x), n.N, n.C);
+  });
+}
+
+void geglu_backward(Tensor dx, Tensor dy, Tensor x) {
+  constexpr const char* op = "geglu_backward";
+  const Call access = on_device(op, {dx, dy, x});
+  if (access.dry) return;
+  same_dtype(op, {dx, dy, x});
+  const Rows n = swiglu_size(op, dy, x);
+  expect_numel(op, "dx", dx, x.numel());
+  STRATA_ON_CUDA(access, geglu_backward(dx, dy, x));
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::geglu_backward(p<S>(dx), p<const S>(dy), p<const S>(x), n.N, n.C);
   });
 }
 

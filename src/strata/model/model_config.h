@@ -1,18 +1,85 @@
-// The shape of a decoder-only Transformer: the `model` block of the config.
+// The shape of a decoder-only Transformer: the `model` block of the config. A family is a
+// description of its block (config/model.cc sets each family's defaults; every field below can
+// also be written in the model block), never a branch through the layers: the model, the
+// parameter layout and the checkpoint mapping read these fields.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 namespace strata {
 
-struct ModelConfig {
-  std::string preset;           // "" when given by fields; else the preset's name
-  std::string family = "gpt2";  // "gpt2" | "llama"
-  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn_hidden = 0, vocab = 0, seq_len = 0;
-  bool tied_embeddings = true;  // gpt2 default true, llama default false
-  float norm_eps = 1e-5f;
-  float rope_theta = 10000.0f;  // llama only
-  float init_std = 0.02f;
+// RoPE's frequency scaling (transformers' rope_scaling / rope_parameters): none, linear
+// (positions divided by factor), llama3 (Llama 3.1's banded interpolation) or yarn.
+struct RopeScaling {
+  std::string type = "none";  // "none" | "linear" | "llama3" | "yarn"
+  float factor = 1.0f;
+  // llama3: the wavelength bands; llama3 and yarn: the context length trained before scaling.
+  float low_freq_factor = 1.0f, high_freq_factor = 4.0f;
+  int original_max_positions = 0;
+  // yarn: the ramp's bounds in rotations, and the factor on cos and sin (0: 0.1·ln(factor) + 1).
+  float beta_fast = 32.0f, beta_slow = 1.0f;
+  float attention_factor = 0.0f;
+  bool operator==(const RopeScaling&) const = default;
 };
+
+struct ModelConfig {
+  std::string preset;  // "" when given by fields; else the preset's name
+  // "gpt2" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "smollm3" | "gemma3" | "olmo2":
+  // the defaults of the
+  // fields below, and the Hugging Face model_type an export writes.
+  std::string family = "gpt2";
+  int layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn_hidden = 0, vocab = 0, seq_len = 0;
+  // Each attention head's width; 0: hidden / heads (Qwen3 and Gemma set it apart).
+  int head_dim = 0;
+  bool tied_embeddings = true;  // gpt2 default true, the others false
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;  // the RoPE families
+  float init_std = 0.02f;
+
+  // --- the block, as data ---
+  // GPT-2: LayerNorm with biases, biases on every projection, GELU MLP, learned positions.
+  // Otherwise: RMSNorm, no biases but qkv_bias, SwiGLU, RoPE.
+  bool gpt2_block() const { return family == "gpt2"; }
+  bool qkv_bias = false;  // biases on the q, k and v projections only (Qwen2)
+  // q/k RMSNorm before RoPE: "none"; "head" (each head over its head_dim values, one gain shared
+  // by the query heads and one by the key heads: Qwen3, Gemma 3); or "whole" (all of a token's
+  // query values together, and all its key values: OLMo 2).
+  std::string qk_norm = "none";
+  // Where the norms sit: "pre" (before each sublayer, Llama); "sandwich" (before and after each
+  // sublayer, Gemma); "post" (after each sublayer only, OLMo 2).
+  std::string norm_placement = "pre";
+  float norm_offset = 0.0f;       // every RMSNorm's gain is (norm_offset + w): Gemma's is 1
+  std::string mlp_act = "silu";   // the gated MLP's activation: "silu" (SwiGLU), "gelu_tanh"
+  bool embed_scale = false;       // the embeddings times sqrt(hidden) (Gemma)
+  float attn_scale = 0.0f;        // attention scores' scale; 0: 1/sqrt(head_dim)
+  float rope_local_theta = 0.0f;  // Gemma 3: the sliding layers' RoPE base; 0: rope_theta
+  // Attention over the last `sliding_window` positions (the query's own included) on the layers
+  // layer_sliding marks (empty: every layer); 0: full causal attention.
+  int sliding_window = 0;
+  std::vector<char> layer_sliding;
+  // Layers that apply RoPE (empty: every layer; SmolLM3 leaves it out on every fourth).
+  std::vector<char> layer_rope;
+  RopeScaling rope_scaling;
+
+  int hd() const { return head_dim > 0 ? head_dim : heads > 0 ? hidden / heads : 0; }
+  bool pre_norm() const { return norm_placement != "post"; }
+  bool post_norm() const { return norm_placement != "pre"; }
+  bool sliding(int layer) const {
+    return sliding_window > 0 && (layer_sliding.empty() || layer_sliding.at(size_t(layer)) != 0);
+  }
+  bool rope(int layer) const {
+    return !gpt2_block() && (layer_rope.empty() || layer_rope.at(size_t(layer)) != 0);
+  }
+};
+
+// The families, model_config.h's `family`.
+const std::vector<std::string>& model_families();
+
+// The model block that describes m (config/model.cc reads it back): the shape, and of the
+// block's description the fields that differ from m.family's defaults would need — all of them,
+// so that a block read back gives m whatever the defaults become. Checkpoint manifests keep it.
+nlohmann::json model_block_json(const ModelConfig& m);
 
 }  // namespace strata

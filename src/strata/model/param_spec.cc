@@ -117,7 +117,7 @@ int64_t vocab_rows(int64_t cap, int64_t C, int64_t align) {
 
 TpLayout tp_layout(const ModelConfig& m, int size, int rank) {
   STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank, " of ", size);
-  const int kvh = m.family == "gpt2" ? m.heads : m.kv_heads;
+  const int kvh = m.gpt2_block() ? m.heads : m.kv_heads;
   STRATA_CHECK(m.heads % size == 0 && m.ffn_hidden % size == 0 &&
                    (kvh >= size ? kvh % size == 0 : size % kvh == 0),
                "parallelism.tensor=", size, " does not divide model.heads=", m.heads,
@@ -128,7 +128,7 @@ TpLayout tp_layout(const ModelConfig& m, int size, int rank) {
   t.kv_replicated = kvh < size;
   t.groups = t.kv_replicated ? 1 : kvh / size;
   t.rep = t.heads / t.groups;
-  t.qkv_rows = int64_t(t.groups) * (t.rep + 2) * (m.hidden / m.heads);
+  t.qkv_rows = int64_t(t.groups) * (t.rep + 2) * m.hd();
   t.ffn = m.ffn_hidden / size;
   t.vocab_padded = (int64_t(m.vocab) + size - 1) / size * size;
   t.vocab_rows = t.vocab_padded / size;
@@ -139,8 +139,8 @@ TpLayout tp_layout(const ModelConfig& m, int size, int rank) {
 
 // This rank's rows of the grouped QKV weight (or bias).
 Split qkv_split(const ModelConfig& m, const TpLayout& t) {
-  const int64_t hd = m.hidden / m.heads;
-  const int kvh = m.family == "gpt2" ? m.heads : m.kv_heads;
+  const int64_t hd = m.hd();
+  const int kvh = m.gpt2_block() ? m.heads : m.kv_heads;
   const int64_t rep = m.heads / kvh, group = (rep + 2) * hd;  // global rows per group
   if (!t.kv_replicated) {
     const int64_t rows = int64_t(kvh / t.size) * group;
@@ -172,17 +172,23 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
   b.spec.align = align;
   const TpLayout tp = b.spec.tp = tp_layout(m, tp_size, tp_rank);
   const int64_t C = m.hidden, V = m.vocab, F = m.ffn_hidden, L = m.layers;
-  const int64_t hd = C / m.heads;
+  const int64_t hd = m.hd();
   const float s = m.init_std;
   const float s_resid = s / std::sqrt(2.0f * float(L));  // GPT-2: residual projections scaled
-  const bool gpt2 = m.family == "gpt2";
+  const bool gpt2 = m.gpt2_block(), qk_norm = m.qk_norm != "none";
+  const bool whole_qk = m.qk_norm == "whole", pre = m.pre_norm(), post = m.post_norm();
   const int64_t kvh = gpt2 ? m.heads : m.kv_heads;
   const int64_t qkv = (m.heads + 2 * kvh) * hd;  // global rows
   const int64_t fch = gpt2 ? F : 2 * F;
   // The largest local sublayer bounds a vocabulary unit.
   const int64_t ql = tp.qkv_rows, fl = gpt2 ? tp.ffn : 2 * tp.ffn, hl = int64_t(tp.heads) * hd;
-  const int64_t attn = gpt2 ? 2 * C + ql * C + ql + C * hl + C : C + ql * C + C * hl;
-  const int64_t mlp = gpt2 ? 2 * C + fl * C + fl + C * tp.ffn + C : C + fl * C + C * tp.ffn;
+  const int64_t qk_gains = !qk_norm   ? 0
+                           : whole_qk ? int64_t(tp.groups) * (tp.rep + 1) * hd
+                                      : 2 * hd;
+  const int64_t norms = (pre ? C : 0) + (post ? C : 0);
+  const int64_t attn = gpt2 ? 2 * C + ql * C + ql + C * hl + C
+                            : norms + ql * C + (m.qkv_bias ? ql : 0) + qk_gains + C * hl;
+  const int64_t mlp = gpt2 ? 2 * C + fl * C + fl + C * tp.ffn + C : norms + fl * C + C * tp.ffn;
   const int64_t rows = vocab_rows(std::max(attn, mlp), C, align);
   const Split qkv_rows = qkv_split(m, tp), fc_rows = rows_split(fch, tp);
   const Split proj_cols = cols_split(m.heads * hd, tp), fc2_cols = cols_split(F, tp);
@@ -215,15 +221,31 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       b.add(p + "mlp.c_proj.bias", {C}, R::Fc2B, I::Zeros, 0.0f, l);
     } else {
       const std::string p = "layers." + std::to_string(l) + ".";
+      // A gain of (norm_offset + w) starts at 1: w at 1 - norm_offset (Gemma's at 0).
+      const I gain = m.norm_offset == 1.0f ? I::Zeros : I::Ones;
       b.begin_unit(u + ".attn", UnitKind::Attention, l);
-      b.add(p + "input_layernorm.weight", {C}, R::Norm1W, I::Ones, 0.0f, l);
+      if (pre) b.add(p + "input_layernorm.weight", {C}, R::Norm1W, gain, 0.0f, l);
       b.add(p + "self_attn.qkv_proj.weight", {qkv, C}, R::QkvW, I::Normal, s, l, qkv_rows);
+      if (m.qkv_bias) {
+        b.add(p + "self_attn.qkv_proj.bias", {qkv}, R::QkvB, I::Zeros, 0.0f, l, qkv_rows);
+      }
+      if (qk_norm && !whole_qk) {
+        b.add(p + "self_attn.q_norm.weight", {hd}, R::QNormW, gain, 0.0f, l);
+        b.add(p + "self_attn.k_norm.weight", {hd}, R::KNormW, gain, 0.0f, l);
+      } else if (whole_qk) {  // this rank's heads' slices (tp <= kv_heads: config/model.cc)
+        b.add(p + "self_attn.q_norm.weight", {m.heads * hd}, R::QNormW, gain, 0.0f, l,
+              rows_split(m.heads * hd, tp));
+        b.add(p + "self_attn.k_norm.weight", {kvh * hd}, R::KNormW, gain, 0.0f, l,
+              rows_split(kvh * hd, tp));
+      }
       b.add(p + "self_attn.o_proj.weight", {C, m.heads * hd}, R::ProjW, I::Normal, s_resid, l,
             proj_cols);
+      if (post) b.add(p + "post_attention_norm.weight", {C}, R::PostAttnNormW, gain, 0.0f, l);
       b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
-      b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, I::Ones, 0.0f, l);
+      if (pre) b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, gain, 0.0f, l);
       b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, R::FcW, I::Normal, s, l, fc_rows);
       b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, I::Normal, s_resid, l, fc2_cols);
+      if (post) b.add(p + "post_mlp_norm.weight", {C}, R::PostMlpNormW, gain, 0.0f, l);
     }
   }
   b.begin_unit("final_norm", UnitKind::FinalNorm);
@@ -231,7 +253,8 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
     b.add("ln_f.weight", {C}, ParamRole::FinalNormW, InitKind::Ones);
     b.add("ln_f.bias", {C}, ParamRole::FinalNormB, InitKind::Zeros);
   } else {
-    b.add("norm.weight", {C}, ParamRole::FinalNormW, InitKind::Ones);
+    b.add("norm.weight", {C}, ParamRole::FinalNormW,
+          m.norm_offset == 1.0f ? InitKind::Zeros : InitKind::Ones);
   }
   if (!m.tied_embeddings) {
     b.add_rows("output", UnitKind::Output, "lm_head.weight", V, C, ParamRole::OutputW, s, rows);
@@ -376,7 +399,8 @@ std::vector<ReplicatedRange> replicated_ranges(const ModelSpec& spec) {
 
 double train_flops_per_token(const ModelSpec& spec) {
   const ModelConfig& m = spec.config;
-  return 6.0 * double(spec.global_param_numel) + 12.0 * m.layers * m.hidden * double(m.seq_len);
+  return 6.0 * double(spec.global_param_numel) +
+         12.0 * m.layers * double(m.heads) * m.hd() * double(m.seq_len);
 }
 
 }  // namespace strata

@@ -56,9 +56,13 @@ enum class ParamRole : uint8_t {
   Fc2B,
   FinalNormW,
   FinalNormB,
-  OutputW,  // (V, C) untied output projection
+  OutputW,        // (V, C) untied output projection
+  QNormW,         // the query heads' RMSNorm gain: (hd), qk_norm "head"; (heads·hd), "whole"
+  KNormW,         // the key heads': (hd) or (kv_heads·hd)
+  PostAttnNormW,  // (C) the norm of the attention's output (norm_placement sandwich, post)
+  PostMlpNormW,   // (C) the norm of the MLP's output
 };
-constexpr int kNumParamRoles = int(ParamRole::OutputW) + 1;
+constexpr int kNumParamRoles = int(ParamRole::PostMlpNormW) + 1;
 
 // The fused weights whose rows are not in the canonical order (see above).
 enum class Fused : uint8_t { None, Qkv, GateUp };

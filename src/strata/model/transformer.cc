@@ -1,8 +1,10 @@
 #include "strata/model/transformer.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "strata/comm/communicator.h"
+#include "strata/model/rope.h"
 #include "strata/model/transformer_impl.h"
 
 namespace strata {
@@ -36,13 +38,27 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   STRATA_CHECK(!sp_ || N_ % tp_->size() == 0, "sequence parallelism splits the ", N_,
                " token rows of a micro-batch over ", tp_->size(), " ranks: they must divide");
   Ns_ = sp_ ? N_ / tp_->size() : N_;
-  gpt2_ = cfg_.family == "gpt2";
+  gpt2_ = cfg_.gpt2_block();
   tied_ = cfg_.tied_embeddings;
+  qk_norm_ = cfg_.qk_norm != "none";
+  if (!gpt2_) rope_ = rope_table(cfg_);
+  if (cfg_.rope_local_theta > 0) rope_local_ = ops::rope_default(cfg_.hd(), cfg_.rope_local_theta);
+  if (cfg_.embed_scale) {  // as transformers: sqrt(hidden) in the parameters' dtype
+    const float scale = std::sqrt(float(cfg_.hidden));
+    uint16_t half = 0;
+    if (pt_ == DType::F32) {
+      embed_scale_ = scale;
+    } else {
+      convert(&half, pt_, &scale, DType::F32, 1);
+      convert(&embed_scale_, DType::F32, &half, pt_, 1);
+    }
+  }
   C_ = cfg_.hidden;
-  const int64_t hd = C_ / cfg_.heads;
+  const int64_t hd = cfg_.hd();
   Vl_ = tp_layout_.vocab_rows, Fl_ = tp_layout_.ffn, FCHl_ = gpt2_ ? Fl_ : 2 * Fl_;
   QKVl_ = tp_layout_.qkv_rows, Hl_ = int64_t(tp_layout_.heads) * hd;
   att_shape_ = {B_, T_, tp_layout_.groups, tp_layout_.rep, int(hd)};
+  att_shape_.scale = cfg_.attn_scale;
   core_att_shape_ = att_shape_;
   const ContextOptions& cx = chunk_.context;
   if (cx.on()) {
@@ -52,11 +68,17 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
                  " rows of every sequence, not ", T_);
     pos_ = cx.positions(cfg_.seq_len);
     att_shape_.pos = pos_.data();
+    for (int r = 0; r < cx.size && ring(); ++r) {
+      ContextOptions other = cx;
+      other.rank = r;
+      ring_pos_.push_back(other.positions(cfg_.seq_len));
+    }
     if (ulysses()) {
       STRATA_CHECK(tp_layout_.groups % cx.size == 0, "Ulysses over ", cx.size,
                    " ranks needs whole ", "key/value groups on each: this tensor rank has ",
                    tp_layout_.groups);
       core_att_shape_ = {B_, cfg_.seq_len, tp_layout_.groups / cx.size, tp_layout_.rep, int(hd)};
+      core_att_shape_.scale = cfg_.attn_scale;
     }
   }
   att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tp_layout_.heads * T_}
@@ -135,9 +157,11 @@ void TransformerImpl::places() {
         o_lnf_b_ = off;
       }
       if (!multi) continue;
-      // Replicated parameters are partial under sequence parallelism (each rank sees its rows);
-      // replicated key/value rows always (each rank sees its query heads).
-      if (p.split_axis < 0 && sp_ && p.role != ParamRole::TokenEmbedding) {
+      // Replicated parameters are partial under sequence parallelism (each rank sees its rows),
+      // and the q/k norms' gains always (each rank sees its heads); replicated key/value rows
+      // always (each rank sees its query heads).
+      const bool head_gain = p.role == ParamRole::QNormW || p.role == ParamRole::KNormW;
+      if (p.split_axis < 0 && (sp_ || head_gain) && p.role != ParamRole::TokenEmbedding) {
         partials_[size_t(u)].push_back({off, p.numel(), tp_->comm()});
         partial_params_[size_t(i)] = 1;
       }
@@ -178,6 +202,17 @@ void TransformerImpl::layout() {
     a.ln2_mean = static_cast<float*>(act(Ns, f4));
     a.ln2_rstd = static_cast<float*>(act(Ns, f4));
     a.fch_act = act(N * Fl_, ps);
+    if (qk_norm_) {
+      a.qkv_in = act(N * QKVl_, ps);
+      a.qk_rstd =
+          static_cast<float*>(act(N * std::max(2, tp_layout_.groups * (tp_layout_.rep + 1)), f4));
+    }
+    if (cfg_.post_norm()) {
+      a.attn_out = act(Ns * C, ps);
+      a.attn_out_rstd = static_cast<float*>(act(Ns, f4));
+      a.mlp_out = act(Ns * C, ps);
+      a.mlp_out_rstd = static_cast<float*>(act(Ns, f4));
+    }
   };
   // The recompute set: one block's activations, shared by every fully recomputed block (and the
   // attention probabilities by every block under selective recompute).
@@ -234,8 +269,17 @@ void TransformerImpl::layout() {
     if (chunk_.defer_weight) {
       s.stash.resize(size_t(nb));
       for (BlockStash& b : s.stash) {
-        b = {act(N * C, ps), act(N * QKVl_, ps), act(Ns * C, ps),
-             act(N * C, ps), act(N * FCHl_, ps), act(Ns * C, ps)};
+        b = {act(N * C, ps),
+             act(N * QKVl_, ps),
+             act(Ns * C, ps),
+             act(N * C, ps),
+             act(N * FCHl_, ps),
+             act(Ns * C, ps),
+             nullptr,
+             nullptr,
+             nullptr};
+        if (qk_norm_) b.dqk_gains = act(qk_gains(), dtype_size(gt_));
+        if (cfg_.post_norm()) b.dpost_attn = act(Ns * C, ps), b.dpost_mlp = act(Ns * C, ps);
       }
       if (has_head_) s.dlnf = act(Ns * C, ps);
       if (has_embed_) s.denc = act(Ns * C, ps);
@@ -245,6 +289,9 @@ void TransformerImpl::layout() {
   dc_ = wk(Ns * C, ps);
   d_wide_out_ = wk(N * std::max(QKVl_, FCHl_), ps);
   d_proj_in_ = wk(N * std::max(Fl_, Hl_), ps);
+  if (qk_norm_) d_qk_ = wk(N * QKVl_, ps);
+  if (cfg_.qk_norm == "whole") qk_sums_ = static_cast<float*>(wk(2 * N, f4));
+  if (cfg_.post_norm()) d_post_ = wk(Ns * C, ps);
   if (sp_) gath_ = wk(N * C, ps);  // a norm's output, gathered
   if (sp_) part_ = wk(N * C, ps);  // a row-parallel layer's partial output, all rows
   if (has_head_) dlnf32_ = static_cast<float*>(wk(N * C, f4));
@@ -280,14 +327,14 @@ void TransformerImpl::layout() {
   for (const std::vector<Partial>& p : partials_) {
     if (!p.empty()) largest = 1;
   }
-  if (count_only_ && tp_->size() > 1 && (sp_ || spec_.tp.kv_replicated)) largest = 1;
+  if (count_only_ && tp_->size() > 1 && (sp_ || spec_.tp.kv_replicated || qk_norm_)) largest = 1;
   if (largest > 0) {
     for (const UnitSpec& u : spec_.units) largest = std::max(largest, u.numel);
     scratch_ = wk(largest, dtype_size(gt_));
   }
   // The row-parallel output gradients are dres itself but under sequence parallelism, where they
   // are gathered into part_.
-  fused_ = {part_, d_wide_out_, dc_, part_, d_wide_out_, dc_};
+  fused_ = {part_, d_wide_out_, dc_, part_, d_wide_out_, dc_, nullptr, nullptr, nullptr};
 }
 
 Slot& TransformerImpl::slot_of(int mb) {
@@ -430,7 +477,7 @@ const void* TransformerImpl::recompute(Slot& s, int l, UnitHook* hook) {
 void TransformerImpl::recompute_attention(const BlockActs& a, int l) {
   const auto t0 = std::chrono::steady_clock::now();
   sync_boundary();
-  attention_core_forward(a, nullptr);
+  attention_core_forward(a, l, nullptr);
   sync_boundary();
   rc_seconds_[size_t(l - l0_)] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -122,6 +122,14 @@ comm::Handle TransformerImpl::pass_kv(int s, int cur, int64_t kvn) {
                                   (cx.rank + cx.size - 1) % cx.size, size_t(kvn), pt_, kRingKv);
 }
 
+// Step s's shape: the keys and values in hand are rank (r − s)'s, at its positions.
+ops::AttentionShape TransformerImpl::ring_shape(int s) const {
+  const ContextOptions& cx = chunk_.context;
+  ops::AttentionShape shape = att_shape_;
+  shape.kv_pos = ring_pos_[size_t((cx.rank - s + cx.size) % cx.size)].data();
+  return shape;
+}
+
 // Forward: this rank's queries against every rank's keys and values, which travel the ring
 // (rank r sends to r + 1) while the blocks in hand are computed; the blocks merge into o and the
 // lse, which is the saved state.
@@ -137,8 +145,9 @@ void TransformerImpl::ring_forward(const BlockActs& a, void* out) {
   for (int s = 0; s < P; ++s) {
     comm::Handle h = pass_kv(s, cur, kvn);
     const Tensor kv = vec(kv_[cur], pt_, kvn);
+    const ops::AttentionShape shape = ring_shape(s);
     ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
-      ops::attention_block_forward(o, lse, qkv, q0, c, kv, k0, c, att_shape_, causal);
+      ops::attention_block_forward(o, lse, qkv, q0, c, kv, k0, c, shape, causal);
     });
     h.wait();
     cur = 1 - cur;
@@ -163,8 +172,9 @@ void TransformerImpl::ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv
   for (int s = 0; s < P; ++s) {
     comm::Handle h = pass_kv(s, cur, kvn);
     const Tensor kv = vec(kv_[cur], pt_, kvn), dkv = f32(dkv_[cur], kvn);
+    const ops::AttentionShape shape = ring_shape(s);
     ring_blocks(s, r, P, c, [&](int q0, int k0, bool causal) {
-      ops::attention_block_backward(dq, dkv, dout, qkv, lse, delta, q0, c, kv, k0, c, att_shape_,
+      ops::attention_block_backward(dq, dkv, dout, qkv, lse, delta, q0, c, kv, k0, c, shape,
                                     causal);
     });
     cx.comm->send_recv(dkv_[cur], next, dkv_[1 - cur], prev, size_t(kvn), DType::F32, kRingDkv);

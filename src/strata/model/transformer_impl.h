@@ -62,11 +62,19 @@ struct BlockActs {
   void* ln1;        // (Ns, C)
   float* ln1_mean;  // (Ns)
   float* ln1_rstd;  // (Ns)
-  void* qkv;        // (N, QKVl)  after RoPE for llama
-  void* att;        // the saved attention state (B, heads_l, T, T) on the CPU (att_view)
-  void* atty;       // (N, Hl)
-  void* res2;       // (Ns, C)  residual after attention
-  void* ln2;        // (Ns, C)
+  void* qkv;        // (N, QKVl)  after the q/k norms and RoPE (the RoPE families)
+  void* qkv_in;     // (N, QKVl)  the projection's output before the q/k norms (qk_norm only)
+  float* qk_rstd;   // (N, groups·(rep+1)), or (N, 2) "whole": the q/k norms' statistics
+  // Post norms (norm_placement sandwich, post): each sublayer's output before its norm, (Ns, C),
+  // and the norm's statistics (Ns).
+  void* attn_out;
+  float* attn_out_rstd;
+  void* mlp_out;
+  float* mlp_out_rstd;
+  void* att;   // the saved attention state (B, heads_l, T, T) on the CPU (att_view)
+  void* atty;  // (N, Hl)
+  void* res2;  // (Ns, C)  residual after attention
+  void* ln2;   // (Ns, C)
   float* ln2_mean;
   float* ln2_rstd;
   void* fch;      // (N, FCHl) gpt2 pre-GELU; llama gate|up interleaved
@@ -76,12 +84,15 @@ struct BlockActs {
 
 // The output gradients a deferred weight-gradient backward needs, per block.
 struct BlockStash {
-  void* dproj;  // (N, C) gradient of the attention projection's output (all rows)
-  void* dqkv;   // (N, QKVl)
-  void* dln1;   // (Ns, C) gradient of the first norm's output
-  void* dfc2;   // (N, C)
-  void* dfch;   // (N, FCHl)
-  void* dln2;   // (Ns, C)
+  void* dproj;       // (N, C) gradient of the attention projection's output (all rows)
+  void* dqkv;        // (N, QKVl)
+  void* dln1;        // (Ns, C) gradient of the first norm's output
+  void* dfc2;        // (N, C)
+  void* dfch;        // (N, FCHl)
+  void* dln2;        // (Ns, C)
+  void* dqk_gains;   // the q/k norms' gains' gradients, grad dtype (qk_norm only)
+  void* dpost_attn;  // (Ns, C) the post norms' output gradients (post norms only)
+  void* dpost_mlp;
 };
 
 // What only the input-gradient backward reads, per block: QKV (N, QKVl), the attention
@@ -206,9 +217,29 @@ class TransformerImpl final : public Transformer {
   // exchanged into the heads' layout in place (every row of this rank's share of the groups,
   // attn_forward), which the backward and a selective recompute read; under ring attention the
   // keys and values go around the group.
-  void attention_core_forward(const BlockActs& a, void* out);
+  // l: the block, whose layer kind (sliding or full attention) sets the window.
+  void attention_core_forward(const BlockActs& a, int l, void* out);
   // dqkv (N, QKVl) from dout (N, Hl, overwritten under Ulysses) and the saved state.
-  void attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
+  void attention_core_backward(const BlockActs& a, int l, Tensor dout, Tensor dqkv);
+  // The attention shapes of block l (its window).
+  void select_layer(int l);
+  // The q/k norms (qk_norm "head"): a.qkv from a.qkv_in; and the input gradient dqkv (N, QKVl)
+  // from dqk, the gradient of their output, with the gains' gradients into dwq, dwk (+=).
+  void qk_norm_forward(const BlockActs& a, int l, void* P);
+  void qk_norm_backward(const BlockActs& a, int l, void* P, Tensor dwq, Tensor dwk, Tensor dqk,
+                        Tensor dqkv);
+  ops::QkNorm qk_norm_options() const;
+  // The input a sublayer's first projection reads: its norm's output, or (no pre norms) the
+  // residual stream itself.
+  void* attn_input(const BlockActs& a, const void* x) const {
+    return cfg_.pre_norm() ? a.ln1 : const_cast<void*>(x);
+  }
+  void* mlp_input(const BlockActs& a) const { return cfg_.pre_norm() ? a.ln2 : a.res2; }
+  // A post norm's backward (role r, its input x and statistics): the gradient of its input into
+  // d_post_ from dres_ (the gradient of its output, which the residual also carries); with fuse
+  // the gain's gradient too, else dres_ is kept in `stash` for the weight half.
+  Tensor post_norm_backward(int l, ParamRole r, void* P, void* G, const void* x, const float* rstd,
+                            void* stash, bool fuse);
   void context_attention_forward(const BlockActs& a, void* out);
   void context_attention_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
   bool ring() const {
@@ -222,6 +253,7 @@ class TransformerImpl final : public Transformer {
   void ulysses_to_heads(void* p, int64_t width);
   void ulysses_to_rows(void* p, int64_t width);
   comm::Handle pass_kv(int s, int cur, int64_t kvn);  // a ring step's key/value exchange
+  ops::AttentionShape ring_shape(int s) const;        // a ring step's (the keys' positions)
   void ring_forward(const BlockActs& a, void* out);
   void ring_backward(const BlockActs& a, Tensor dout, Tensor dqkv);
   // Weight halves from the tensors the input halves leave.
@@ -229,8 +261,9 @@ class TransformerImpl final : public Transformer {
   void final_norm_weight(Slot& s, const void* x, void* dy, UnitHook* hook);
   void mlp_weight(Slot& s, int l, UnitHook* hook);
   void attn_weight(Slot& s, int l, const void* x, UnitHook* hook);
+  // dres: the gradient of the layer's output (Ns, C).
   Tensor row_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G, void* stash,
-                               Tensor x, Tensor dx, bool fuse);
+                               Tensor x, Tensor dx, Tensor dres, bool fuse);
   void row_parallel_weight(int l, ParamRole w, ParamRole b, void* G, Tensor dy, Tensor x);
   void sp_bias_grad(Tensor db, Tensor dy);
   void column_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G, Tensor dy,
@@ -274,7 +307,18 @@ class TransformerImpl final : public Transformer {
   bool sp_ = false;
   int B_, T_;
   int64_t N_, Ns_;
-  bool gpt2_ = true, tied_ = true;
+  bool gpt2_ = true, tied_ = true, qk_norm_ = false;
+  ops::Rope rope_;        // the RoPE families' frequencies (model/rope.h)
+  ops::Rope rope_local_;  // the sliding layers' where they have a base of their own (Gemma 3)
+  const ops::Rope& rope_of(int l) const {
+    return cfg_.rope_local_theta > 0 && cfg_.sliding(l) ? rope_local_ : rope_;
+  }
+  // The q/k norms' gain elements this rank holds: (hd) each per head; its heads' slices whole.
+  int64_t qk_gains() const {
+    const int64_t hd = att_shape_.hd;
+    return cfg_.qk_norm == "whole" ? int64_t(tp_layout_.groups) * (tp_layout_.rep + 1) * hd
+                                   : 2 * hd;
+  }
   int64_t C_ = 0, Vl_ = 0, Fl_ = 0, FCHl_ = 0, QKVl_ = 0, Hl_ = 0;
   ops::AttentionShape att_shape_;  // this rank's rows (RoPE's positions under context parallelism)
   // What the attention kernels see: under Ulysses every row of T and groups/cp groups; otherwise
@@ -282,6 +326,7 @@ class TransformerImpl final : public Transformer {
   ops::AttentionShape core_att_shape_;
   ops::AttentionSaved att_saved_;
   std::vector<int32_t> pos_;  // context parallelism: the positions of this rank's T rows
+  std::vector<std::vector<int32_t>> ring_pos_;  // ring attention: every context rank's positions
   ChunkOptions chunk_;
   bool count_only_ = false;
   bool has_embed_ = false, has_head_ = false;
@@ -323,6 +368,10 @@ class TransformerImpl final : public Transformer {
   // gradient of the input of attn.proj or mlp.down (the attention core's output, the MLP's
   // activation).
   void *dres_ = nullptr, *dc_ = nullptr, *d_wide_out_ = nullptr, *d_proj_in_ = nullptr;
+  void* d_qk_ = nullptr;      // (N, QKVl) the q/k norms' output gradient (qk_norm)
+  float* qk_sums_ = nullptr;  // (N, 2) the whole q/k norms' sums over the tensor-parallel group
+  void* d_post_ = nullptr;    // (Ns, C) a post norm's input gradient
+  float embed_scale_ = 1.0f;  // sqrt(hidden), rounded to the parameter dtype (embed_scale)
   void *gath_ = nullptr, *part_ = nullptr;  // (N, C) each
   float* dlnf32_ = nullptr;                 // (N, C) fp32 output gradient of the final norm
   float *norm_scratch_ = nullptr, *att_scratch_ = nullptr;

@@ -30,7 +30,7 @@ void TransformerImpl::norm_forward(void* out, float* mean, float* rstd, const vo
     ops::layernorm_forward(hid(out), f32(mean, Ns_), f32(rstd, Ns_), xin, gain, bias,
                            cfg_.norm_eps);
   } else {
-    ops::rmsnorm_forward(hid(out), f32(rstd, Ns_), xin, gain, cfg_.norm_eps);
+    ops::rmsnorm_forward(hid(out), f32(rstd, Ns_), xin, gain, cfg_.norm_eps, cfg_.norm_offset);
   }
 }
 
@@ -57,6 +57,7 @@ void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
       reduce_from::forward(*tp_, full(out));
     }
   }
+  if (cfg_.embed_scale) ops::scale_inplace(hid(s.encoded), embed_scale_);
   if (position_ >= 0) {
     ops::position_forward(hid(s.encoded), mat(acquire(hook, position_), pt_, cfg_.seq_len, C_), T_,
                           sp_ ? tp_->rank() * Ns_ : 0, pos_.empty() ? nullptr : pos_.data());
@@ -70,28 +71,101 @@ void TransformerImpl::attn_forward(Slot& s, int l, const void* x, UnitHook* hook
   void* P = acquire(hook, ua);
   using R = ParamRole;
   const Tensor xin = hid(const_cast<void*>(x));
-  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(l, R::Norm1W, P, pt_),
-               param(l, R::Norm1B, P, pt_));
+  if (cfg_.pre_norm()) {
+    norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, param(l, R::Norm1W, P, pt_),
+                 param(l, R::Norm1B, P, pt_));
+  }
   // Column-parallel QKV (this rank's heads), attention, row-parallel projection.
-  const Tensor ln1 = column_input(a.ln1);
-  ops::linear_forward(mat(a.qkv, pt_, N_, QKVl_), ln1, param(l, R::QkvW, P, pt_),
-                      param(l, R::QkvB, P, pt_));
-  if (!gpt2_) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), att_shape_, cfg_.rope_theta);
+  const Tensor ln1 = column_input(attn_input(a, x));
+  ops::linear_forward(mat(qk_norm_ ? a.qkv_in : a.qkv, pt_, N_, QKVl_), ln1,
+                      param(l, R::QkvW, P, pt_), param(l, R::QkvB, P, pt_));
+  if (qk_norm_) qk_norm_forward(a, l, P);
+  if (cfg_.rope(l)) ops::rope_forward(mat(a.qkv, pt_, N_, QKVl_), att_shape_, rope_of(l));
   if (ulysses()) ulysses_to_heads(a.qkv, (core_att_shape_.rep + 2) * core_att_shape_.hd);
-  attention_core_forward(a, a.atty);
+  attention_core_forward(a, l, a.atty);
   const Tensor atty = mat(a.atty, pt_, N_, Hl_);
-  row_parallel_forward(a.res2, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
+  if (cfg_.post_norm()) {  // the attention's output normed before the residual adds it
+    row_parallel_forward(a.attn_out, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
+    norm_forward(a.res2, nullptr, a.attn_out_rstd, a.attn_out, param(l, R::PostAttnNormW, P, pt_),
+                 Tensor());
+  } else {
+    row_parallel_forward(a.res2, atty, param(l, R::ProjW, P, pt_), param(l, R::ProjB, P, pt_));
+  }
   release(hook, ua);
   ops::add_inplace(hid(a.res2), xin);
 }
 
-void TransformerImpl::attention_core_forward(const BlockActs& a, void* out) {
+void TransformerImpl::select_layer(int l) {
+  const int window = cfg_.sliding(l) ? cfg_.sliding_window : 0;
+  att_shape_.window = core_att_shape_.window = window;
+}
+
+ops::QkNorm TransformerImpl::qk_norm_options() const {
+  ops::QkNorm n;
+  n.per_head = cfg_.qk_norm == "head";
+  n.eps = cfg_.norm_eps;
+  n.w_offset = cfg_.norm_offset;
+  n.q_width = int64_t(cfg_.heads) * cfg_.hd();
+  n.k_width = int64_t(cfg_.kv_heads) * cfg_.hd();
+  return n;
+}
+
+// Whole q/k norms span every tensor-parallel rank's heads: their sums are all-reduced between
+// the two calls (a plain collective, no mapping's half: its backward is qk_norm_backward_dot's).
+void TransformerImpl::qk_norm_forward(const BlockActs& a, int l, void* P) {
+  const ops::QkNorm n = qk_norm_options();
+  const int64_t rows = n.per_head ? int64_t(tp_layout_.groups) * (tp_layout_.rep + 1) : 2;
+  const Tensor qkv_in = mat(a.qkv_in, pt_, N_, QKVl_);
+  Tensor sums;
+  if (!n.per_head) {
+    sums = mat(qk_sums_, DType::F32, N_, 2);
+    ops::qk_norm_sumsq(sums, qkv_in, att_shape_);
+    if (tp_->size() > 1) tp_->all_reduce(f32(qk_sums_, 2 * N_));
+  }
+  ops::qk_norm_forward(mat(a.qkv, pt_, N_, QKVl_), mat(a.qk_rstd, DType::F32, N_, rows), qkv_in,
+                       param(l, ParamRole::QNormW, P, pt_), param(l, ParamRole::KNormW, P, pt_),
+                       sums, att_shape_, n);
+}
+
+void TransformerImpl::qk_norm_backward(const BlockActs& a, int l, void* P, Tensor dwq, Tensor dwk,
+                                       Tensor dqk, Tensor dqkv) {
+  const ops::QkNorm n = qk_norm_options();
+  const int64_t rows = n.per_head ? int64_t(tp_layout_.groups) * (tp_layout_.rep + 1) : 2;
+  const Tensor qkv_in = mat(a.qkv_in, pt_, N_, QKVl_), rstd = mat(a.qk_rstd, DType::F32, N_, rows);
+  const Tensor wq = param(l, ParamRole::QNormW, P, pt_), wk = param(l, ParamRole::KNormW, P, pt_);
+  Tensor dot;
+  if (!n.per_head) {
+    dot = mat(qk_sums_, DType::F32, N_, 2);
+    ops::qk_norm_backward_dot(dot, dqk, qkv_in, wq, wk, rstd, att_shape_, n);
+    if (tp_->size() > 1) tp_->all_reduce(f32(qk_sums_, 2 * N_));
+  }
+  ops::qk_norm_backward(dqkv, dwq, dwk, dqk, qkv_in, wq, wk, rstd, dot, att_shape_, n);
+}
+
+Tensor TransformerImpl::post_norm_backward(int l, ParamRole r, void* P, void* G, const void* x,
+                                           const float* rstd, void* stash, bool fuse) {
+  const Tensor d = hid(d_post_), xin = hid(const_cast<void*>(x));
+  const Tensor st = f32(const_cast<float*>(rstd), Ns_);
+  ops::fill_zero(d);
+  if (fuse) {
+    ops::rmsnorm_backward(d, grad(l, r, G), norm_scratch(), hid(dres_), xin, param(l, r, P, pt_),
+                          st, cfg_.norm_offset);
+  } else {
+    ops::rmsnorm_backward_input(d, hid(dres_), xin, param(l, r, P, pt_), st, cfg_.norm_offset);
+    ops::copy(hid(stash), hid(dres_));
+  }
+  return d;
+}
+
+void TransformerImpl::attention_core_forward(const BlockActs& a, int l, void* out) {
+  select_layer(l);
   if (chunk_.context.on()) return context_attention_forward(a, out);
   ops::attention_forward(out != nullptr ? mat(out, pt_, N_, Hl_) : Tensor(), att_view(a.att),
                          mat(a.qkv, pt_, N_, QKVl_), att_shape_);
 }
 
-void TransformerImpl::attention_core_backward(const BlockActs& a, Tensor dout, Tensor dqkv) {
+void TransformerImpl::attention_core_backward(const BlockActs& a, int l, Tensor dout, Tensor dqkv) {
+  select_layer(l);
   if (chunk_.context.on()) return context_attention_backward(a, dout, dqkv);
   const int64_t scratch = int64_t(ops::attention_backward_scratch_floats(dev_, pt_, att_shape_));
   ops::attention_backward(dqkv, f32(att_scratch_, scratch), dout, mat(a.qkv, pt_, N_, QKVl_),
@@ -103,20 +177,34 @@ void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook, bool project) 
   const int um = mlp_[size_t(l)];
   void* P = acquire(hook, um);
   using R = ParamRole;
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(l, R::Norm2W, P, pt_),
-               param(l, R::Norm2B, P, pt_));
-  const Tensor ln2 = column_input(a.ln2);
+  if (cfg_.pre_norm()) {
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, param(l, R::Norm2W, P, pt_),
+                 param(l, R::Norm2B, P, pt_));
+  }
+  const Tensor ln2 = column_input(mlp_input(a));
   ops::linear_forward(mat(a.fch, pt_, N_, FCHl_), ln2, param(l, R::FcW, P, pt_),
                       param(l, R::FcB, P, pt_));
   if (gpt2_) {
     ops::gelu_forward(mat(a.fch_act, pt_, N_, Fl_), mat(a.fch, pt_, N_, FCHl_));
+  } else if (cfg_.mlp_act == "gelu_tanh") {
+    ops::geglu_forward(mat(a.fch_act, pt_, N_, Fl_), mat(a.fch, pt_, N_, FCHl_));
   } else {
     ops::swiglu_forward(mat(a.fch_act, pt_, N_, Fl_), mat(a.fch, pt_, N_, FCHl_));
   }
-  if (!project) return release(hook, um);
+  // A recompute stops before the projection, whose output res3 is kept, but for a post norm,
+  // whose backward reads its input (the projection's output, recomputed; the norm's own output
+  // goes to the workspace).
+  if (!project && !cfg_.post_norm()) return release(hook, um);
   const Tensor act = mat(a.fch_act, pt_, N_, Fl_);
-  row_parallel_forward(a.res3, act, param(l, R::Fc2W, P, pt_), param(l, R::Fc2B, P, pt_));
+  if (cfg_.post_norm()) {
+    row_parallel_forward(a.mlp_out, act, param(l, R::Fc2W, P, pt_), param(l, R::Fc2B, P, pt_));
+    norm_forward(project ? a.res3 : d_post_, nullptr, a.mlp_out_rstd, a.mlp_out,
+                 param(l, R::PostMlpNormW, P, pt_), Tensor());
+  } else {
+    row_parallel_forward(a.res3, act, param(l, R::Fc2W, P, pt_), param(l, R::Fc2B, P, pt_));
+  }
   release(hook, um);
+  if (!project) return;
   ops::add_inplace(hid(a.res3), hid(a.res2));
 }
 
@@ -272,9 +360,10 @@ void TransformerImpl::final_norm_weight(Slot& s, const void* x, void* dy, UnitHo
 // backward half of the mapping its forward left the region by (gathered into `stash` under
 // sequence parallelism; copied there for a deferred weight half). dx (N, in_l).
 Tensor TransformerImpl::row_parallel_backward(int l, ParamRole w, ParamRole b, void* P, void* G,
-                                              void* stash, Tensor x, Tensor dx, bool fuse) {
-  Tensor dy = sp_ ? reduce_scatter_to_sp::backward(*tp_, full(stash), hid(dres_))
-                  : reduce_from::backward(*tp_, hid(dres_));
+                                              void* stash, Tensor x, Tensor dx, Tensor dres,
+                                              bool fuse) {
+  Tensor dy = sp_ ? reduce_scatter_to_sp::backward(*tp_, full(stash), dres)
+                  : reduce_from::backward(*tp_, dres);
   if (!fuse && !sp_) ops::copy(full(stash), dy), dy = full(stash);
   if (!fuse) {
     ops::linear_backward_input(dx, dy, param(l, w, P, pt_), false);
@@ -331,11 +420,12 @@ void TransformerImpl::norm_backward(Tensor gain, Tensor dgain, Tensor dbias, voi
   if (fuse && gpt2_) {
     ops::layernorm_backward(hid(dres_), dgain, dbias, norm_scratch(), hid(dln), xin, gain, m, r);
   } else if (fuse) {
-    ops::rmsnorm_backward(hid(dres_), dgain, norm_scratch(), hid(dln), xin, gain, r);
+    ops::rmsnorm_backward(hid(dres_), dgain, norm_scratch(), hid(dln), xin, gain, r,
+                          cfg_.norm_offset);
   } else if (gpt2_) {
     ops::layernorm_backward_input(hid(dres_), hid(dln), xin, gain, m, r);
   } else {
-    ops::rmsnorm_backward_input(hid(dres_), hid(dln), xin, gain, r);
+    ops::rmsnorm_backward_input(hid(dres_), hid(dln), xin, gain, r, cfg_.norm_offset);
   }
 }
 
@@ -362,18 +452,27 @@ void TransformerImpl::mlp_backward(Slot& s, int l, UnitHook* hook) {
   void* G = nullptr;
   if (fuse) begin_partials(um), G = grads_of(hook, um);
   const Tensor d_act = mat(d_proj_in_, pt_, N_, Fl_);
+  const Tensor dout = cfg_.post_norm() ? post_norm_backward(l, R::PostMlpNormW, P, G, a.mlp_out,
+                                                            a.mlp_out_rstd, st.dpost_mlp, fuse)
+                                       : hid(dres_);
   row_parallel_backward(l, R::Fc2W, R::Fc2B, P, G, st.dfc2, mat(a.fch_act, pt_, N_, Fl_), d_act,
-                        fuse);
+                        dout, fuse);
   const Tensor dfch = mat(st.dfch, pt_, N_, FCHl_);
   if (gpt2_) {
     ops::gelu_backward(dfch, mat(a.fch, pt_, N_, FCHl_), d_act);
+  } else if (cfg_.mlp_act == "gelu_tanh") {
+    ops::geglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
   } else {
     ops::swiglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
   }
   void* dln2 = fuse ? dc_ : st.dln2;
-  column_parallel_backward(l, R::FcW, R::FcB, P, G, dfch, a.ln2, dln2, fuse);
-  norm_backward(param(l, R::Norm2W, P, pt_), grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), dln2,
-                a.res2, a.ln2_mean, a.ln2_rstd, fuse);
+  column_parallel_backward(l, R::FcW, R::FcB, P, G, dfch, mlp_input(a), dln2, fuse);
+  if (cfg_.pre_norm()) {
+    norm_backward(param(l, R::Norm2W, P, pt_), grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), dln2,
+                  a.res2, a.ln2_mean, a.ln2_rstd, fuse);
+  } else {
+    ops::add_inplace(hid(dres_), hid(dln2));
+  }
   release(hook, um);
   if (fuse) {
     settle_partials(um, G);
@@ -388,11 +487,17 @@ void TransformerImpl::mlp_weight(Slot& s, int l, UnitHook* hook) {
   using R = ParamRole;
   begin_partials(um);
   void* G = grads_of(hook, um);
+  if (cfg_.post_norm()) {
+    ops::rmsnorm_backward_weight(grad(l, R::PostMlpNormW, G), norm_scratch(), hid(st.dpost_mlp),
+                                 hid(a.mlp_out), f32(a.mlp_out_rstd, Ns_));
+  }
   row_parallel_weight(l, R::Fc2W, R::Fc2B, G, full(st.dfc2), mat(a.fch_act, pt_, N_, Fl_));
   ops::linear_backward_weight(grad(l, R::FcW, G), grad(l, R::FcB, G), mat(st.dfch, pt_, N_, FCHl_),
-                              column_input(a.ln2));
-  norm_weight(grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), st.dln2, a.res2, a.ln2_mean,
-              a.ln2_rstd);
+                              column_input(mlp_input(a)));
+  if (cfg_.pre_norm()) {
+    norm_weight(grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), st.dln2, a.res2, a.ln2_mean,
+                a.ln2_rstd);
+  }
   settle_partials(um, G);
   done(hook, um, true);
 }
@@ -408,16 +513,36 @@ void TransformerImpl::attn_backward(Slot& s, int l, const void* x, UnitHook* hoo
   void* G = nullptr;
   if (fuse) begin_partials(ua), G = grads_of(hook, ua);
   const Tensor d_atty = mat(d_proj_in_, pt_, N_, Hl_);
+  const Tensor dout = cfg_.post_norm() ? post_norm_backward(l, R::PostAttnNormW, P, G, a.attn_out,
+                                                            a.attn_out_rstd, st.dpost_attn, fuse)
+                                       : hid(dres_);
   row_parallel_backward(l, R::ProjW, R::ProjB, P, G, st.dproj, mat(a.atty, pt_, N_, Hl_), d_atty,
-                        fuse);
+                        dout, fuse);
   const Tensor dqkv = mat(st.dqkv, pt_, N_, QKVl_);
   if (chunk_.recompute.selective && !full_recompute(l)) recompute_attention(a, l);
-  attention_core_backward(a, d_atty, dqkv);
-  if (!gpt2_) ops::rope_backward(dqkv, att_shape_, cfg_.rope_theta);
+  // The gradient of the attention's input: of the projection's output, or of the q/k norms'.
+  const Tensor dqk = qk_norm_ ? mat(d_qk_, pt_, N_, QKVl_) : dqkv;
+  attention_core_backward(a, l, d_atty, dqk);
+  if (cfg_.rope(l)) ops::rope_backward(dqk, att_shape_, rope_of(l));
+  if (qk_norm_ && fuse) {
+    qk_norm_backward(a, l, P, grad(l, R::QNormW, G), grad(l, R::KNormW, G), dqk, dqkv);
+  } else if (qk_norm_) {  // the gains' gradients wait in the stash for the weight half
+    // The query gains' part, then the key gains'.
+    const int64_t qn = cfg_.qk_norm == "whole"
+                           ? int64_t(tp_layout_.groups) * tp_layout_.rep * att_shape_.hd
+                           : att_shape_.hd;
+    ops::fill_zero(vec(st.dqk_gains, gt_, qk_gains()));
+    qk_norm_backward(a, l, P, vec(st.dqk_gains, gt_, qn),
+                     vec(at(st.dqk_gains, gt_, qn), gt_, qk_gains() - qn), dqk, dqkv);
+  }
   void* dln1 = fuse ? dc_ : st.dln1;
-  column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, a.ln1, dln1, fuse);
-  norm_backward(param(l, R::Norm1W, P, pt_), grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), dln1, x,
-                a.ln1_mean, a.ln1_rstd, fuse);
+  column_parallel_backward(l, R::QkvW, R::QkvB, P, G, dqkv, attn_input(a, x), dln1, fuse);
+  if (cfg_.pre_norm()) {
+    norm_backward(param(l, R::Norm1W, P, pt_), grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), dln1,
+                  x, a.ln1_mean, a.ln1_rstd, fuse);
+  } else {
+    ops::add_inplace(hid(dres_), hid(dln1));
+  }
   release(hook, ua);
   if (fuse) {
     settle_partials(ua, G);
@@ -432,10 +557,21 @@ void TransformerImpl::attn_weight(Slot& s, int l, const void* x, UnitHook* hook)
   using R = ParamRole;
   begin_partials(ua);
   void* G = grads_of(hook, ua);
+  if (cfg_.post_norm()) {
+    ops::rmsnorm_backward_weight(grad(l, R::PostAttnNormW, G), norm_scratch(), hid(st.dpost_attn),
+                                 hid(a.attn_out), f32(a.attn_out_rstd, Ns_));
+  }
   row_parallel_weight(l, R::ProjW, R::ProjB, G, full(st.dproj), mat(a.atty, pt_, N_, Hl_));
+  if (qk_norm_) {  // the q/k norms' gains, from the input half's stash
+    const Tensor dwq = grad(l, R::QNormW, G), dwk = grad(l, R::KNormW, G);
+    ops::add_inplace(dwq, vec(st.dqk_gains, gt_, dwq.numel()));
+    ops::add_inplace(dwk, vec(at(st.dqk_gains, gt_, dwq.numel()), gt_, dwk.numel()));
+  }
   ops::linear_backward_weight(grad(l, R::QkvW, G), grad(l, R::QkvB, G),
-                              mat(st.dqkv, pt_, N_, QKVl_), column_input(a.ln1));
-  norm_weight(grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), st.dln1, x, a.ln1_mean, a.ln1_rstd);
+                              mat(st.dqkv, pt_, N_, QKVl_), column_input(attn_input(a, x)));
+  if (cfg_.pre_norm()) {
+    norm_weight(grad(l, R::Norm1W, G), grad(l, R::Norm1B, G), st.dln1, x, a.ln1_mean, a.ln1_rstd);
+  }
   settle_partials(ua, G);
   done(hook, ua, true);
 }
@@ -443,6 +579,7 @@ void TransformerImpl::attn_weight(Slot& s, int l, const void* x, UnitHook* hook)
 // The embedding reads no parameters: its whole backward is weight gradients. dres holds the
 // gradient of the embedding's output (Ns, C).
 void TransformerImpl::embed_backward(Slot& s, UnitHook* hook) {
+  if (cfg_.embed_scale) ops::scale_inplace(hid(dres_), embed_scale_);
   if (chunk_.defer_weight) {
     ops::copy(hid(s.denc), hid(dres_));
     return;

@@ -94,10 +94,10 @@ std::vector<GemmShape> curve_shapes(const std::optional<ModelConfig>& model) {
     nk = {{4 * C, C}, {C, 4 * C}};
   } else {
     const ModelConfig& m = *model;
-    const int64_t C = m.hidden, hd = m.hidden / m.heads;
+    const int64_t C = m.hidden, hd = m.hd();
     const int64_t kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
     const int64_t ffn = m.ffn_hidden > 0 ? m.ffn_hidden : 4 * C;
-    const int64_t up = m.family == "llama" ? 2 * ffn : ffn;  // llama's fused gate|up
+    const int64_t up = m.gpt2_block() ? ffn : 2 * ffn;  // the gated MLPs' fused gate|up
     nk = {{(m.heads + 2 * kv) * hd, C}, {up, C}, {C, ffn}};
   }
   std::vector<GemmShape> shapes;
@@ -234,12 +234,13 @@ std::vector<BlockShape> block_shapes(const std::optional<ModelConfig>& model) {
   // The model's family at its widths, and the other family at the same C (its usual MLP), so
   // that a plan for either finds a rate.
   const ModelConfig& m = *model;
-  BlockShape b{m.family,
+  // The elementwise rates are keyed by the block's kind: GPT-2's, or the RoPE families' ("llama").
+  BlockShape b{m.gpt2_block() ? "gpt2" : "llama",
                m.hidden,
                m.ffn_hidden > 0 ? m.ffn_hidden : 4 * int64_t(m.hidden),
                m.heads,
                m.kv_heads > 0 ? m.kv_heads : m.heads,
-               m.hidden / m.heads,
+               m.hd(),
                {}};
   for (int64_t T : {int64_t(m.seq_len) / 4, int64_t(m.seq_len)}) {
     // A point's forward and backward stay under about 30 GFLOP (a second or so here).
@@ -248,7 +249,7 @@ std::vector<BlockShape> block_shapes(const std::optional<ModelConfig>& model) {
   }
   if (b.seq_lens.empty()) b.seq_lens.push_back(std::min<int64_t>(m.seq_len, 1024));
   BlockShape other = b;
-  if (m.family == "llama") {
+  if (!m.gpt2_block()) {
     other.family = "gpt2", other.F = 4 * b.C, other.kv = b.heads;
   } else {
     other.family = "llama", other.F = (8 * b.C / 3 + 63) / 64 * 64;
@@ -313,7 +314,7 @@ double elementwise_rate(const BlockShape& b, int64_t M, DType dtype) {
         }
         if (llama) {
           ops::swiglu_forward(th, tu);
-          ops::rope_forward(tqkv, rs, 10000.0f);
+          ops::rope_forward(tqkv, rs, ops::rope_default(rs.hd, 10000.0f));
         } else {
           ops::gelu_forward(th, tu);
         }
@@ -327,7 +328,7 @@ double elementwise_rate(const BlockShape& b, int64_t M, DType dtype) {
         }
         if (llama) {
           ops::swiglu_backward(tdu, tdh, tu);
-          ops::rope_backward(tqkv, rs, 10000.0f);
+          ops::rope_backward(tqkv, rs, ops::rope_default(rs.hd, 10000.0f));
         } else {
           ops::gelu_backward(tdu, tu, tdh);
         }

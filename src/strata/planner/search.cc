@@ -313,7 +313,7 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
     // Per linear rows·(K + 2N): QKV, the attention's projection, the MLP's up (Llama's gate and
     // up) and down; the head on the last stage.
     const double tp = c.tp, qkv = C + 2.0 * C * cfg.model.kv_heads / cfg.model.heads;
-    const double up = (cfg.model.family == "llama" ? 2.0 : 1.0) * ffn;
+    const double up = (cfg.model.gpt2_block() ? 1.0 : 2.0) * ffn;
     double per_block =
         (C + 2.0 * qkv / tp) + (C / tp + 2.0 * C) + (C + 2.0 * up / tp) + (ffn / tp + 2.0 * C);
     double total = s.blocks * per_block;

@@ -228,7 +228,7 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
     if (shorter) {
       out.notes.push_back("model.seq_len " + std::to_string(cfg_.model.seq_len) +
                           " is shorter than the checkpoint's " + std::to_string(m.model.seq_len) +
-                          (cfg_.model.family == "gpt2"
+                          (cfg_.model.gpt2_block()
                                ? ": the position table's first rows are loaded"
                                : ": RoPE has no position table, nothing is cut"));
     }

@@ -75,7 +75,13 @@ void split_cores_between_local_ranks() {
 // over stages, ...) sees this model. `overrides` gets that block.
 Config load_run_config(const RunOptions& o, std::vector<std::string>& overrides,
                        std::string& resume, bool rank0) {
-  Config cfg = load_config(o.config, overrides);
+  // On a resume, `--set model.<field>=...` without a model block in the file changes that field
+  // of the checkpoint's model (e.g. a shorter seq_len): read first without those.
+  std::vector<std::string> model_sets, rest;
+  for (const std::string& s : overrides) {
+    (s.rfind("model.", 0) == 0 && !resume.empty() ? model_sets : rest).push_back(s);
+  }
+  Config cfg = load_config(o.config, rest);
   if (resume == "auto") {
     STRATA_INPUT_CHECK(!cfg.checkpoint.dir.empty(),
                        "--resume auto reads checkpoint.dir's latest checkpoint; set checkpoint.dir "
@@ -86,16 +92,13 @@ Config load_run_config(const RunOptions& o, std::vector<std::string>& overrides,
                   cfg.checkpoint.dir.c_str());
     }
   }
-  if (cfg.given_model || resume.empty()) return cfg;
+  if (cfg.given_model || resume.empty()) {
+    return model_sets.empty() ? cfg : load_config(o.config, overrides);
+  }
   const ckpt::Reader rd(ckpt::resolve_checkpoint(resume));
-  const ModelConfig& m = rd.manifest().model;
-  nlohmann::json block = {
-      {"family", m.family},     {"layers", m.layers},     {"hidden", m.hidden},
-      {"heads", m.heads},       {"kv_heads", m.kv_heads}, {"ffn_hidden", m.ffn_hidden},
-      {"vocab", m.vocab},       {"seq_len", m.seq_len},   {"tied_embeddings", m.tied_embeddings},
-      {"norm_eps", m.norm_eps}, {"init_std", m.init_std}};
-  if (m.family == "llama") block["rope_theta"] = m.rope_theta;
-  overrides.push_back("model=" + block.dump());
+  rest.push_back("model=" + model_block_json(rd.manifest().model).dump());
+  rest.insert(rest.end(), model_sets.begin(), model_sets.end());
+  overrides = rest;
   cfg = load_config(o.config, overrides);
   if (rank0) {
     std::printf("note: no model block: the model of %s (%s, %d layers, hidden %d, seq_len %d)\n",

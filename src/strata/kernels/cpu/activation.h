@@ -25,4 +25,13 @@ void swiglu_forward(S* out, const S* inp, int N, int F);
 template <typename S>
 void swiglu_backward(S* dinp, const S* dout, const S* inp, int N, int F);
 
+// GeGLU over the same interleaved layout: out (N,F) = GELU(gate) · up, GELU the tanh
+// approximation of gelu_forward (Hugging Face's gelu_pytorch_tanh: Gemma's MLP).
+template <typename S>
+void geglu_forward(S* out, const S* inp, int N, int F);
+
+// dinp (N,2F) written, interleaved like inp; dout (N,F); inp (N,2F) as in the forward.
+template <typename S>
+void geglu_backward(S* dinp, const S* dout, const S* inp, int N, int F);
+
 }  // namespace strata::kernels

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "strata/core/check.h"
+#include "strata/kernels/cpu/attention_tiled_kernels.h"
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/matmul.h"
 #include "strata/kernels/cpu/vec.h"
@@ -41,14 +42,26 @@ struct Shape {
   }
 };
 
-// Rows of one (b,h) score matrix: row t keeps columns [0, t]; the rest are set to 0.
-// rows (nrows = B·NH·T, T): scores in, probabilities out.
+// The first key row t of a sequence sees: 0, or the window's first (tile::window_start).
+int first_key(const AttentionScores& sc, int t) {
+  if (sc.window <= 0) return 0;
+  return tile::window_start(sc.pos, 0, t + 1, sc.pos != nullptr ? sc.pos[t] : t, sc.window);
+}
+
+// Rows of one (b,h) score matrix: row t keeps columns [first_key(t), t], soft-capped (in S) where
+// sc.softcap > 0; the rest are set to 0. rows (nrows = B·NH·T, T): scores in, probabilities out.
 template <typename S>
-void causal_softmax(S* rows, int64_t nrows, int T) {
+void causal_softmax(S* rows, int64_t nrows, int T, const AttentionScores& sc) {
+  const float cap = sc.softcap;
 #pragma omp parallel for schedule(static) if (parallel : nrows * T / 2 >= kParallelMinWork)
   for (int64_t row = 0; row < nrows; ++row) {
-    S* x = rows + row * T;  // (T)
-    int n = int(row % T) + 1;
+    const int t = int(row % T), a = first_key(sc, t);
+    S* x = rows + row * T + a;  // (t + 1 − a): the columns row t sees
+    int n = t + 1 - a;
+    if (cap > 0.0f) {
+#pragma omp simd
+      for (int j = 0; j < n; ++j) x[j] = store<S>(cap * tile::tanh_approx(load(x[j]) / cap));
+    }
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (int j = 0; j < n; ++j) mx = std::max(mx, load(x[j]));
@@ -59,31 +72,47 @@ void causal_softmax(S* rows, int64_t nrows, int T) {
 #pragma omp simd
     for (int j = 0; j < n; ++j) x[j] = store<S>(exp_approx(load(x[j]) - mx) * inv);
 #pragma omp simd
-    for (int j = n; j < T; ++j) x[j] = store<S>(0.0f);
+    for (int j = n; j < T - a; ++j) x[j] = store<S>(0.0f);
+    for (int j = 0; j < a; ++j) x[j - a] = store<S>(0.0f);
   }
 }
 
-// dp (nrows, T): gradient of the probabilities in, of the (scaled) scores out:
-// ds = p ⊙ (dp − Σ_j p·dp). Columns past the diagonal are set to 0 (they are never read in).
+// dp (nrows, T): gradient of the probabilities in, of the scaled scores (before the soft cap)
+// out: ds = p ⊙ (dp − Σ_j p·dp), times 1 − tanh²(raw/cap) where raw (nrows, T), the recomputed
+// scaled scores, is given (soft cap). Columns outside the row's keys are set to 0 (they are never
+// read in).
 template <typename S>
-void causal_softmax_backward(float* dp, const S* p, int64_t nrows, int T) {
+void causal_softmax_backward(float* dp, const S* p, const float* raw, int64_t nrows, int T,
+                             const AttentionScores& sc) {
+  const float cap = sc.softcap;
 #pragma omp parallel for schedule(static) if (parallel : nrows * T / 2 >= kParallelMinWork)
   for (int64_t row = 0; row < nrows; ++row) {
-    float* d = dp + row * T;    // (T)
-    const S* pr = p + row * T;  // (T)
-    int n = int(row % T) + 1;
+    const int t = int(row % T), a = first_key(sc, t);
+    float* d = dp + row * T + a;    // (t + 1 − a): the columns row t sees
+    const S* pr = p + row * T + a;  // (t + 1 − a)
+    int n = t + 1 - a;
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
     for (int j = 0; j < n; ++j) dot += load(pr[j]) * d[j];
 #pragma omp simd
     for (int j = 0; j < n; ++j) d[j] = load(pr[j]) * (d[j] - dot);
+    if (raw != nullptr) {
+      const float* x = raw + row * T + a;  // (t + 1 − a)
 #pragma omp simd
-    for (int j = n; j < T; ++j) d[j] = 0.0f;
+      for (int j = 0; j < n; ++j) {
+        const float th = tile::tanh_approx(x[j] / cap);
+        d[j] *= 1.0f - th * th;
+      }
+    }
+#pragma omp simd
+    for (int j = n; j < T - a; ++j) d[j] = 0.0f;
+    for (int j = 0; j < a; ++j) d[j - a] = 0.0f;
   }
 }
 
 template <typename S, typename E>
-void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, int hd) {
+void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, int hd,
+                  const AttentionScores& sc) {
   constexpr DType dt = dtype_of<S>(), et = dtype_of<E>();
   const Shape sh(B, T, NH, KVH, hd);
   const int64_t qkv_bs[2] = {T * sh.qkv_row, sh.group};  // batch strides of q, k and v heads
@@ -91,7 +120,7 @@ void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, i
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
   const E* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
   const E* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
-  const float scale = 1.0f / std::sqrt(float(hd));
+  const float scale = sc.scale_for(hd);
   for (int r = 0; r < sh.rep; ++r) {
     const E* q = qkv + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     S* a = att + r * sh.TT;              // (B,KVH,T,T) with strides att_bs
@@ -103,7 +132,7 @@ void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, i
              {k, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
     }
   }
-  causal_softmax(att, int64_t(B) * NH * T, T);
+  causal_softmax(att, int64_t(B) * NH * T, T, sc);
   if (out == nullptr) return;  // the probabilities only (selective recompute)
   for (int r = 0; r < sh.rep; ++r) {
     const S* a = att + r * sh.TT;  // (B,KVH,T,T) with strides att_bs
@@ -120,7 +149,7 @@ void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, i
 
 template <typename S, typename E>
 void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S* att, int B, int T,
-                   int NH, int KVH, int hd) {
+                   int NH, int KVH, int hd, const AttentionScores& sc) {
   constexpr DType dt = dtype_of<S>(), et = dtype_of<E>();
   const Shape sh(B, T, NH, KVH, hd);
   const int64_t qkv_bs[2] = {T * sh.qkv_row, sh.group};  // batch strides of q, k and v heads
@@ -128,8 +157,10 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
   const int64_t out_bs[2] = {T * sh.out_row, int64_t(sh.rep) * hd};
   const E* k = qkv + int64_t(sh.rep) * hd;  // (B,T,KVH,hd) with strides (qkv_row, group)
   const E* v = k + hd;                      // (B,T,KVH,hd) with strides (qkv_row, group)
-  const float scale = 1.0f / std::sqrt(float(hd));
+  const float scale = sc.scale_for(hd);
   float* ds = scratch;  // (B,NH,T,T): dprobs, then dscores
+  // With a soft cap, the scaled scores before it, recomputed as the forward computed them (fp32).
+  float* raw = sc.softcap > 0.0f ? scratch + B * int64_t(NH) * sh.TT : nullptr;  // (B,NH,T,T)
   for (int r = 0; r < sh.rep; ++r) {
     const E* dy = dout + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     float* d = ds + r * sh.TT;             // (B,KVH,T,T) with strides att_bs
@@ -139,9 +170,14 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
       matmul({d + int64_t(i0) * T, DType::F32, T, {att_bs[0], att_bs[1]}},
              {dy + i0 * sh.out_row, et, sh.out_row, 1, {out_bs[0], out_bs[1]}},
              {v, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch);
+      if (raw == nullptr) continue;
+      // raw[i0:i1, 0:i1] = scale · q[i0:i1] · k[0:i1]ᵀ
+      matmul({raw + r * sh.TT + int64_t(i0) * T, DType::F32, T, {att_bs[0], att_bs[1]}},
+             {qkv + int64_t(r) * hd + i0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}},
+             {k, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
     }
   }
-  causal_softmax_backward(ds, att, int64_t(B) * NH * T, T);
+  causal_softmax_backward(ds, att, raw, int64_t(B) * NH * T, T, sc);
 
   // With several query heads per kv head, dk/dv sum over r: in place when S is fp32, else in
   // an fp32 copy (B,T,KVH,2,hd) so the sum is not rounded to S after every head.
@@ -150,7 +186,8 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
   const int64_t dkv_group = via_scratch ? 2 * int64_t(hd) : sh.group;
   const DType dkv_type = via_scratch ? DType::F32 : dt;
   const size_t dkv_size = via_scratch ? sizeof(float) : sizeof(S);
-  char* dk = via_scratch ? reinterpret_cast<char*>(scratch + B * int64_t(NH) * sh.TT)
+  const int64_t scores = (raw != nullptr ? 2 : 1) * B * int64_t(NH) * sh.TT;  // ds and raw
+  char* dk = via_scratch ? reinterpret_cast<char*>(scratch + scores)
                          : reinterpret_cast<char*>(dqkv + int64_t(sh.rep) * hd);  // (B,T,KVH,hd)
   char* dv = dk + dkv_size * hd;                                                  // (B,T,KVH,hd)
   const int64_t dkv_bs[2] = {T * dkv_row, dkv_group};
@@ -238,44 +275,48 @@ const char* attention_path_name(AttentionPath path) {
   return path == AttentionPath::Tiled ? "tiled" : "materialized";
 }
 
-size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd) {
+size_t attention_backward_scratch_floats(int B, int T, int NH, int KVH, int hd,
+                                         const AttentionScores& sc) {
   size_t dscores = size_t(B) * NH * T * T;
+  size_t raw = sc.softcap > 0.0f ? dscores : 0;
   size_t dkv = NH != KVH ? size_t(B) * T * 2 * KVH * hd : 0;
-  return dscores + dkv;
+  return dscores + raw + dkv;
 }
 
 // Where matmul would widen half-precision operands, the products read q, k, v (and the output
 // gradient) from one fp32 copy made per call instead: matmul would copy every key and value
 // block once per query block that reads it, about T / (2·kQueryBlock) times each.
 template <typename S>
-void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd) {
+void attention_forward(S* out, S* att, const S* qkv, int B, int T, int NH, int KVH, int hd,
+                       const AttentionScores& sc) {
   constexpr DType dt = dtype_of<S>();
   if (dt != DType::F32 && matmul_widens(dt)) {
     const int64_t rows = int64_t(B) * T, qkv_row = Shape(B, T, NH, KVH, hd).qkv_row;
-    forward_with(out, att, widen_input(0, qkv, dt, rows, qkv_row), B, T, NH, KVH, hd);
+    forward_with(out, att, widen_input(0, qkv, dt, rows, qkv_row), B, T, NH, KVH, hd, sc);
   } else {
-    forward_with(out, att, qkv, B, T, NH, KVH, hd);
+    forward_with(out, att, qkv, B, T, NH, KVH, hd, sc);
   }
 }
 
 template <typename S>
 void attention_backward(S* dqkv, float* scratch, const S* dout, const S* qkv, const S* att, int B,
-                        int T, int NH, int KVH, int hd) {
+                        int T, int NH, int KVH, int hd, const AttentionScores& sc) {
   constexpr DType dt = dtype_of<S>();
   if (dt != DType::F32 && matmul_widens(dt)) {
     const Shape sh(B, T, NH, KVH, hd);
     const int64_t rows = int64_t(B) * T;
     backward_with(dqkv, scratch, widen_input(1, dout, dt, rows, sh.out_row),
-                  widen_input(0, qkv, dt, rows, sh.qkv_row), att, B, T, NH, KVH, hd);
+                  widen_input(0, qkv, dt, rows, sh.qkv_row), att, B, T, NH, KVH, hd, sc);
   } else {
-    backward_with(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hd);
+    backward_with(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hd, sc);
   }
 }
 
 #define INSTANTIATE_S(S)                                                                       \
-  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int);               \
+  template void attention_forward<S>(S*, S*, const S*, int, int, int, int, int,                \
+                                     const AttentionScores&);                                  \
   template void attention_backward<S>(S*, float*, const S*, const S*, const S*, int, int, int, \
-                                      int, int);
+                                      int, int, const AttentionScores&);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

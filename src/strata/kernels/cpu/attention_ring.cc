@@ -24,9 +24,11 @@ struct Block {
   bool causal;
   int hdp, Tp;  // hd rounded up to kPad, Tk to kTile
   int64_t qkv_row, kv_row, out_row;
-  float scale;
+  float scale, softcap;
+  int window;
+  const int32_t *qpos, *kpos;  // positions of qkv's and kv's rows (nullptr: the row)
   Block(int Tl_, int q0_, int Tq_, int Tkl_, int k0_, int Tk_, int B_, int NH_, int KVH_, int hd_,
-        bool causal_)
+        bool causal_, const AttentionScores& sc)
       : B(B_),
         Tl(Tl_),
         q0(q0_),
@@ -38,7 +40,11 @@ struct Block {
         KVH(KVH_),
         hd(hd_),
         rep(KVH_ > 0 ? NH_ / KVH_ : 0),
-        causal(causal_) {
+        causal(causal_),
+        softcap(sc.softcap),
+        window(sc.window),
+        qpos(sc.pos),
+        kpos(sc.kv_pos) {
     STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
                  ") to be a multiple of kv heads (", KVH, ")");
     STRATA_CHECK(B > 0 && hd > 0, "attention block: empty shape B=", B, " hd=", hd);
@@ -51,43 +57,68 @@ struct Block {
     hdp = round_up(hd, kPad), Tp = round_up(std::max(Tk, 1), kTile);
     qkv_row = int64_t(KVH) * (rep + 2) * hd, kv_row = int64_t(KVH) * 2 * hd;
     out_row = int64_t(NH) * hd;
-    scale = 1.0f / std::sqrt(float(hd));
+    scale = sc.scale_for(hd);
   }
-  bool empty() const { return Tq == 0 || Tk == 0; }
+  // No query sees a key: an empty block, or one wholly outside the window (every query position
+  // at least `window` past every key position).
+  bool empty() const {
+    if (Tq == 0 || Tk == 0) return true;
+    if (window <= 0) return false;
+    int64_t qmin = q0, kmax = k0 + Tk - 1;
+    if (qpos != nullptr) qmin = *std::min_element(qpos + q0, qpos + q0 + Tq);
+    if (kpos != nullptr) kmax = *std::max_element(kpos + k0, kpos + k0 + Tk);
+    return qmin - kmax >= window;
+  }
   int64_t q_col(int g, int r) const { return (int64_t(g) * (rep + 2) + r) * hd; }
   int64_t stat(int b, int h) const { return (int64_t(b) * NH + h) * Tl + q0; }  // row q0
   int tiles() const { return (Tq + kTile - 1) / kTile; }
-  // Keys of query tile [i0, i1): [0, nk), row i seeing keys j <= diag + i (forward_tile's).
-  int nk(int i1) const { return causal ? i1 : Tk; }
-  int diag(int i0) const { return causal ? i0 : Tk; }
+  // The keys query tile [i0, i1) sees (tile_keys): at most [0, i1) causal, else [0, Tk).
+  TileKeys keys(int* lo, int* hi, int i0, int i1) const {
+    return tile_keys(lo, hi, i1 - i0, causal ? i1 : Tk, causal ? i0 : Tk, qpos, q0 + i0, kpos, k0,
+                     window);
+  }
 };
 
 // Forward of query tiles it_last, it_last − step, … >= 0 of kv group g of batch row b, for the
-// group's rep heads: the keys and values the first (the longest when causal) sees packed once,
-// then per tile and head an online softmax over the key tiles, merged into o and lse. (The other
-// tiles' keys end at a multiple of kTile, so they read no column past their own keys.)
+// group's rep heads: the keys and values that any of them sees packed once, then per tile and
+// head an online softmax over the key tiles it sees, merged into o and lse.
 template <class Kern, typename S>
 inline __attribute__((always_inline)) void forward_task(float* o, float* lse, const S* qkv,
                                                         const S* kv, const Block& s, int b, int g,
                                                         int it_last, int step, const Tiles& w) {
   constexpr int W = Kern::W;
-  const int nk_last = s.nk(std::min(s.Tq, (it_last + 1) * kTile));
-  const S* keys = kv + (int64_t(b) * s.Tkl + s.k0) * s.kv_row + int64_t(g) * 2 * s.hd;
-  float *Kt = w.Kt, *Vv = w.K;  // (hd, Tp) and (Tp, hdp): keys and values [0, nk_last)
-  float *acc = w.dQ, *m = w.stats, *l = w.stats + kTile;
-  pack_transposed(Kt, s.Tp, keys, s.kv_row, nk_last, round_up(nk_last, W), s.hd);
-  pack_rows(Vv, s.hdp, keys + s.hd, s.kv_row, nk_last, round_up(nk_last, W), s.hd);
+  int lo[kTile], hi[kTile];
+  int first = s.Tk, last = 0;  // the keys the tiles see, first a multiple of kTile
   for (int it = it_last; it >= 0; it -= step) {
-    const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0, nk = s.nk(i1);
+    const TileKeys keys = s.keys(lo, hi, it * kTile, std::min(s.Tq, (it + 1) * kTile));
+    if (keys.first < keys.last) {
+      first = std::min(first, keys.first), last = std::max(last, keys.last);
+    }
+  }
+  if (first >= last) return;
+  const int nk_all = last - first;
+  const S* keys = kv + (int64_t(b) * s.Tkl + s.k0 + first) * s.kv_row + int64_t(g) * 2 * s.hd;
+  float *Kt = w.Kt, *Vv = w.K;  // (hd, Tp) and (Tp, hdp): keys and values [first, last)
+  float *acc = w.dQ, *m = w.stats, *l = w.stats + kTile;
+  pack_transposed(Kt, s.Tp, keys, s.kv_row, nk_all, round_up(nk_all, W), s.hd);
+  pack_rows(Vv, s.hdp, keys + s.hd, s.kv_row, nk_all, round_up(nk_all, W), s.hd);
+  for (int it = it_last; it >= 0; it -= step) {
+    const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0;
+    const TileKeys tk = s.keys(lo, hi, i0, i1);
+    if (tk.first >= tk.last) continue;
+    // This tile's keys from the packed ones; they end at a multiple of kTile or at `last`, so
+    // the tile reads no column past those packed.
+    const int64_t off = tk.first - first;
     const S* queries = qkv + (int64_t(b) * s.Tl + s.q0 + i0) * s.qkv_row;  // (mq, qkv_row)
     for (int r = 0; r < s.rep; ++r) {
       const int h = g * s.rep + r;
       pack_rows(w.Q, s.hdp, queries + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
-      forward_tile<Kern>(acc, m, l, w.P, w.Q, Kt, s.Tp, Vv, s.hdp, s.hd, mq, nk, s.diag(i0),
-                         s.scale);
+      forward_tile<Kern>(acc, m, l, w.P, w.Q, Kt + off, s.Tp, Vv + off * s.hdp, s.hdp, s.hd, mq,
+                         tk.last - tk.first, lo, hi, s.scale, s.softcap);
       float* row_lse = lse + s.stat(b, h) + i0;
       float* out = o + (int64_t(b) * s.Tl + s.q0 + i0) * s.out_row + int64_t(h) * s.hd;
       for (int i = 0; i < mq; ++i) {
+        if (l[i] == 0.0f) continue;  // no key of the block is inside this row's window
         const float* a = acc + i * s.hdp;
         float* oi = out + i * s.out_row;
         const float block_lse = m[i] + std::log(l[i]), old = row_lse[i];
@@ -128,12 +159,17 @@ inline __attribute__((always_inline)) void backward_task(float* dq, float* dkv, 
     const int h = g * s.rep + r;
     for (int it = 0; it < s.tiles(); ++it) {
       const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0;
+      int lo[kTile], hi[kTile];
+      const TileKeys keys = s.keys(lo, hi, i0, i1);  // keys [first, last) of those packed
+      if (keys.first >= keys.last) continue;
+      const int64_t f = keys.first;
       const int64_t row0 = int64_t(b) * s.Tl + s.q0 + i0;  // the tile's first row of qkv
       pack_rows(w.Q, s.hdp, qkv + row0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
       pack_rows(w.dO, s.hdp, dout + row0 * s.out_row + int64_t(h) * s.hd, s.out_row, mq, mq, s.hd);
-      backward_tile<Kern>(w.dQ, w.dK, w.dV, w.P, w.dP, w.Q, w.dO, w.K, w.Kt, w.Vt, s.Tp,
-                          lse + s.stat(b, h) + i0, delta + s.stat(b, h) + i0, s.hdp, s.hd, mq,
-                          s.nk(i1), s.diag(i0), s.scale);
+      backward_tile<Kern>(w.dQ, w.dK + f * s.hdp, w.dV + f * s.hdp, w.P, w.dP, w.Q, w.dO,
+                          w.K + f * s.hdp, w.Kt + f, w.Vt + f, s.Tp, lse + s.stat(b, h) + i0,
+                          delta + s.stat(b, h) + i0, s.hdp, s.hd, mq, keys.last - keys.first, lo,
+                          hi, s.scale, s.softcap);
       float* dqt = dq + row0 * s.out_row + int64_t(h) * s.hd;
       for (int i = 0; i < mq; ++i) {
         const float* a = w.dQ + i * s.hdp;
@@ -212,8 +248,8 @@ void attention_pack_kv(S* kv, const S* qkv, int B, int Tl, int NH, int KVH, int 
 template <typename S>
 void attention_block_forward(float* o, float* lse, const S* qkv, int Tl, int q0, int Tq,
                              const S* kv, int Tkl, int k0, int Tk, int B, int NH, int KVH, int hd,
-                             bool causal) {
-  const Block s(Tl, q0, Tq, Tkl, k0, Tk, B, NH, KVH, hd, causal);
+                             bool causal, const AttentionScores& sc) {
+  const Block s(Tl, q0, Tq, Tkl, k0, Tk, B, NH, KVH, hd, causal, sc);
   if (s.empty()) return;
   const int threads = omp_get_max_threads();
   float* ws = workspace(s, threads);
@@ -258,8 +294,9 @@ void attention_delta(float* delta, const S* dout, const S* out, int B, int Tl, i
 template <typename S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const float* lse,
                               const float* delta, int Tl, int q0, int Tq, const S* kv, int Tkl,
-                              int k0, int Tk, int B, int NH, int KVH, int hd, bool causal) {
-  const Block s(Tl, q0, Tq, Tkl, k0, Tk, B, NH, KVH, hd, causal);
+                              int k0, int Tk, int B, int NH, int KVH, int hd, bool causal,
+                              const AttentionScores& sc) {
+  const Block s(Tl, q0, Tq, Tkl, k0, Tk, B, NH, KVH, hd, causal, sc);
   if (s.empty()) return;
   const int threads = omp_get_max_threads();
   float* ws = workspace(s, threads);
@@ -302,11 +339,12 @@ void attention_unpack_dqkv(S* dqkv, const float* dq, const float* dkv, int B, in
   template void attention_pack_kv<S>(S*, const S*, int, int, int, int, int);                       \
   template void attention_unpack_dqkv<S>(S*, const float*, const float*, int, int, int, int, int); \
   template void attention_block_forward<S>(float*, float*, const S*, int, int, int, const S*, int, \
-                                           int, int, int, int, int, int, bool);                    \
+                                           int, int, int, int, int, int, bool,                     \
+                                           const AttentionScores&);                                \
   template void attention_delta<S>(float*, const S*, const S*, int, int, int, int);                \
   template void attention_block_backward<S>(float*, float*, const S*, const S*, const float*,      \
                                             const float*, int, int, int, const S*, int, int, int,  \
-                                            int, int, int, int, bool);
+                                            int, int, int, int, bool, const AttentionScores&);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

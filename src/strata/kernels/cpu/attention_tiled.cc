@@ -42,44 +42,60 @@ struct Geom {
   int B, T, NH, KVH, hd, rep;
   int hdp, Tp;  // hd rounded up to kPad, T to kTile
   int64_t qkv_row, out_row;
-  float scale;
-  Geom(int B_, int T_, int NH_, int KVH_, int hd_)
-      : B(B_), T(T_), NH(NH_), KVH(KVH_), hd(hd_), rep(KVH_ > 0 ? NH_ / KVH_ : 0) {
+  float scale, softcap;
+  int window;
+  const int32_t* pos;
+  Geom(int B_, int T_, int NH_, int KVH_, int hd_, const AttentionScores& sc)
+      : B(B_),
+        T(T_),
+        NH(NH_),
+        KVH(KVH_),
+        hd(hd_),
+        rep(KVH_ > 0 ? NH_ / KVH_ : 0),
+        softcap(sc.softcap),
+        window(sc.window),
+        pos(sc.pos) {
     STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
                  ") to be a multiple of kv heads (", KVH, ")");
     STRATA_CHECK(B > 0 && T > 0 && hd > 0, "attention: empty shape B=", B, " T=", T, " hd=", hd);
     hdp = round_up(hd, kPad), Tp = round_up(T, kTile);
     qkv_row = int64_t(KVH) * (rep + 2) * hd, out_row = int64_t(NH) * hd;
-    scale = 1.0f / std::sqrt(float(hd));
+    scale = sc.scale_for(hd);
   }
   int64_t q_col(int g, int r) const { return (int64_t(g) * (rep + 2) + r) * hd; }
   int64_t k_col(int g) const { return (int64_t(g) * (rep + 2) + rep) * hd; }
   int64_t stat(int b, int h) const { return (int64_t(b) * NH + h) * T; }
   int tiles() const { return (T + kTile - 1) / kTile; }
+  // The keys query rows [i0, i1) see (tile_keys): keys [i0 − window + 1, i1) at most.
+  TileKeys keys(int* lo, int* hi, int i0, int i1) const {
+    return tile_keys(lo, hi, i1 - i0, i1, i0, pos, i0, pos, 0, window);
+  }
 };
 
-// Forward of query tile `it` of kv group g of batch row b, for the group's rep heads: keys and
-// values [0, i1) packed once, then per head an online softmax over the key tiles.
+// Forward of query tile `it` of kv group g of batch row b, for the group's rep heads: the keys and
+// values the tile sees packed once, then per head an online softmax over their key tiles.
 template <class Kern, typename S>
 inline __attribute__((always_inline)) void forward_task(S* out, float* lse, const S* qkv,
                                                         const Geom& s, int b, int g, int it,
                                                         const Tiles& w) {
   constexpr int W = Kern::W;
   const int i0 = it * kTile, i1 = std::min(s.T, i0 + kTile), mq = i1 - i0;
+  int lo[kTile], hi[kTile];
+  const TileKeys keys = s.keys(lo, hi, i0, i1);  // every row sees itself: never empty
+  const int nk = keys.last - keys.first;
   const S* base = qkv + int64_t(b) * s.T * s.qkv_row;  // (T, qkv_row)
-  float* Kt = w.Kt;                                    // (hd, Tp): keys [0, i1)
-  float* Vv = w.K;                                     // (Tp, hdp): values [0, i1)
-  float* Sc = w.P;                                     // (mq, kTile): scores, then probabilities
+  const S* k = base + keys.first * s.qkv_row + s.k_col(g);
+  float* Kt = w.Kt;  // (hd, Tp): keys [first, last)
+  float* Vv = w.K;   // (Tp, hdp): values [first, last)
+  float* Sc = w.P;   // (mq, kTile): scores, then probabilities
   float *acc = w.dQ, *m = w.stats, *l = w.stats + kTile;
-  pack_transposed(Kt, s.Tp, base + s.k_col(g), s.qkv_row, i1, round_up(i1, W), s.hd);
-  if (out != nullptr) {
-    pack_rows(Vv, s.hdp, base + s.k_col(g) + s.hd, s.qkv_row, i1, round_up(i1, W), s.hd);
-  }
+  pack_transposed(Kt, s.Tp, k, s.qkv_row, nk, round_up(nk, W), s.hd);
+  if (out != nullptr) pack_rows(Vv, s.hdp, k + s.hd, s.qkv_row, nk, round_up(nk, W), s.hd);
   for (int r = 0; r < s.rep; ++r) {
     const int h = g * s.rep + r;
     pack_rows(w.Q, s.hdp, base + i0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
     forward_tile<Kern>(out != nullptr ? acc : nullptr, m, l, Sc, w.Q, Kt, s.Tp, Vv, s.hdp, s.hd, mq,
-                       i1, i0, s.scale);
+                       nk, lo, hi, s.scale, s.softcap);
     float* row_lse = lse + s.stat(b, h) + i0;
     for (int i = 0; i < mq; ++i) row_lse[i] = m[i] + std::log(l[i]);
     if (out == nullptr) continue;
@@ -111,11 +127,16 @@ inline __attribute__((always_inline)) void backward_task(S* dqkv, const S* dout,
     const int h = g * s.rep + r;
     for (int it = 0; it < s.tiles(); ++it) {
       const int i0 = it * kTile, i1 = std::min(s.T, i0 + kTile), mq = i1 - i0;
+      int lo[kTile], hi[kTile];
+      const TileKeys keys = s.keys(lo, hi, i0, i1);  // keys [first, last) of those packed
+      const int64_t f = keys.first;
       pack_rows(w.Q, s.hdp, base + i0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
       pack_rows(w.dO, s.hdp, dout + (int64_t(b) * s.T + i0) * s.out_row + int64_t(h) * s.hd,
                 s.out_row, mq, mq, s.hd);
-      backward_tile<Kern>(w.dQ, w.dK, w.dV, w.P, w.dP, w.Q, w.dO, w.K, w.Kt, w.Vt, s.Tp,
-                          lse + s.stat(b, h) + i0, nullptr, s.hdp, s.hd, mq, i1, i0, s.scale);
+      backward_tile<Kern>(w.dQ, w.dK + f * s.hdp, w.dV + f * s.hdp, w.P, w.dP, w.Q, w.dO,
+                          w.K + f * s.hdp, w.Kt + f, w.Vt + f, s.Tp, lse + s.stat(b, h) + i0,
+                          nullptr, s.hdp, s.hd, mq, keys.last - keys.first, lo, hi, s.scale,
+                          s.softcap);
       S* dq = dbase + i0 * s.qkv_row + s.q_col(g, r);
       for (int i = 0; i < mq; ++i) {
         const float* a = w.dQ + i * s.hdp;
@@ -178,12 +199,13 @@ size_t attention_tiled_workspace_floats(int T, int hd) {
 
 template <typename S>
 void attention_tiled_forward(S* out, float* lse, const S* qkv, int B, int T, int NH, int KVH,
-                             int hd) {
-  const Geom s(B, T, NH, KVH, hd);
+                             int hd, const AttentionScores& sc) {
+  const Geom s(B, T, NH, KVH, hd, sc);
   const int threads = omp_get_max_threads();
   float* ws = workspace(s, threads);
   const int64_t per = int64_t(attention_tiled_workspace_floats(T, hd));
-  // Tasks (query tile, b, g), the longest rows first: tile it sees it + 1 key tiles.
+  // Tasks (query tile, b, g), the longest rows first: tile it sees it + 1 key tiles (fewer with a
+  // window).
   const int nt = s.tiles();
   const int64_t tasks = int64_t(nt) * B * KVH;
   const bool avx512 = wide();
@@ -202,8 +224,8 @@ void attention_tiled_forward(S* out, float* lse, const S* qkv, int B, int T, int
 
 template <typename S>
 void attention_tiled_backward(S* dqkv, const S* dout, const S* qkv, const float* lse, int B, int T,
-                              int NH, int KVH, int hd) {
-  const Geom s(B, T, NH, KVH, hd);
+                              int NH, int KVH, int hd, const AttentionScores& sc) {
+  const Geom s(B, T, NH, KVH, hd, sc);
   const int threads = omp_get_max_threads();
   float* ws = workspace(s, threads);
   const int64_t per = int64_t(attention_tiled_workspace_floats(T, hd));
@@ -222,9 +244,10 @@ void attention_tiled_backward(S* dqkv, const S* dout, const S* qkv, const float*
 }
 
 #define INSTANTIATE_S(S)                                                                         \
-  template void attention_tiled_forward<S>(S*, float*, const S*, int, int, int, int, int);       \
+  template void attention_tiled_forward<S>(S*, float*, const S*, int, int, int, int, int,        \
+                                           const AttentionScores&);                              \
   template void attention_tiled_backward<S>(S*, const S*, const S*, const float*, int, int, int, \
-                                            int, int);
+                                            int, int, const AttentionScores&);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

@@ -1,7 +1,8 @@
 // The tiles and micro-kernels that the tiled attention kernels share (attention_tiled.cc, the
-// whole causal sequence; attention_ring.cc, one block of a ring). Internal to those two files.
-// Every element a tile loop computes is the same fp32 chain of operations in either file, so a
-// ring of one causal block gives the tiled kernel's forward bits.
+// whole causal sequence; attention_ring.cc, one block of a ring), and the soft cap and window
+// helpers that the materialized kernel (attention.cc) uses too. Internal to those three files.
+// Every element a tile loop computes is the same fp32 chain of operations in either tiled file, so
+// a ring of one causal block gives the tiled kernel's forward bits.
 #pragma once
 
 #include <immintrin.h>
@@ -134,6 +135,57 @@ inline size_t tiles_floats(int T, int hd) {
   return 5 * Tp * hdp + 3 * size_t(kTile) * hdp + 2 * size_t(kTile) * Tp + 2 * kTile;
 }
 
+// tanh(x) = 1 − 2/(e^{2x} + 1) through exp_approx, so that the loops calling it vectorise;
+// absolute error about 1e-7, exactly ±1 where e^{2x} saturates.
+inline float tanh_approx(float x) {
+  return 1.0f - 2.0f / (exp_approx(2.0f * x) + 1.0f);
+}
+
+// The first of n keys, the one at row 0 at position kpos[0] (kpos nullptr: k, k + 1, …;
+// increasing), that a query at position qp sees through a window of `window` > 0 keys: the first
+// at a position above qp − window.
+inline int window_start(const int32_t* kpos, int64_t k, int n, int64_t qp, int window) {
+  const int64_t first = qp - window + 1;  // the earliest position the query sees
+  if (kpos == nullptr) return int(std::clamp<int64_t>(first - k, 0, n));
+  return int(std::partition_point(kpos, kpos + n, [&](int32_t p) { return p < first; }) - kpos);
+}
+
+// Which of a block's nk keys the mq rows of a query tile see: the rows are query rows q, q + 1, …
+// at positions qpos[q + i] (qpos nullptr: q + i); the keys are key rows k, k + 1, … at positions
+// kpos[k + j] (nullptr: k + j). Row i sees keys j < min(nk, diag + i + 1) (the causal mask on rows;
+// diag >= nk: no mask) inside the window (window > 0). Returns [first, last): first a multiple of
+// kTile, last the end of the keys any row sees (first >= last: none); lo and hi (mq) then hold row
+// i's keys [lo, hi) counted from first (lo >= hi: none).
+struct TileKeys {
+  int first, last;
+};
+inline TileKeys tile_keys(int* lo, int* hi, int mq, int nk, int diag, const int32_t* qpos,
+                          int64_t q, const int32_t* kpos, int64_t k, int window) {
+  int first = nk, last = 0;
+  for (int i = 0; i < mq; ++i) {
+    hi[i] = std::min(nk, diag + i + 1);
+    lo[i] = 0;
+    if (window > 0) {
+      const int64_t qp = qpos != nullptr ? qpos[q + i] : q + i;
+      lo[i] = window_start(kpos != nullptr ? kpos + k : nullptr, k, nk, qp, window);
+    }
+    if (lo[i] < hi[i]) first = std::min(first, lo[i]), last = std::max(last, hi[i]);
+  }
+  first = first / kTile * kTile;
+  for (int i = 0; i < mq; ++i) lo[i] -= first, hi[i] -= first;
+  return {first, last};
+}
+
+// Scores in place: each of rows (mq, nw) of row stride ld, x → cap·tanh(x·scale/cap).
+inline void cap_scores(float* x, int64_t ld, int mq, int nw, float scale, float cap) {
+  const float k = scale / cap;
+  for (int i = 0; i < mq; ++i) {
+    float* r = x + i * ld;
+#pragma omp simd
+    for (int j = 0; j < nw; ++j) r[j] = cap * tanh_approx(r[j] * k);
+  }
+}
+
 // The vector width: AVX-512F where the CPU has it, unless attention_tiled_force_avx2 (never the
 // thread count's). Defined in attention_tiled.cc.
 bool wide();
@@ -171,66 +223,76 @@ inline void pack_transposed(float* dst, int64_t ld, const S* src, int64_t lds, i
 
 // Forward of one query tile of one head: an online softmax over the key tiles of keys [0, nk).
 // Q (mq, hdp) the packed queries; Kt (hd, ldk) the keys transposed, zero in columns
-// [nk, round_up(nk, W)); V (nk, hdp) the values. Query row i sees keys j <= diag + i (causal; diag
-// >= nk: every key). Leaves m, l (mq) the running maximum and sum of the scaled scores and acc
-// (mq, hdp) the unnormalised output Σ_j p_ij v_j; acc nullptr: m and l only (the lse). Sc (mq,
-// kTile) is scratch.
+// [nk, round_up(nk, W)); V (nk, hdp) the values. Query row i sees keys [lo[i], hi[i]) (tile_keys;
+// key tiles that no row sees are skipped). Scores are q·k·scale, soft-capped where softcap > 0.
+// Leaves m, l (mq) the running maximum and sum of the scores (-inf and 0 for a row that sees no
+// key) and acc (mq, hdp) the unnormalised output Σ_j p_ij v_j; acc nullptr: m and l only (the
+// lse). Sc (mq, kTile) is scratch.
 template <class Kern>
 inline __attribute__((always_inline)) void forward_tile(float* acc, float* m, float* l, float* Sc,
                                                         const float* Q, const float* Kt,
                                                         int64_t ldk, const float* V, int hdp,
-                                                        int hd, int mq, int nk, int diag,
-                                                        float scale) {
+                                                        int hd, int mq, int nk, const int* lo,
+                                                        const int* hi, float scale, float softcap) {
   constexpr int W = Kern::W;
   std::fill(m, m + mq, -INFINITY);
   std::fill(l, l + mq, 0.0f);
+  const float sc = softcap > 0.0f ? 1.0f : scale;  // what multiplies the scores below
+  bool started = false;                            // acc holds a tile's products
   for (int j0 = 0; j0 < nk; j0 += kTile) {
     const int jn = std::min(nk, j0 + kTile) - j0, nw = round_up(jn, W);
+    bool seen = false;
+    for (int i = 0; i < mq; ++i) seen |= std::max(lo[i], j0) < std::min(hi[i], j0 + jn);
+    if (!seen) continue;
     Kern::gemm(Sc, kTile, Q, hdp, 1, Kt + j0, ldk, mq, nw, hd, false);
+    if (softcap > 0.0f) cap_scores(Sc, kTile, mq, nw, scale, softcap);
     for (int i = 0; i < mq; ++i) {
-      float* x = Sc + i * kTile;                      // (nw)
-      const int n = std::min(jn, diag + i + 1 - j0);  // keys of row i in this tile, >= 1
+      float* x = Sc + i * kTile;                               // (nw)
+      const int a = lo[i] - j0, n = std::min(jn, hi[i] - j0);  // keys [a, n) of row i here
       float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
       for (int j = 0; j < nw; ++j) {
-        const float v = x[j] * scale;
+        const float v = x[j] * sc;
         x[j] = v;
-        mx = std::max(mx, select_f32(j < n, v, -INFINITY));
+        mx = std::max(mx, select_f32(j >= a && j < n, v, -INFINITY));
       }
       const float mn = std::max(m[i], mx);
-      const float alpha = exp_approx(m[i] - mn);  // 0 on the first tile (m = -inf)
+      const float base = mn == -INFINITY ? 0.0f : mn;  // a row that has seen no key yet: all 0
+      const float alpha = exp_approx(m[i] - base);     // 0 on the row's first keys (m = -inf)
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int j = 0; j < nw; ++j) {
-        const float p = select_f32(j < n, exp_approx(x[j] - mn), 0.0f);
+        const float p = select_f32(j >= a && j < n, exp_approx(x[j] - base), 0.0f);
         x[j] = p;
         sum += p;
       }
       l[i] = l[i] * alpha + sum;
       m[i] = mn;
-      if (acc != nullptr && j0 > 0) {
+      if (acc != nullptr && started) {
         float* o = acc + i * hdp;
 #pragma omp simd
         for (int d = 0; d < hdp; ++d) o[d] *= alpha;
       }
     }
     if (acc != nullptr) {
-      Kern::gemm(acc, hdp, Sc, kTile, 1, V + int64_t(j0) * hdp, hdp, mq, hdp, nw, j0 > 0);
+      Kern::gemm(acc, hdp, Sc, kTile, 1, V + int64_t(j0) * hdp, hdp, mq, hdp, nw, started);
     }
+    started = true;
   }
 }
 
-// Backward of one query tile of one head against keys [0, nk), row i seeing keys j <= diag + i
+// Backward of one query tile of one head against keys [0, nk), row i seeing keys [lo[i], hi[i])
 // (as forward_tile). Q, dO (mq, hdp) packed; K (nk, hdp) the keys; Kt, Vt (hd, ld) the keys and
 // values transposed, zero in columns [nk, round_up(nk, W)); P, dP (mq, ld) scratch; row_lse (mq)
 // the forward's lse of the rows; delta (mq) = rowsum(dO ∘ O), or nullptr: computed here as
 // Σ_j P_ij dP_ij. Accumulates dV += Pᵀ dO and dK += dSᵀ Q (unscaled) and writes dQ (mq, hdp) =
-// dS K (unscaled).
+// dS K (unscaled), dS the gradient of the scores before the soft cap.
 template <class Kern>
 inline __attribute__((always_inline)) void backward_tile(
     float* dQ, float* dK, float* dV, float* P, float* dP, const float* Q, const float* dO,
     const float* K, const float* Kt, const float* Vt, int64_t ld, const float* row_lse,
-    const float* delta, int hdp, int hd, int mq, int nk, int diag, float scale) {
+    const float* delta, int hdp, int hd, int mq, int nk, const int* lo, const int* hi, float scale,
+    float softcap) {
   constexpr int W = Kern::W;
   const int nkp = round_up(nk, W);  // panel columns: keys [0, nk), zeros past nk
   // Raw scores and dP = dO·Vᵀ for every key the tile's rows see.
@@ -239,24 +301,51 @@ inline __attribute__((always_inline)) void backward_tile(
     Kern::gemm(P + j0, ld, Q, hdp, 1, Kt + j0, ld, mq, nw, hd, false);
     Kern::gemm(dP + j0, ld, dO, hdp, 1, Vt + j0, ld, mq, nw, hd, false);
   }
-  // P = exp(scale·score − lse) as the forward computed it; D_i = Σ_j P_ij dP_ij unless given;
-  // dS = P ⊙ (dP − D), into dP.
+  // P = exp(score − lse) as the forward computed it; D_i = Σ_j P_ij dP_ij unless given;
+  // dS = P ⊙ (dP − D), into dP. With a soft cap the score is cap·t, t = tanh(scale·raw/cap), and
+  // dS is multiplied by its derivative 1 − t²: a first pass keeps t in P (and sums D), a second
+  // makes P and dS of it.
+  const float kc = softcap > 0.0f ? scale / softcap : 0.0f;
   for (int i = 0; i < mq; ++i) {
     float *p = P + int64_t(i) * ld, *dp = dP + int64_t(i) * ld;
-    const int n = std::min(nk, diag + i + 1);
+    const int a = lo[i], n = std::min(nk, hi[i]);
     const float li = row_lse[i];
     float D = 0.0f;
+    if (softcap > 0.0f) {
+      if (delta == nullptr) {
+#pragma omp simd reduction(+ : D)
+        for (int j = 0; j < nkp; ++j) {
+          const float t = tanh_approx(p[j] * kc);
+          p[j] = t;
+          D += select_f32(j >= a && j < n, exp_approx(softcap * t - li), 0.0f) * dp[j];
+        }
+      } else {
+        D = delta[i];
+#pragma omp simd
+        for (int j = 0; j < nkp; ++j) p[j] = tanh_approx(p[j] * kc);
+      }
+#pragma omp simd
+      for (int j = 0; j < nkp; ++j) {
+        const float t = p[j];
+        const float pj = select_f32(j >= a && j < n, exp_approx(softcap * t - li), 0.0f);
+        p[j] = pj;
+        dp[j] = pj * (dp[j] - D) * (1.0f - t * t);
+      }
+      continue;
+    }
     if (delta == nullptr) {
 #pragma omp simd reduction(+ : D)
       for (int j = 0; j < nkp; ++j) {
-        const float pj = select_f32(j < n, exp_approx(p[j] * scale - li), 0.0f);
+        const float pj = select_f32(j >= a && j < n, exp_approx(p[j] * scale - li), 0.0f);
         p[j] = pj;
         D += pj * dp[j];
       }
     } else {
       D = delta[i];
 #pragma omp simd
-      for (int j = 0; j < nkp; ++j) p[j] = select_f32(j < n, exp_approx(p[j] * scale - li), 0.0f);
+      for (int j = 0; j < nkp; ++j) {
+        p[j] = select_f32(j >= a && j < n, exp_approx(p[j] * scale - li), 0.0f);
+      }
     }
 #pragma omp simd
     for (int j = 0; j < nkp; ++j) dp[j] = p[j] * (dp[j] - D);

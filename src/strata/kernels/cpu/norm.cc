@@ -112,18 +112,20 @@ template <typename S>
   }
 }
 
+// off: gain_offset's.
 template <typename S>
-[[gnu::noinline]] void rmsnorm_row_dx(S* dx, const S* dy, const S* x, const S* weight, float r,
-                                      int C) {
+[[gnu::noinline]] void rmsnorm_row_dx(S* dx, const S* dy, const S* x, const S* weight, float off,
+                                      float r, int C) {
   float dn_xhat_mean = 0.0f;
 #pragma omp simd reduction(+ : dn_xhat_mean)
-  for (int c = 0; c < C; ++c) dn_xhat_mean += load(weight[c]) * load(dy[c]) * load(x[c]) * r;
+  for (int c = 0; c < C; ++c)
+    dn_xhat_mean += (off + load(weight[c])) * load(dy[c]) * load(x[c]) * r;
   dn_xhat_mean /= float(C);
 #pragma omp simd
   for (int c = 0; c < C; ++c) {
     float g = load(dy[c]);
     float xhat = load(x[c]) * r;
-    float d = (load(weight[c]) * g - xhat * dn_xhat_mean) * r;
+    float d = ((off + load(weight[c])) * g - xhat * dn_xhat_mean) * r;
     dx[c] = store<S>(load(dx[c]) + d);
   }
 }
@@ -190,7 +192,9 @@ void layernorm_backward_weight(G* dweight, G* dbias, float* scratch, const S* do
 }
 
 template <typename S>
-void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, int C, float eps) {
+void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, int C, float eps,
+                     float w_offset) {
+  const float off = gain_offset(w_offset);
 #pragma omp parallel for schedule(static) if (parallel : int64_t(N) * C >= kParallelMinWork)
   for (int n = 0; n < N; ++n) {
     const S* x = inp + int64_t(n) * C;  // (C)
@@ -200,7 +204,7 @@ void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, 
     for (int c = 0; c < C; ++c) ss += load(x[c]) * load(x[c]);
     float r = 1.0f / std::sqrt(ss / float(C) + eps);
 #pragma omp simd
-    for (int c = 0; c < C; ++c) o[c] = store<S>(load(x[c]) * r * load(weight[c]));
+    for (int c = 0; c < C; ++c) o[c] = store<S>(load(x[c]) * r * (off + load(weight[c])));
     if (rstd != nullptr) rstd[n] = r;
   }
 }
@@ -208,13 +212,14 @@ void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int N, 
 // scratch (blocks, C): per row block, Σ dout·xhat.
 template <typename S, typename G>
 void rmsnorm_backward(S* dinp, G* dweight, float* scratch, const S* dout, const S* inp,
-                      const S* weight, const float* rstd, int N, int C) {
+                      const S* weight, const float* rstd, int N, int C, float w_offset) {
+  const float off = gain_offset(w_offset);
   for_row_blocks(N, C, [&](int blk, int n0, int n1) {
     float* part = scratch + int64_t(blk) * C;  // (C)
     std::fill(part, part + C, 0.0f);
     for (int n = n0; n < n1; ++n) {
       const int64_t o = int64_t(n) * C;
-      rmsnorm_row_dx(dinp + o, dout + o, inp + o, weight, rstd[n], C);
+      rmsnorm_row_dx(dinp + o, dout + o, inp + o, weight, off, rstd[n], C);
       rmsnorm_row_dw(part, dout + o, inp + o, rstd[n], C);
     }
   });
@@ -223,11 +228,12 @@ void rmsnorm_backward(S* dinp, G* dweight, float* scratch, const S* dout, const 
 
 template <typename S>
 void rmsnorm_backward_input(S* dinp, const S* dout, const S* inp, const S* weight,
-                            const float* rstd, int N, int C) {
+                            const float* rstd, int N, int C, float w_offset) {
+  const float off = gain_offset(w_offset);
 #pragma omp parallel for schedule(static) if (parallel : int64_t(N) * C >= kParallelMinWork)
   for (int n = 0; n < N; ++n) {
     const int64_t o = int64_t(n) * C;
-    rmsnorm_row_dx(dinp + o, dout + o, inp + o, weight, rstd[n], C);
+    rmsnorm_row_dx(dinp + o, dout + o, inp + o, weight, off, rstd[n], C);
   }
 }
 
@@ -248,15 +254,16 @@ void rmsnorm_backward_weight(G* dweight, float* scratch, const S* dout, const S*
 #define INSTANTIATE_S(S)                                                                         \
   template void layernorm_forward<S>(S*, float*, float*, const S*, const S*, const S*, int, int, \
                                      float);                                                     \
-  template void rmsnorm_forward<S>(S*, float*, const S*, const S*, int, int, float);             \
+  template void rmsnorm_forward<S>(S*, float*, const S*, const S*, int, int, float, float);      \
   template void layernorm_backward_input<S>(S*, const S*, const S*, const S*, const float*,      \
                                             const float*, int, int);                             \
-  template void rmsnorm_backward_input<S>(S*, const S*, const S*, const S*, const float*, int, int);
+  template void rmsnorm_backward_input<S>(S*, const S*, const S*, const S*, const float*, int,   \
+                                          int, float);
 #define INSTANTIATE_SG(S, G)                                                                       \
   template void layernorm_backward<S, G>(S*, G*, G*, float*, const S*, const S*, const S*,         \
                                          const float*, const float*, int, int);                    \
   template void rmsnorm_backward<S, G>(S*, G*, float*, const S*, const S*, const S*, const float*, \
-                                       int, int);                                                  \
+                                       int, int, float);                                           \
   template void layernorm_backward_weight<S, G>(G*, G*, float*, const S*, const S*, const float*,  \
                                                 const float*, int, int);                           \
   template void rmsnorm_backward_weight<S, G>(G*, float*, const S*, const S*, const float*, int,   \

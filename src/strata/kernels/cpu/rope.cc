@@ -17,26 +17,28 @@ constexpr int kMaxHalf = 512;  // cos/sin of one position live on the stack
 // heads.
 template <typename S>
 void rotate(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-            int64_t row_stride, float theta, float sign, const int32_t* pos) {
-  STRATA_CHECK(hd % 2 == 0 && hd / 2 <= kMaxHalf, "rope needs an even head dim <= ", 2 * kMaxHalf,
-               ", got ", hd);
-  int half = hd / 2;
-  const int64_t work = int64_t(B) * T * groups * nheads * hd;
+            int64_t row_stride, const float* inv_freq, int rotary_dim, float attention_factor,
+            float sign, const int32_t* pos) {
+  STRATA_CHECK(
+      rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= hd && rotary_dim / 2 <= kMaxHalf,
+      "rope needs an even rotary dim in (0, min(hd=", hd, ", ", 2 * kMaxHalf, ")], got ",
+      rotary_dim);
+  const int half = rotary_dim / 2;
+  const int64_t work = int64_t(B) * T * groups * nheads * rotary_dim;
 #pragma omp parallel for schedule(static) if (parallel : work >= kParallelMinWork)
   for (int t = 0; t < T; ++t) {
     float cs[kMaxHalf], sn[kMaxHalf];
     for (int i = 0; i < half; ++i) {
-      float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(hd));
-      float angle = float(pos != nullptr ? pos[t] : t) * inv_freq;
-      cs[i] = std::cos(angle);
-      sn[i] = sign * std::sin(angle);
+      float angle = float(pos != nullptr ? pos[t] : t) * inv_freq[i];
+      cs[i] = std::cos(angle) * attention_factor;
+      sn[i] = sign * std::sin(angle) * attention_factor;
     }
     for (int b = 0; b < B; ++b) {
       S* row = x + (int64_t(b) * T + t) * row_stride;  // (row_stride)
       for (int g = 0; g < groups; ++g) {
         for (int h = 0; h < nheads; ++h) {
-          S* lo = row + g * group_stride + int64_t(h) * hd;  // (hd/2)
-          S* hi = lo + half;                                 // (hd/2)
+          S* lo = row + g * group_stride + int64_t(h) * hd;  // (rotary_dim/2)
+          S* hi = lo + half;                                 // (rotary_dim/2)
 #pragma omp simd
           for (int i = 0; i < half; ++i) {
             float a = load(lo[i]), c = load(hi[i]);
@@ -53,21 +55,26 @@ void rotate(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_st
 
 template <typename S>
 void rope_forward(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-                  int64_t row_stride, float theta, const int32_t* pos) {
-  rotate(x, B, T, groups, nheads, hd, group_stride, row_stride, theta, 1.0f, pos);
+                  int64_t row_stride, const float* inv_freq, int rotary_dim, float attention_factor,
+                  const int32_t* pos) {
+  rotate(x, B, T, groups, nheads, hd, group_stride, row_stride, inv_freq, rotary_dim,
+         attention_factor, 1.0f, pos);
 }
 
+// The rotation by −angle is the transpose of that by +angle; the factor scales both alike.
 template <typename S>
 void rope_backward(S* dx, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-                   int64_t row_stride, float theta, const int32_t* pos) {
-  rotate(dx, B, T, groups, nheads, hd, group_stride, row_stride, theta, -1.0f, pos);
+                   int64_t row_stride, const float* inv_freq, int rotary_dim,
+                   float attention_factor, const int32_t* pos) {
+  rotate(dx, B, T, groups, nheads, hd, group_stride, row_stride, inv_freq, rotary_dim,
+         attention_factor, -1.0f, pos);
 }
 
-#define INSTANTIATE_S(S)                                                               \
-  template void rope_forward<S>(S*, int, int, int, int, int, int64_t, int64_t, float,  \
-                                const int32_t*);                                       \
-  template void rope_backward<S>(S*, int, int, int, int, int, int64_t, int64_t, float, \
-                                 const int32_t*);
+#define INSTANTIATE_S(S)                                                                           \
+  template void rope_forward<S>(S*, int, int, int, int, int, int64_t, int64_t, const float*, int,  \
+                                float, const int32_t*);                                            \
+  template void rope_backward<S>(S*, int, int, int, int, int, int64_t, int64_t, const float*, int, \
+                                 float, const int32_t*);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 
 }  // namespace strata::kernels

@@ -1,7 +1,10 @@
-// Rotary position embedding, Hugging Face Llama "rotate_half" convention. S: storage type
-// (float, bf16, f16). For head dim hd, element i < hd/2 pairs with i + hd/2 and rotates by
-// angle = pos · inv_freq[i], inv_freq[i] = 1 / theta^(2i/hd), all in fp32 as HF computes them:
-//   out[i] = x[i]·cos − x[i+hd/2]·sin,  out[i+hd/2] = x[i+hd/2]·cos + x[i]·sin.
+// Rotary position embedding, Hugging Face Llama "rotate_half" convention, from a table of
+// frequencies (ops::Rope: the model builds it from its RoPE settings). S: storage type (float,
+// bf16, f16). Of a head's hd values the first rotary_dim rotate (the rest pass through: partial
+// rotary, Phi-3); element i < rotary_dim/2 pairs with i + rotary_dim/2 and rotates by
+// angle = pos · inv_freq[i], with c = cos(angle)·attention_factor, s = sin(angle)·attention_factor
+// in fp32:
+//   out[i] = x[i]·c − x[i+rotary_dim/2]·s,  out[i+rotary_dim/2] = x[i+rotary_dim/2]·c + x[i]·s.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +18,16 @@ namespace strata::kernels {
 // rotated: on the grouped qkv layout (attention.h) groups = KVH, nheads = rep + 1 (the queries
 // and the key, never the value), group_stride = (rep+2)·hd. Row r has position pos[r % T]
 // (pos: context parallelism's parts of longer sequences), or r % T without pos. In place.
-// hd must be even and at most 1024.
+// inv_freq (rotary_dim/2); rotary_dim even, in (0, hd], at most 1024.
 template <typename S>
 void rope_forward(S* x, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-                  int64_t row_stride, float theta, const int32_t* pos = nullptr);
+                  int64_t row_stride, const float* inv_freq, int rotary_dim, float attention_factor,
+                  const int32_t* pos = nullptr);
 
 // dx: same layout; applies the inverse rotation in place (the gradient of rope_forward).
 template <typename S>
 void rope_backward(S* dx, int B, int T, int groups, int nheads, int hd, int64_t group_stride,
-                   int64_t row_stride, float theta, const int32_t* pos = nullptr);
+                   int64_t row_stride, const float* inv_freq, int rotary_dim,
+                   float attention_factor, const int32_t* pos = nullptr);
 
 }  // namespace strata::kernels

@@ -1,6 +1,7 @@
 // Pointwise activations (ops.h) with the formulas of the CPU backend (kernels/cpu/activation.cc):
-// GELU's tanh approximation written as x·sigmoid(2u), SwiGLU over the interleaved (gate f, up f)
-// layout, fp32 arithmetic, each output rounded once to its dtype; gradients overwrite.
+// GELU's tanh approximation written as x·sigmoid(2u), SwiGLU and GeGLU over the interleaved
+// (gate f, up f) layout, fp32 arithmetic, each output rounded once to its dtype; gradients
+// overwrite.
 //
 // A thread takes V consecutive outputs: one 16-byte load and store per operand (V = kVec) where
 // the count and the addresses allow it, one element (V = 1) otherwise. Each element's arithmetic
@@ -144,6 +145,44 @@ __global__ void swiglu_backward_kernel(S* dx, const S* dy, const S* x, int64_t n
   store<V>(dx + 2 * i + V, hi);
 }
 
+// out (n = N·F); x (2n): output i = gelu(gate)·up from the pair x[2i], x[2i + 1].
+template <typename S, int V>
+__global__ void geglu_forward_kernel(S* out, const S* x, int64_t n) {
+  const int64_t i = pack_begin<V>();
+  if (i >= n) return;
+  float xv[2 * V];
+  load_pairs<V>(xv, x + 2 * i);
+  Pack<S, V> y;
+#pragma unroll
+  for (int k = 0; k < V; ++k) y.v[k] = from_f<S>(gelu(xv[2 * k]) * xv[2 * k + 1]);
+  store<V>(out + i, y);
+}
+
+// dx, x (2n) interleaved as in the forward; dy (n).
+template <typename S, int V>
+__global__ void geglu_backward_kernel(S* dx, const S* dy, const S* x, int64_t n) {
+  const int64_t i = pack_begin<V>();
+  if (i >= n) return;
+  float xv[2 * V];
+  load_pairs<V>(xv, x + 2 * i);
+  const Pack<S, V> dv = load<V>(dy + i);
+  S d[2 * V];  // the gradients of xv's elements
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    const float g = xv[2 * k], u = xv[2 * k + 1], dk = to_f(dv.v[k]);
+    d[2 * k] = from_f<S>(dk * u * gelu_grad(g));
+    d[2 * k + 1] = from_f<S>(dk * gelu(g));
+  }
+  Pack<S, V> lo, hi;
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    lo.v[k] = d[k];
+    hi.v[k] = d[V + k];
+  }
+  store<V>(dx + 2 * i, lo);
+  store<V>(dx + 2 * i + V, hi);
+}
+
 // --- launches ------------------------------------------------------------------------------------
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
@@ -218,6 +257,36 @@ void swiglu_backward(Tensor dx, Tensor dy, Tensor x) {
     with_pack<S>(n, {dx.data, dy.data, x.data}, [&](auto v) {
       constexpr int V = decltype(v)::value;
       swiglu_backward_kernel<S, V><<<blocks_for(n / V, kThreads), kThreads, 0, stream>>>(
+          dev<S>(dx), dev<const S>(dy), dev<const S>(x), n);
+      STRATA_CUDA_LAUNCHED();
+    });
+  });
+}
+
+void geglu_forward(Tensor out, Tensor x) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const cudaStream_t stream = compute_stream();
+  with_type("geglu_forward", x.dtype, [&](auto s) {
+    using S = decltype(s);
+    with_pack<S>(n, {out.data, x.data}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      geglu_forward_kernel<S, V>
+          <<<blocks_for(n / V, kThreads), kThreads, 0, stream>>>(dev<S>(out), dev<const S>(x), n);
+      STRATA_CUDA_LAUNCHED();
+    });
+  });
+}
+
+void geglu_backward(Tensor dx, Tensor dy, Tensor x) {
+  const int64_t n = dy.numel();
+  if (n == 0) return;
+  const cudaStream_t stream = compute_stream();
+  with_type("geglu_backward", x.dtype, [&](auto s) {
+    using S = decltype(s);
+    with_pack<S>(n, {dx.data, dy.data, x.data}, [&](auto v) {
+      constexpr int V = decltype(v)::value;
+      geglu_backward_kernel<S, V><<<blocks_for(n / V, kThreads), kThreads, 0, stream>>>(
           dev<S>(dx), dev<const S>(dy), dev<const S>(x), n);
       STRATA_CUDA_LAUNCHED();
     });

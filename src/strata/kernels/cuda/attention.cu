@@ -1,18 +1,24 @@
 // Causal self-attention on the GPU (backend.h attention_forward / attention_backward), flash-style:
 // the probabilities are never stored. The CPU twin is kernels/cpu/attention.cc: the same grouped
-// qkv layout, heads h = g·rep + r, scale 1/sqrt(hd), causal mask.
+// qkv layout, heads h = g·rep + r, causal mask, and AttentionShape's score settings: s_ij =
+// scale·q_i·k_j (scale 1/sqrt(hd) unless given), soft-capped to cap·tanh(s_ij/cap) where softcap >
+// 0, and with a window w > 0 query i sees only keys j > i − w (the tiles wholly outside it are
+// skipped).
 //
-// Forward: per (query tile, head), loop over the key/value tiles at or before the diagonal with an
-// online softmax (running row max m and sum l), O = Σ_j P_ij v_j / l; att (B, heads, T) fp32 keeps
-// each row's lse = ln Σ_j exp(scale·q_i·k_j).
+// Forward: per (query tile, head), loop over the key/value tiles at or before the diagonal (and
+// inside the window) with an online softmax (running row max m and sum l), O = Σ_j P_ij v_j / l;
+// att (B, heads, T) fp32 keeps each row's lse = ln Σ_j exp(s_ij).
 //
-// Backward, with P_ij = exp(scale·q_i·k_j − lse_i), dP_ij = dO_i·v_j, dS_ij = P_ij (dP_ij − D_i):
+// Backward, with P_ij = exp(s_ij − lse_i), dP_ij = dO_i·v_j, dS_ij = P_ij (dP_ij − D_i) (times the
+// cap's derivative 1 − tanh²(scale·q_i·k_j/cap) under a soft cap):
 //   1. delta:  D_i = Σ_j P_ij dP_ij (= dO_i·O_i, but out is not an argument: this costs QKᵀ and
 //      dO·Vᵀ, where recomputing O costs QKᵀ and P·V, and it needs no rounding of P), into
 //      runtime scratch (B, heads, T) fp32;
 //   2. dK, dV: per (key tile, kv group), loop over the group's rep query heads, then over the query
-//      tiles at or after the diagonal: dV_j = Σ P_ij dO_i, dK_j = scale Σ dS_ij q_i;
-//   3. dQ: per (query tile, head), loop over the key tiles at or before the diagonal:
+//      tiles at or after the diagonal (inside the window): dV_j = Σ P_ij dO_i,
+//      dK_j = scale Σ dS_ij q_i;
+//   3. dQ: per (query tile, head), loop over the key tiles at or before the diagonal (inside the
+//      window):
 //      dQ_i = scale Σ dS_ij k_j.
 // Every output element is written by one block, summed in a fixed order: the same inputs give the
 // same bits, with no atomics. Blocks of heavier tiles are issued first (tile index in blockIdx.z).
@@ -44,8 +50,10 @@ constexpr int kMaxHeadDim = 128;
 struct Heads {
   int T, heads, rep, hd;
   int64_t qkv_row, out_row;
-  float scale;       // 1/sqrt(hd), as the CPU computes it
+  float scale;       // AttentionShape's, or 1/sqrt(hd) as the CPU computes it
   float scale_log2;  // scale · log2(e): scores in base 2
+  float softcap;     // > 0: scores cap·tanh(s/cap)
+  int window;        // > 0: query i sees keys j > i − window
   bool vec;          // hd a multiple of 8 and 16-byte aligned views: 16-byte copies
 
   __device__ int64_t q(int b, int h) const {
@@ -56,10 +64,34 @@ struct Heads {
   }
   __device__ int64_t o(int b, int h) const { return int64_t(b) * T * out_row + int64_t(h) * hd; }
   __device__ int64_t stat(int b, int h) const { return (int64_t(b) * heads + h) * T; }
+
+  // The score of a raw product x = q·k, in base e and in base 2 (x·scale_log2 uncapped, as
+  // before soft caps existed), and the derivative of the capped score by the uncapped one.
+  __device__ float capped(float x) const { return softcap * tanhf(x * scale / softcap); }
+  __device__ float score(float x) const { return softcap > 0.0f ? capped(x) : x * scale; }
+  __device__ float score2(float x) const {
+    return softcap > 0.0f ? capped(x) * kLog2e : x * scale_log2;
+  }
+  __device__ float cap_slope(float x) const {
+    const float t = tanhf(x * scale / softcap);
+    return 1.0f - t * t;
+  }
+  // Key `key` is hidden from query `row`: after it, or outside its window.
+  __device__ bool hidden(int row, int key) const {
+    return key > row || (window > 0 && row - key >= window);
+  }
+  // The first key tile (of `tile` rows) that a query tile starting at row q0 sees, and the last
+  // query tile (of nt) that sees a key tile starting at row k0.
+  __device__ int first_key_tile(int q0, int tile) const {
+    return window > 0 ? max(0, q0 - window + 1) / tile : 0;
+  }
+  __device__ int last_query_tile(int k0, int tile, int nt) const {
+    return window > 0 ? min(nt - 1, (k0 + tile - 1 + window - 1) / tile) : nt - 1;
+  }
 };
 
 Heads heads_of(const AttentionShape& s, bool vec) {
-  const float scale = 1.0f / std::sqrt(float(s.hd));
+  const float scale = s.scale != 0.0f ? s.scale : 1.0f / std::sqrt(float(s.hd));
   return {s.T,
           s.groups * s.rep,
           s.rep,
@@ -68,6 +100,8 @@ Heads heads_of(const AttentionShape& s, bool vec) {
           int64_t(s.groups) * s.rep * s.hd,
           scale,
           scale * kLog2e,
+          s.softcap,
+          s.window,
           vec};
 }
 
@@ -340,16 +374,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 
   // Without out (the lse only, for selective recompute) neither values nor P·V are needed.
   const bool with_out = out != nullptr;
+  const int j0 = hs.first_key_tile(q0, kTile);  // the first key tile inside the window
   load_tile<D>(sq, q, hs.qkv_row, q0, hs);
-  load_tile<D>(sk, k, hs.qkv_row, 0, hs);
-  if (with_out) load_tile<D>(sv, v, hs.qkv_row, 0, hs);
+  load_tile<D>(sk + j0 % 2 * Tile<D>::elems, k, hs.qkv_row, j0 * kTile, hs);
+  if (with_out) load_tile<D>(sv + j0 % 2 * Tile<D>::elems, v, hs.qkv_row, j0 * kTile, hs);
   cp_async_commit();
 
   uint32_t qa[D / 16][4];
   float o[D / 8][4] = {};
   // Rows g and g + 8 of the warp: running max (base-2 scores) and this thread's part of the sum.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  for (int j = 0; j <= qt; ++j) {
+  for (int j = j0; j <= qt; ++j) {
     if (j < qt) {
       const int nb = (j + 1) % 2;
       load_tile<D>(sk + nb * Tile<D>::elems, k, hs.qkv_row, (j + 1) * kTile, hs);
@@ -358,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     cp_async_commit();
     cp_async_wait_prior();
     __syncthreads();
-    if (j == 0) load_rows<D>(qa, sq, warp * 16);
+    if (j == j0) load_rows<D>(qa, sq, warp * 16);
     const S* kt = sk + j % 2 * Tile<D>::elems;
     const S* vt = sv + j % 2 * Tile<D>::elems;
 
@@ -368,26 +403,29 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool masked = j == qt && j * kTile + acc_col(n, e) > row0 + acc_row(e);
-        s[n][e] = masked ? -INFINITY : s[n][e] * hs.scale_log2;
+        const int key = j * kTile + acc_col(n, e), row = row0 + acc_row(e);
+        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window);
+        s[n][e] = masked ? -INFINITY : hs.score2(s[n][e]);
       }
     }
     float corr[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // Key 0 is never masked, so the row max is finite from the first tile on.
       float mx = m[r];
 #pragma unroll
       for (int n = 0; n < kBlocks; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      corr[r] = exp2f(m[r] - mx);
+      // Without a window key 0 is never masked and the row max is finite from the first tile on;
+      // with one, a row may see no key of its first tiles: its terms are 0 until it does.
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      corr[r] = exp2f(m[r] - base);
       m[r] = mx;
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < kBlocks; ++n) {
-        s[n][2 * r] = exp2f(s[n][2 * r] - mx);
-        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - mx);
+        s[n][2 * r] = exp2f(s[n][2 * r] - base);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
         sum += s[n][2 * r] + s[n][2 * r + 1];
       }
       l[r] = l[r] * corr[r] + sum;
@@ -442,10 +480,11 @@ __global__ void __launch_bounds__(kThreads)
   const S* k = qkv + hs.k(b, h / hs.rep);
   const S* v = k + hs.hd;
 
+  const int j0 = hs.first_key_tile(q0, kTile);
   load_tile<D>(sq, qkv + hs.q(b, h), hs.qkv_row, q0, hs);
   load_tile<D>(sdo, dout + hs.o(b, h), hs.out_row, q0, hs);
-  load_tile<D>(sk, k, hs.qkv_row, 0, hs);
-  load_tile<D>(sv, v, hs.qkv_row, 0, hs);
+  load_tile<D>(sk + j0 % 2 * Tile<D>::elems, k, hs.qkv_row, j0 * kTile, hs);
+  load_tile<D>(sv + j0 % 2 * Tile<D>::elems, v, hs.qkv_row, j0 * kTile, hs);
   cp_async_commit();
 
   const float* row_lse = lse + hs.stat(b, h);
@@ -456,7 +495,7 @@ __global__ void __launch_bounds__(kThreads)
     lse2[r] = row < hs.T ? row_lse[row] * kLog2e : 0.0f;
   }
   float acc[2] = {0.0f, 0.0f};  // this thread's part of D for rows g and g + 8
-  for (int j = 0; j <= qt; ++j) {
+  for (int j = j0; j <= qt; ++j) {
     if (j < qt) {
       const int nb = (j + 1) % 2;
       load_tile<D>(sk + nb * Tile<D>::elems, k, hs.qkv_row, (j + 1) * kTile, hs);
@@ -472,8 +511,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool masked = j == qt && j * kTile + acc_col(n, e) > row0 + acc_row(e);
-        const float p = masked ? 0.0f : exp2f(s[n][e] * hs.scale_log2 - lse2[e / 2]);
+        const int key = j * kTile + acc_col(n, e), row = row0 + acc_row(e);
+        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window);
+        const float p = masked ? 0.0f : exp2f(hs.score2(s[n][e]) - lse2[e / 2]);
         acc[e / 2] += p * dp[n][e];
       }
     }
@@ -512,8 +552,10 @@ __global__ void __launch_bounds__(kThreads)
   const int nt = gridDim.z;
   const int warp = threadIdx.x / 32;
   const int key0 = kt * kTile + warp * 16;  // this warp's first key
-  // Steps: the group's query heads r in order, and for each the query tiles kt..nt−1 in order.
-  const int per_head = nt - kt, steps = hs.rep * per_head;
+  // Steps: the group's query heads r in order, and for each the query tiles kt..last in order
+  // (last: nt − 1, or the last inside the window).
+  const int per_head = hs.last_query_tile(kt * kTile, kTile, nt) - kt + 1,
+            steps = hs.rep * per_head;
   const auto fetch = [&](int step) {
     const int hq = g * hs.rep + step / per_head, qt = kt + step % per_head, buf = step % 2;
     load_tile<D>(sq + buf * Tile<D>::elems, qkv + hs.q(b, hq), hs.qkv_row, qt * kTile, hs);
@@ -543,16 +585,19 @@ __global__ void __launch_bounds__(kThreads)
     float p[kBlocks][4], ds[kBlocks][4];
     rows_times_tile_t<D>(p, sk, warp * 16, qs);
     rows_times_tile_t<D>(ds, sv, warp * 16, dos);
-    // The diagonal tile has keys after queries; the last tile has queries past T.
-    const bool edge = qt == kt || qt == nt - 1;
+    // The diagonal tile has keys after queries; the last tile has queries past T; with a window,
+    // any tile may have queries past it.
+    const bool edge = qt == kt || qt == nt - 1 || hs.window > 0;
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = acc_col(n, e), query = qt * kTile + c;
-        const bool masked = edge && (key0 + acc_row(e) > query || query >= hs.T);
-        p[n][e] = masked ? 0.0f : exp2f(p[n][e] * hs.scale_log2 - ls[c] * kLog2e);
+        const bool masked = edge && (hs.hidden(query, key0 + acc_row(e)) || query >= hs.T);
+        const float x = p[n][e];
+        p[n][e] = masked ? 0.0f : exp2f(hs.score2(x) - ls[c] * kLog2e);
         ds[n][e] = p[n][e] * (ds[n][e] - dl[c]);
+        if (hs.softcap > 0.0f) ds[n][e] *= hs.cap_slope(x);
       }
     }
     scores_times_tile<D>(dv, p, dos);
@@ -585,10 +630,11 @@ __global__ void __launch_bounds__(kThreads)
   const S* k = qkv + hs.k(b, h / hs.rep);
   const S* v = k + hs.hd;
 
+  const int j0 = hs.first_key_tile(q0, kTile);
   load_tile<D>(sq, qkv + hs.q(b, h), hs.qkv_row, q0, hs);
   load_tile<D>(sdo, dout + hs.o(b, h), hs.out_row, q0, hs);
-  load_tile<D>(sk, k, hs.qkv_row, 0, hs);
-  load_tile<D>(sv, v, hs.qkv_row, 0, hs);
+  load_tile<D>(sk + j0 % 2 * Tile<D>::elems, k, hs.qkv_row, j0 * kTile, hs);
+  load_tile<D>(sv + j0 % 2 * Tile<D>::elems, v, hs.qkv_row, j0 * kTile, hs);
   cp_async_commit();
 
   // Rows g and g + 8 of the warp: lse (base 2) and delta, 0 past T (those rows are not written).
@@ -600,7 +646,7 @@ __global__ void __launch_bounds__(kThreads)
     dl[r] = row < hs.T ? delta[hs.stat(b, h) + row] : 0.0f;
   }
   float dq[D / 8][4] = {};
-  for (int j = 0; j <= qt; ++j) {
+  for (int j = j0; j <= qt; ++j) {
     if (j < qt) {
       const int nb = (j + 1) % 2;
       load_tile<D>(sk + nb * Tile<D>::elems, k, hs.qkv_row, (j + 1) * kTile, hs);
@@ -617,9 +663,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const bool masked = j == qt && j * kTile + acc_col(n, e) > row0 + acc_row(e);
-        const float p = masked ? 0.0f : exp2f(s[n][e] * hs.scale_log2 - lse2[e / 2]);
+        const int key = j * kTile + acc_col(n, e), row = row0 + acc_row(e);
+        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window);
+        const float p = masked ? 0.0f : exp2f(hs.score2(s[n][e]) - lse2[e / 2]);
         ds[n][e] = p * (ds[n][e] - dl[e / 2]);
+        if (hs.softcap > 0.0f) ds[n][e] *= hs.cap_slope(s[n][e]);
       }
     }
     scores_times_tile<D>(dq, ds, kt);
@@ -687,7 +735,7 @@ __global__ void __launch_bounds__(kSimtThreads)
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kCols] = {};
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) m[i] = -INFINITY, l[i] = 0.0f;
-  for (int j = 0; j <= qt; ++j) {
+  for (int j = hs.first_key_tile(q0, kRows); j <= qt; ++j) {
     __syncthreads();  // the previous tiles are read
     simt_load(sk, k, hs.qkv_row, j * kRows, hs);
     simt_load(sv, k + hs.hd, hs.qkv_row, j * kRows, hs);
@@ -701,11 +749,14 @@ __global__ void __launch_bounds__(kSimtThreads)
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int row = q0 + warp + 8 * i;
-      const bool masked = j * kRows + lane > row;  // key 0 never is: the max stays finite
-      const float x = masked ? -INFINITY : s[i] * hs.scale;
+      const bool masked = hs.hidden(row, j * kRows + lane);
+      const float x = masked ? -INFINITY : hs.score(s[i]);
       const float mx = fmaxf(m[i], warp_max(x));
-      const float corr = expf(m[i] - mx);
-      const float p = masked ? 0.0f : expf(x - mx);
+      // Key 0 is never masked without a window (the max stays finite); with one, a row may see no
+      // key of its first tiles: its terms are 0 until it does.
+      const float base = mx == -INFINITY ? 0.0f : mx;
+      const float corr = expf(m[i] - base);
+      const float p = masked ? 0.0f : expf(x - base);
       m[i] = mx;
       l[i] = l[i] * corr + warp_sum(p);
 #pragma unroll
@@ -762,7 +813,7 @@ __global__ void __launch_bounds__(kSimtThreads)
     rl[i] = row < hs.T ? lse[hs.stat(b, h) + row] : 0.0f;
     rd[i] = row < hs.T && dqkv != nullptr ? delta[hs.stat(b, h) + row] : 0.0f;
   }
-  for (int j = 0; j <= qt; ++j) {
+  for (int j = hs.first_key_tile(q0, kRows); j <= qt; ++j) {
     __syncthreads();  // the previous tiles are read
     simt_load(sk, k, hs.qkv_row, j * kRows, hs);
     simt_load(sv, k + hs.hd, hs.qkv_row, j * kRows, hs);
@@ -779,12 +830,13 @@ __global__ void __launch_bounds__(kSimtThreads)
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int row = q0 + warp + 8 * i;
-      const float p = j * kRows + lane > row ? 0.0f : expf(s[i] * hs.scale - rl[i]);
+      const float p = hs.hidden(row, j * kRows + lane) ? 0.0f : expf(hs.score(s[i]) - rl[i]);
       if (dqkv == nullptr) {
         acc[i] += p * dp[i];
         continue;
       }
-      const float ds = p * (dp[i] - rd[i]);
+      float ds = p * (dp[i] - rd[i]);
+      if (hs.softcap > 0.0f) ds *= hs.cap_slope(s[i]);
       for (int jj = 0; jj < kRows; ++jj) {
         const float dsj = __shfl_sync(0xffffffffu, ds, jj);
 #pragma unroll
@@ -834,9 +886,10 @@ __global__ void __launch_bounds__(kSimtThreads)
   simt_load(sv, qkv + hs.k(b, g) + hs.hd, hs.qkv_row, k0, hs);
 
   float dk[kRowsPerWarp][kCols] = {}, dv[kRowsPerWarp][kCols] = {};
+  const int qt_last = hs.last_query_tile(k0, kRows, nt);
   for (int r = 0; r < hs.rep; ++r) {
     const int hq = g * hs.rep + r;
-    for (int qt = kt; qt < nt; ++qt) {
+    for (int qt = kt; qt <= qt_last; ++qt) {
       const int q0 = qt * kRows;
       __syncthreads();  // the previous tiles are read
       simt_load(sq, qkv + hs.q(b, hq), hs.qkv_row, q0, hs);
@@ -860,9 +913,10 @@ __global__ void __launch_bounds__(kSimtThreads)
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i) {
         const int key = k0 + warp + 8 * i;
-        const bool masked = key > query || query >= hs.T;
-        const float p = masked ? 0.0f : expf(s[i] * hs.scale - slse[lane]);
-        const float ds = p * (dp[i] - sdelta[lane]);
+        const bool masked = hs.hidden(query, key) || query >= hs.T;
+        const float p = masked ? 0.0f : expf(hs.score(s[i]) - slse[lane]);
+        float ds = p * (dp[i] - sdelta[lane]);
+        if (hs.softcap > 0.0f) ds *= hs.cap_slope(s[i]);
         for (int jj = 0; jj < kRows; ++jj) {
           const float pj = __shfl_sync(0xffffffffu, p, jj);
           const float dsj = __shfl_sync(0xffffffffu, ds, jj);
@@ -904,6 +958,9 @@ void check_shape(const char* op, const AttentionShape& s) {
                ", got ", s.hd);
   STRATA_CHECK(s.B <= 65535 && tiles(s.T, kRows) <= 65535, op, ": B=", s.B, " T=", s.T,
                " exceed the CUDA attention's grid (B and T/32 at most 65535)");
+  STRATA_CHECK(s.window == 0 || s.pos == nullptr, op,
+               ": a window over positions other than 0..T-1 (context parallelism) runs on the CPU "
+               "only");
 }
 
 }  // namespace

@@ -39,29 +39,40 @@ void linear_backward(Tensor dx, Tensor dw, Tensor db, Tensor dy, Tensor x, Tenso
 // --- normalisation (norm.cu) --------------------------------------------------------------------
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w, Tensor b,
                        float eps);
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps);
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, float w_offset);
 void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                         Tensor w, Tensor mean, Tensor rstd);
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
-                      Tensor rstd);
+                      Tensor rstd, float w_offset);
 void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor mean, Tensor rstd);
 void layernorm_backward_weight(Tensor dw, Tensor db, Tensor scratch, Tensor dy, Tensor x,
                                Tensor mean, Tensor rstd);
-void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd);
+void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd, float w_offset);
 void rmsnorm_backward_weight(Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor rstd);
 
 // --- attention (attention.cu) and rotary embedding (rope.cu) ------------------------------------
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s);
-void rope_forward(Tensor qkv, const AttentionShape& s, float theta);
-void rope_backward(Tensor dqkv, const AttentionShape& s, float theta);
+void rope_forward(Tensor qkv, const AttentionShape& s, const Rope& rope);
+void rope_backward(Tensor dqkv, const AttentionShape& s, const Rope& rope);
+
+// --- q/k normalisation (qk_norm.cu) -----------------------------------------------------------
+void qk_norm_sumsq(Tensor sumsq, Tensor qkv, const AttentionShape& s);
+void qk_norm_forward(Tensor out, Tensor rstd, Tensor qkv, Tensor wq, Tensor wk, Tensor sumsq,
+                     const AttentionShape& s, const QkNorm& n);
+void qk_norm_backward_dot(Tensor dot, Tensor dout, Tensor qkv, Tensor wq, Tensor wk, Tensor rstd,
+                          const AttentionShape& s, const QkNorm& n);
+void qk_norm_backward(Tensor dqkv, Tensor dwq, Tensor dwk, Tensor dout, Tensor qkv, Tensor wq,
+                      Tensor wk, Tensor rstd, Tensor dot, const AttentionShape& s, const QkNorm& n);
 
 // --- activations (activation.cu) ----------------------------------------------------------------
 void gelu_forward(Tensor out, Tensor x);
 void gelu_backward(Tensor dx, Tensor x, Tensor dy);
 void swiglu_forward(Tensor out, Tensor x);
 void swiglu_backward(Tensor dx, Tensor dy, Tensor x);
+void geglu_forward(Tensor out, Tensor x);
+void geglu_backward(Tensor dx, Tensor dy, Tensor x);
 
 // --- embeddings (embedding.cu) ------------------------------------------------------------------
 void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin, int64_t row_end);

@@ -117,10 +117,11 @@ __global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, const
   }
 }
 
-// out, x (N, C); w (C); rstd (N) optional. Row blockIdx.x.
+// out, x (N, C); w (C), the gain off + w (off: gain_offset's); rstd (N) optional. Row
+// blockIdx.x.
 template <typename S, bool kVector>
 __global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* x, const S* w, int C,
-                                       float eps) {
+                                       float eps, float off) {
   constexpr int V = kVec<S>;
   __shared__ float shared[32];
   const int64_t row = int64_t(blockIdx.x) * C;
@@ -139,7 +140,7 @@ __global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* x, const S*
     load_pack<kVector>(xv, x + row, c, C);
     load_pack<kVector>(wv, w, c, C);
 #pragma unroll
-    for (int k = 0; k < V; ++k) y[k] = xv[k] * r * wv[k];
+    for (int k = 0; k < V; ++k) y[k] = xv[k] * r * (off + wv[k]);
     store_pack<kVector>(out + row, y, c, C);
   }
   if (threadIdx.x == 0 && rstd != nullptr) rstd[blockIdx.x] = r;
@@ -185,10 +186,11 @@ __global__ void layernorm_dx_kernel(S* dx, const S* dy, const S* x, const S* w, 
   }
 }
 
-// dx (N, C) += the input gradient; dy, x (N, C); w (C); rstd (N). Row blockIdx.x.
+// dx (N, C) += the input gradient; dy, x (N, C); w (C), the gain off + w; rstd (N). Row
+// blockIdx.x.
 template <typename S, bool kVector>
 __global__ void rmsnorm_dx_kernel(S* dx, const S* dy, const S* x, const S* w, const float* rstd,
-                                  int C) {
+                                  int C, float off) {
   constexpr int V = kVec<S>;
   __shared__ float shared[32];
   const int64_t row = int64_t(blockIdx.x) * C;
@@ -201,7 +203,7 @@ __global__ void rmsnorm_dx_kernel(S* dx, const S* dy, const S* x, const S* w, co
     load_pack<kVector>(wv, w, c, C);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      if (in_row<kVector>(c, k, C)) dn_xhat_sum += wv[k] * g[k] * xv[k] * r;
+      if (in_row<kVector>(c, k, C)) dn_xhat_sum += (off + wv[k]) * g[k] * xv[k] * r;
     }
   }
   const float dn_xhat_mean = block_sum(dn_xhat_sum, shared) / float(C);
@@ -214,7 +216,7 @@ __global__ void rmsnorm_dx_kernel(S* dx, const S* dy, const S* x, const S* w, co
 #pragma unroll
     for (int k = 0; k < V; ++k) {
       const float xhat = xv[k] * r;
-      d[k] += (wv[k] * g[k] - xhat * dn_xhat_mean) * r;
+      d[k] += ((off + wv[k]) * g[k] - xhat * dn_xhat_mean) * r;
     }
     store_pack<kVector>(dx + row, d, c, C);
   }
@@ -317,6 +319,13 @@ int row_blocks(int N, int col_blocks) {
       1, std::min({ceil_div(kTargetBlocks, col_blocks), ceil_div(N, kRowWarps), kMaxRowBlocks}));
 }
 
+// The offset added to an RMSNorm gain weight: w_offset, or −0 for none, addition's identity
+// (−0 + w is w, a −0 w included), so that w_offset 0 gives the plain gain's bits (as the CPU's
+// gain_offset).
+float gain_offset(float w_offset) {
+  return w_offset == 0.0f ? -0.0f : w_offset;
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -402,7 +411,7 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor w,
   });
 }
 
-void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
+void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps, float w_offset) {
   const NormSize n = norm_size(x, w);
   if (n.N == 0) return;
   const cudaStream_t stream = compute_stream();
@@ -411,7 +420,8 @@ void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor w, float eps) {
     with_vector(vector_rows<S>(n.C, {out.data, x.data, w.data}), [&](auto v) {
       rmsnorm_forward_kernel<S, decltype(v)::value>
           <<<unsigned(n.N), row_threads(n.C, kVec<S>), 0, stream>>>(
-              dev<S>(out), dev<float>(rstd), dev<const S>(x), dev<const S>(w), n.C, eps);
+              dev<S>(out), dev<float>(rstd), dev<const S>(x), dev<const S>(w), n.C, eps,
+              gain_offset(w_offset));
       STRATA_CUDA_LAUNCHED();
     });
   });
@@ -433,7 +443,7 @@ void layernorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor m
   });
 }
 
-void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
+void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rstd, float w_offset) {
   const NormSize n = norm_size(x, w);
   if (n.N == 0) return;
   const cudaStream_t stream = compute_stream();
@@ -443,7 +453,7 @@ void rmsnorm_backward_input(Tensor dx, Tensor dy, Tensor x, Tensor w, Tensor rst
       rmsnorm_dx_kernel<S, decltype(v)::value>
           <<<unsigned(n.N), row_threads(n.C, kVec<S>), 0, stream>>>(
               dev<S>(dx), dev<const S>(dy), dev<const S>(x), dev<const S>(w),
-              dev<const float>(rstd), n.C);
+              dev<const float>(rstd), n.C, gain_offset(w_offset));
       STRATA_CUDA_LAUNCHED();
     });
   });
@@ -465,8 +475,8 @@ void layernorm_backward(Tensor dx, Tensor dw, Tensor db, Tensor scratch, Tensor 
 }
 
 void rmsnorm_backward(Tensor dx, Tensor dw, Tensor scratch, Tensor dy, Tensor x, Tensor w,
-                      Tensor rstd) {
-  rmsnorm_backward_input(dx, dy, x, w, rstd);
+                      Tensor rstd, float w_offset) {
+  rmsnorm_backward_input(dx, dy, x, w, rstd, w_offset);
   rmsnorm_backward_weight(dw, scratch, dy, x, rstd);
 }
 

@@ -1,0 +1,56 @@
+#include "strata/model/model_config.h"
+
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+const std::vector<std::string>& model_families() {
+  static const std::vector<std::string> f = {"gpt2", "llama",   "mistral", "qwen2", "qwen3",
+                                             "phi3", "smollm3", "gemma3",  "olmo2"};
+  return f;
+}
+
+nlohmann::json model_block_json(const ModelConfig& m) {
+  nlohmann::json j = {
+      {"family", m.family},     {"layers", m.layers},     {"hidden", m.hidden},
+      {"heads", m.heads},       {"kv_heads", m.kv_heads}, {"ffn_hidden", m.ffn_hidden},
+      {"vocab", m.vocab},       {"seq_len", m.seq_len},   {"tied_embeddings", m.tied_embeddings},
+      {"norm_eps", m.norm_eps}, {"init_std", m.init_std}};
+  if (m.gpt2_block()) return j;
+  j["rope_theta"] = m.rope_theta;
+  if (m.head_dim > 0) j["head_dim"] = m.head_dim;
+  j["qkv_bias"] = m.qkv_bias;
+  j["qk_norm"] = m.qk_norm;
+  j["norm_placement"] = m.norm_placement;
+  j["norm_offset"] = m.norm_offset;
+  j["mlp_act"] = m.mlp_act;
+  j["embed_scale"] = m.embed_scale;
+  j["attn_scale"] = m.attn_scale;
+  j["rope_local_theta"] = m.rope_local_theta;
+  j["sliding_window"] = m.sliding_window;
+  if (!m.layer_sliding.empty()) {
+    nlohmann::json types = nlohmann::json::array();
+    for (char c : m.layer_sliding) types.push_back(c ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  }
+  if (!m.layer_rope.empty()) {
+    nlohmann::json rope = nlohmann::json::array();
+    for (char c : m.layer_rope) rope.push_back(c ? 1 : 0);
+    j["rope_layers"] = rope;
+  }
+  const RopeScaling& r = m.rope_scaling;
+  if (r.type != "none") {
+    j["rope_scaling"] = {{"type", r.type},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_positions},
+                         {"beta_fast", r.beta_fast},
+                         {"beta_slow", r.beta_slow},
+                         {"attention_factor", r.attention_factor}};
+    if (r.original_max_positions == 0) j["rope_scaling"].erase("original_max_position_embeddings");
+  }
+  return j;
+}
+
+}  // namespace strata
