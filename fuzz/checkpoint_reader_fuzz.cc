@@ -1,5 +1,5 @@
 // clang-format off
-// fuzz-sources: src/strata/ckpt/store.cc src/strata/ckpt/manifest.cc src/strata/ckpt/slices.cc src/strata/model/param_spec.cc src/strata/core/crc32c.cc src/strata/core/rng.cc src/strata/core/check.cc
+// fuzz-sources: src/strata/ckpt/store.cc src/strata/ckpt/manifest.cc src/strata/ckpt/slices.cc src/strata/model/param_spec.cc src/strata/model/model_config.cc src/strata/core/crc32c.cc src/strata/core/rng.cc src/strata/core/check.cc
 // clang-format on
 //
 // A checkpoint's Reader (ckpt/store.h) on an arbitrary manifest.json beside a fixed data file,

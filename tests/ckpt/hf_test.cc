@@ -454,7 +454,7 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
   ModelConfig gemma3 = tiny("llama", true);
   gemma3.family = "gemma3", gemma3.qk_norm = "head", gemma3.norm_placement = "sandwich";
   gemma3.norm_offset = 1.0f, gemma3.mlp_act = "gelu_tanh", gemma3.embed_scale = true;
-  gemma3.attn_scale = 0.25f, gemma3.rope_local_theta = 10000.0f, gemma3.rope_theta = 1e6f;
+  gemma3.query_pre_attn_scalar = 20.0f, gemma3.rope_local_theta = 10000.0f, gemma3.rope_theta = 1e6f;
   gemma3.sliding_window = 4, gemma3.layer_sliding = {1, 0}, gemma3.head_dim = 12;
   ModelConfig olmo2 = tiny("llama", false);
   olmo2.family = "olmo2", olmo2.qk_norm = "whole", olmo2.norm_placement = "post";
@@ -488,7 +488,7 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
     EXPECT_EQ(r.norm_offset, m.norm_offset) << name;
     EXPECT_EQ(r.mlp_act, m.mlp_act) << name;
     EXPECT_EQ(r.embed_scale, m.embed_scale) << name;
-    EXPECT_EQ(r.attn_scale, m.attn_scale) << name;
+    EXPECT_EQ(r.query_pre_attn_scalar, m.query_pre_attn_scalar) << name;
     EXPECT_EQ(r.rope_local_theta, m.rope_local_theta) << name;
     EXPECT_EQ(model_config_from_hf(path(name)).hidden, m.hidden) << "a directory reads config.json";
   }

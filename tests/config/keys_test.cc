@@ -136,7 +136,7 @@ const Implemented kImplemented[] = {
     {"model.norm_offset", "the RMSNorms' gain (offset + w): Gemma's 1 + w"},
     {"model.mlp_act", "the gated MLP's activation: swiglu or geglu"},
     {"model.embed_scale", "the embeddings times sqrt(hidden) (Gemma)"},
-    {"model.attn_scale", "the attention scores' scale (AttentionShape::scale)"},
+    {"model.query_pre_attn_scalar", "the attention scores' scale (AttentionShape::scale)"},
     {"model.rope_local_theta", "the sliding layers' RoPE base (Gemma 3)"},
     {"parallelism.tensor",
      "RankGrid's tp axis; build_model_spec's TpLayout splits heads, MLP and vocabulary over it"},

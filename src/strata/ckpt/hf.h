@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -61,9 +62,12 @@ void export_hf(const ModelSpec& spec, const GlobalTensorFn& get, DType dtype,
 std::map<std::string, std::vector<float>> import_hf(const std::string& path, const ModelSpec& spec);
 
 // The ModelConfig a Hugging Face config.json (or a directory holding one) describes, for
-// importing without a strata config: model_type gpt2 or llama; seq_len is n_positions /
-// max_position_embeddings. InputError naming the field on what strata's model does not compute
-// (another activation, attention or MLP biases in Llama, RoPE scaling, ...).
+// importing without a strata config (hf_config.cc): a model_type of a family model_families()
+// lists (Gemma 3's text model as gemma3_text); seq_len is n_positions / max_position_embeddings.
+// InputError naming the field on what strata's model does not compute (longrope, partial rotary,
+// soft-capping, a vision tower, ...).
 ModelConfig model_config_from_hf(const std::string& config_json_path);
+// The config.json transformers loads m from, the weights in `dtype` (hf_config.cc).
+nlohmann::json hf_config_json(const ModelConfig& m, DType dtype);
 
 }  // namespace strata::ckpt

@@ -124,7 +124,7 @@ ModelConfig parse_model(const Reader& r, const json& o) {
   }
   if (o.contains("embed_scale")) m.embed_scale = r.boolean(o, "embed_scale", f);
   for (auto [key, out] : {std::pair<const char*, float*>{"norm_offset", &m.norm_offset},
-                          {"attn_scale", &m.attn_scale},
+                          {"query_pre_attn_scalar", &m.query_pre_attn_scalar},
                           {"rope_local_theta", &m.rope_local_theta}}) {
     if (o.contains(key)) *out = finite(key);
   }
@@ -364,7 +364,7 @@ std::string model_difference(const ModelConfig& saved, const ModelConfig& here) 
         diff("norm_offset", saved.norm_offset, here.norm_offset),
         diff("mlp_act", saved.mlp_act, here.mlp_act),
         diff("embed_scale", saved.embed_scale, here.embed_scale),
-        diff("attn_scale", saved.attn_scale, here.attn_scale),
+        diff("query_pre_attn_scalar", saved.query_pre_attn_scalar, here.query_pre_attn_scalar),
         diff("rope_local_theta", saved.rope_local_theta, here.rope_local_theta),
         diff("sliding_window", saved.sliding_window, here.sliding_window),
         diff("layer_types", model_block_json(saved).value("layer_types", json()).dump(),

@@ -175,10 +175,10 @@ void finalize_model(ModelConfig& m) {
                        m.sliding_window == 0 && m.layer_sliding.empty() && m.layer_rope.empty() &&
                        m.rope_scaling.type == "none" && m.norm_placement == "pre" &&
                        m.norm_offset == 0.0f && m.mlp_act == "silu" && !m.embed_scale &&
-                       m.attn_scale == 0.0f && m.rope_local_theta == 0.0f;
+                       m.query_pre_attn_scalar == 0.0f && m.rope_local_theta == 0.0f;
     STRATA_INPUT_CHECK(plain,
                        "model.head_dim, qkv_bias, qk_norm, norm_placement, norm_offset, mlp_act, "
-                       "embed_scale, attn_scale, sliding_window, layer_types, rope_layers, "
+                       "embed_scale, query_pre_attn_scalar, sliding_window, layer_types, rope_layers, "
                        "rope_scaling and rope_local_theta describe the RoPE families' blocks; "
                        "family gpt2 has its own (biases everywhere, learned positions): remove "
                        "them");
@@ -293,7 +293,7 @@ void parse_block_description(const Block& b, ModelConfig& m) {
   b.get_number("norm_offset", m.norm_offset, -HUGE_VAL, HUGE_VAL, false);
   b.get_choice("mlp_act", m.mlp_act, {"silu", "gelu_tanh"});
   b.get_bool("embed_scale", m.embed_scale);
-  b.get_number("attn_scale", m.attn_scale, 0.0, HUGE_VAL, false);
+  b.get_number("query_pre_attn_scalar", m.query_pre_attn_scalar, 0.0, HUGE_VAL, false);
   b.get_number("rope_local_theta", m.rope_local_theta, 0.0, HUGE_VAL, false);
   b.get_int("sliding_window", m.sliding_window, 0);
   // Per layer: transformers' layer_types ("sliding_attention" | "full_attention"), and which

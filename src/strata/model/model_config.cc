@@ -25,7 +25,7 @@ nlohmann::json model_block_json(const ModelConfig& m) {
   j["norm_offset"] = m.norm_offset;
   j["mlp_act"] = m.mlp_act;
   j["embed_scale"] = m.embed_scale;
-  j["attn_scale"] = m.attn_scale;
+  j["query_pre_attn_scalar"] = m.query_pre_attn_scalar;
   j["rope_local_theta"] = m.rope_local_theta;
   j["sliding_window"] = m.sliding_window;
   if (!m.layer_sliding.empty()) {

@@ -4,6 +4,7 @@
 // parameter layout and the checkpoint mapping read these fields.
 #pragma once
 
+#include <cmath>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -50,10 +51,16 @@ struct ModelConfig {
   // Where the norms sit: "pre" (before each sublayer, Llama); "sandwich" (before and after each
   // sublayer, Gemma); "post" (after each sublayer only, OLMo 2).
   std::string norm_placement = "pre";
-  float norm_offset = 0.0f;       // every RMSNorm's gain is (norm_offset + w): Gemma's is 1
-  std::string mlp_act = "silu";   // the gated MLP's activation: "silu" (SwiGLU), "gelu_tanh"
-  bool embed_scale = false;       // the embeddings times sqrt(hidden) (Gemma)
-  float attn_scale = 0.0f;        // attention scores' scale; 0: 1/sqrt(head_dim)
+  float norm_offset = 0.0f;      // every RMSNorm's gain is (norm_offset + w): Gemma's is 1
+  std::string mlp_act = "silu";  // the gated MLP's activation: "silu" (SwiGLU), "gelu_tanh"
+  bool embed_scale = false;      // the embeddings times sqrt(hidden) (Gemma)
+  // The attention scores are scaled by 1/sqrt(query_pre_attn_scalar) (transformers' name and
+  // Gemma's setting); 0: by 1/sqrt(head_dim).
+  float query_pre_attn_scalar = 0.0f;
+  float attn_scale() const {
+    // In double, rounded once, as transformers' Python float multiplies the scores.
+    return query_pre_attn_scalar > 0 ? float(1.0 / std::sqrt(double(query_pre_attn_scalar))) : 0.0f;
+  }
   float rope_local_theta = 0.0f;  // Gemma 3: the sliding layers' RoPE base; 0: rope_theta
   // Attention over the last `sliding_window` positions (the query's own included) on the layers
   // layer_sliding marks (empty: every layer); 0: full causal attention.

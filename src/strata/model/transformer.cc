@@ -58,7 +58,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   Vl_ = tp_layout_.vocab_rows, Fl_ = tp_layout_.ffn, FCHl_ = gpt2_ ? Fl_ : 2 * Fl_;
   QKVl_ = tp_layout_.qkv_rows, Hl_ = int64_t(tp_layout_.heads) * hd;
   att_shape_ = {B_, T_, tp_layout_.groups, tp_layout_.rep, int(hd)};
-  att_shape_.scale = cfg_.attn_scale;
+  att_shape_.scale = cfg_.attn_scale();
   core_att_shape_ = att_shape_;
   const ContextOptions& cx = chunk_.context;
   if (cx.on()) {
@@ -78,7 +78,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
                    " ranks needs whole ", "key/value groups on each: this tensor rank has ",
                    tp_layout_.groups);
       core_att_shape_ = {B_, cfg_.seq_len, tp_layout_.groups / cx.size, tp_layout_.rep, int(hd)};
-      core_att_shape_.scale = cfg_.attn_scale;
+      core_att_shape_.scale = cfg_.attn_scale();
     }
   }
   att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tp_layout_.heads * T_}
