@@ -64,6 +64,12 @@ def config(family):
             rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 2.0},
             hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
             final_logit_softcapping=None, tie_word_embeddings=True)
+    if family == "gemma2":  # Gemma 3's block without q/k norms, with soft-capped scores and logits
+        # (caps low enough that tanh bends), a window on every second layer
+        return transformers.Gemma2Config(
+            **common, head_dim=16, query_pre_attn_scalar=24, sliding_window=5, rope_theta=1e4,
+            attn_logit_softcapping=2.0, final_logit_softcapping=1.5,
+            hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True)
     if family == "olmo2":  # post norms, q/k norms over whole projections
         return transformers.Olmo2Config(**common, rope_theta=5e5, attention_bias=False,
                                         tie_word_embeddings=False)
@@ -100,7 +106,7 @@ def make(out, family):
             if name.endswith("norm.weight") or "layernorm" in name:
                 # Gains near 1, none alike, so that a wrong gain or placement shows: w itself,
                 # or Gemma's 1 + w (a gain of w would be near 0).
-                base = 0.0 if family == "gemma3" else 1.0
+                base = 0.0 if family.startswith("gemma") else 1.0
                 p.copy_(base + 0.3 * torch.randn_like(p))
             elif name.endswith(".bias"):
                 p.copy_(0.05 * torch.randn_like(p))

@@ -4,7 +4,7 @@
 # randomised norm gains, windows shorter than the sequence), `strata ckpt import` with no model
 # block, its logits against transformers' (1e-5), 10 AdamW steps with clipping on 2 ranks in a
 # layout of its own (a covering design: tensor parallelism with SP, pipelines under 1F1B and
-# zero-bubble, context parallelism ring and Ulysses, ZeRO-3) against transformers' losses on the same batches (1e-5),
+# zero-bubble, context parallelism ring and Ulysses, ZeRO-2 and 3) against transformers' losses on the same batches (1e-5),
 # and the export loaded by transformers with strata's logits (1e-5).
 #
 #   tests/ckpt/hf_families_test.sh build/strata [FAMILY ...]
@@ -14,7 +14,7 @@ set -euo pipefail
 strata=$(realpath "$1")
 shift
 families=("$@")
-[ ${#families[@]} -gt 0 ] || families=(llama mistral qwen2 qwen3 phi3 smollm3 gemma3 olmo2)
+[ ${#families[@]} -gt 0 ] || families=(llama mistral qwen2 qwen3 phi3 smollm3 gemma2 gemma3 olmo2)
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 export STRATA_PEER_VENV=${STRATA_MODERN_VENV:-/tmp/strata-hf-modern-venv}
@@ -33,6 +33,7 @@ layout() {
     qwen3) echo '"parallelism": {"tensor": 2, "sequence_parallel": true},' ;;
     phi3) echo '"parallelism": {"context": 2, "context_impl": "ulysses"},' ;;
     smollm3) echo '"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},' ;;
+    gemma2) echo '"zero_optimization": {"stage": 2},' ;;
     gemma3) echo '"parallelism": {"tensor": 2, "sequence_parallel": true},' ;;
     olmo2) echo '"parallelism": {"pipeline": 2, "schedule": "zero_bubble"}, "gradient_accumulation_steps": 2,' ;;
   esac

@@ -454,12 +454,16 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
   ModelConfig gemma3 = tiny("llama", true);
   gemma3.family = "gemma3", gemma3.qk_norm = "head", gemma3.norm_placement = "sandwich";
   gemma3.norm_offset = 1.0f, gemma3.mlp_act = "gelu_tanh", gemma3.embed_scale = true;
-  gemma3.query_pre_attn_scalar = 20.0f, gemma3.rope_local_theta = 10000.0f, gemma3.rope_theta = 1e6f;
+  gemma3.query_pre_attn_scalar = 20.0f, gemma3.rope_local_theta = 10000.0f,
+  gemma3.rope_theta = 1e6f;
   gemma3.sliding_window = 4, gemma3.layer_sliding = {1, 0}, gemma3.head_dim = 12;
+  ModelConfig gemma2 = gemma3;
+  gemma2.family = "gemma2", gemma2.qk_norm = "none", gemma2.rope_local_theta = 0.0f;
+  gemma2.attn_logit_softcapping = 50.0f, gemma2.final_logit_softcapping = 30.0f;
   ModelConfig olmo2 = tiny("llama", false);
   olmo2.family = "olmo2", olmo2.qk_norm = "whole", olmo2.norm_placement = "post";
   for (const ModelConfig& m :
-       {gpt2, llama, llama_tied, mistral, qwen2, qwen3, phi3, smollm3, gemma3, olmo2}) {
+       {gpt2, llama, llama_tied, mistral, qwen2, qwen3, phi3, smollm3, gemma2, gemma3, olmo2}) {
     const std::string name = m.family + (m.tied_embeddings ? "_tied" : "");
     export_random(m, name);
     const ModelConfig r = model_config_from_hf(path(name) + "/config.json");
@@ -490,6 +494,8 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
     EXPECT_EQ(r.embed_scale, m.embed_scale) << name;
     EXPECT_EQ(r.query_pre_attn_scalar, m.query_pre_attn_scalar) << name;
     EXPECT_EQ(r.rope_local_theta, m.rope_local_theta) << name;
+    EXPECT_EQ(r.attn_logit_softcapping, m.attn_logit_softcapping) << name;
+    EXPECT_EQ(r.final_logit_softcapping, m.final_logit_softcapping) << name;
     EXPECT_EQ(model_config_from_hf(path(name)).hidden, m.hidden) << "a directory reads config.json";
   }
   std::ifstream in(path("llama") + "/config.json");
@@ -544,9 +550,9 @@ TEST_F(HfTest, ConfigRefusesWhatStrataDoesNotCompute) {
       {llama + R"(, "rope_scaling": {"rope_type": "yarn"})", "has no \"factor\""},
       {llama + R"(, "partial_rotary_factor": 0.75)", "partial rotary"},
       {R"("model_type": "mamba", "hidden_size": 32)", "\"model_type\" is \"mamba\""},
-      {R"("model_type": "gemma2", "hidden_size": 32)", "Gemma 1 and 2 are not supported"},
-      {llama + R"(, "model_type": "gemma3_text", "final_logit_softcapping": 30.0)",
-       "soft-capping (Gemma 2's) is not supported"},
+      {R"("model_type": "gemma", "hidden_size": 32)", "Gemma 1 is not supported"},
+      {llama + R"(, "model_type": "gemma2", "final_logit_softcapping": -1.0)",
+       "\"final_logit_softcapping\" must be >= 0"},
       {llama + R"(, "model_type": "gemma3_text", "hidden_activation": "gelu")",
        "\"hidden_activation\" is \"gelu\""},
       {llama + R"(, "vision_config": {})", "text-only"},

@@ -138,6 +138,8 @@ const Implemented kImplemented[] = {
     {"model.embed_scale", "the embeddings times sqrt(hidden) (Gemma)"},
     {"model.query_pre_attn_scalar", "the attention scores' scale (AttentionShape::scale)"},
     {"model.rope_local_theta", "the sliding layers' RoPE base (Gemma 3)"},
+    {"model.attn_logit_softcapping", "the attention kernels' soft-cap (Gemma 2)"},
+    {"model.final_logit_softcapping", "the head's soft-cap: softcap_inplace, ce_dlogits (Gemma 2)"},
     {"parallelism.tensor",
      "RankGrid's tp axis; build_model_spec's TpLayout splits heads, MLP and vocabulary over it"},
     {"parallelism.sequence_parallel",

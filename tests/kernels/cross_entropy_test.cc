@@ -139,14 +139,14 @@ TEST(CrossEntropy, DlogitsByColumnRangesEqualTheWholeRows) {
     for (int64_t c0 = 0; c0 < V; c0 += chunk) {
       const int64_t cols = std::min<int64_t>(chunk, V - c0);
       std::vector<float> part(size_t(N) * cols);
-      ce_dlogits(part.data(), cols, h.data(), tgt.data(), stats.data(), N, V, c0, cols, 0, V,
-                 dloss);
+      ce_dlogits(part.data(), cols, h.data(), tgt.data(), stats.data(), N, V, c0, cols, 0, V, dloss,
+                 0.0f);
       for (int n = 0; n < N; ++n) {
         std::copy_n(&part[size_t(n) * cols], cols, &wide[size_t(n) * V + c0]);
       }
       // In place over the columns, later ranges reading logits earlier ones left untouched.
       ce_dlogits(in_place.data() + c0, V, in_place.data(), tgt.data(), stats.data(), N, V, c0, cols,
-                 0, V, dloss);
+                 0, V, dloss, 0.0f);
     }
     for (size_t i = 0; i < h.size(); ++i) {
       ASSERT_EQ(in_place[i].bits, whole[i].bits) << "chunk " << chunk << ", element " << i;
@@ -155,7 +155,8 @@ TEST(CrossEntropy, DlogitsByColumnRangesEqualTheWholeRows) {
   }
   // Vocabulary-parallel columns: a shard [v0, v0 + 20) of which 13 are real, targets global.
   std::vector<float> shard(size_t(N) * 20);
-  ce_dlogits(shard.data(), 20, h.data(), tgt.data(), stats.data(), N, V, 0, 20, 40, 13, dloss);
+  ce_dlogits(shard.data(), 20, h.data(), tgt.data(), stats.data(), N, V, 0, 20, 40, 13, dloss,
+             0.0f);
   for (int n = 0; n < N; ++n) {
     for (int j = 13; j < 20; ++j) EXPECT_EQ(shard[size_t(n) * 20 + j], 0.0f) << "padding";
   }

@@ -85,6 +85,9 @@ constexpr Rule kRules[] = {
     {"gemma3", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
     {"gemma3", R::Norm2W, {"model.layers.{i}.pre_feedforward_layernorm.weight"}, false},
     {"gemma3", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
+    {"gemma2", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
+    {"gemma2", R::Norm2W, {"model.layers.{i}.pre_feedforward_layernorm.weight"}, false},
+    {"gemma2", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
     // OLMo 2's norms follow each sublayer.
     {"olmo2", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
     {"olmo2", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
@@ -93,7 +96,7 @@ constexpr Rule kRules[] = {
 // The rules' naming a family's checkpoints use: GPT-2's; Phi-3's, Gemma 3's and OLMo 2's (each
 // Llama's but a few); or Llama's (every other RoPE family).
 std::string_view naming(const std::string& family) {
-  for (const char* own : {"gpt2", "phi3", "gemma3", "olmo2"}) {
+  for (const char* own : {"gpt2", "phi3", "gemma2", "gemma3", "olmo2"}) {
     if (family == own) return own;
   }
   return "llama";

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -40,13 +41,10 @@ struct HfFamily {
   const char* architecture;
 };
 constexpr HfFamily kHfFamilies[] = {
-    {"llama", "llama", "LlamaForCausalLM"},
-    {"mistral", "mistral", "MistralForCausalLM"},
-    {"qwen2", "qwen2", "Qwen2ForCausalLM"},
-    {"qwen3", "qwen3", "Qwen3ForCausalLM"},
-    {"phi3", "phi3", "Phi3ForCausalLM"},
-    {"smollm3", "smollm3", "SmolLM3ForCausalLM"},
-    {"gemma3", "gemma3_text", "Gemma3ForCausalLM"},
+    {"llama", "llama", "LlamaForCausalLM"},    {"mistral", "mistral", "MistralForCausalLM"},
+    {"qwen2", "qwen2", "Qwen2ForCausalLM"},    {"qwen3", "qwen3", "Qwen3ForCausalLM"},
+    {"phi3", "phi3", "Phi3ForCausalLM"},       {"smollm3", "smollm3", "SmolLM3ForCausalLM"},
+    {"gemma2", "gemma2", "Gemma2ForCausalLM"}, {"gemma3", "gemma3_text", "Gemma3ForCausalLM"},
     {"olmo2", "olmo2", "Olmo2ForCausalLM"},
 };
 
@@ -132,7 +130,7 @@ void rope_family_config(const ModelConfig& m, json& j) {
     j["original_max_position_embeddings"] = m.seq_len;
     j["partial_rotary_factor"] = 1.0;
   }
-  if (m.family == "gemma3") {
+  if (m.family == "gemma2" || m.family == "gemma3") {
     j["hidden_activation"] = "gelu_pytorch_tanh";
     j.erase("hidden_act");
     j["query_pre_attn_scalar"] =
@@ -143,10 +141,14 @@ void rope_family_config(const ModelConfig& m, json& j) {
       types.push_back(m.sliding(l) ? "sliding_attention" : "full_attention");
     }
     j["layer_types"] = types;
-    j["rope_local_base_freq"] = decimal(m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta);
-    j["attn_logit_softcapping"] = nullptr;
-    j["final_logit_softcapping"] = nullptr;
-    j.erase("rope_parameters");  // transformers 4's Gemma 3 reads rope_theta and rope_scaling
+    if (m.family == "gemma3") {
+      j["rope_local_base_freq"] =
+          decimal(m.rope_local_theta > 0 ? m.rope_local_theta : m.rope_theta);
+    }
+    auto cap = [](float c) { return c > 0 ? json(decimal(c)) : json(); };
+    j["attn_logit_softcapping"] = cap(m.attn_logit_softcapping);
+    j["final_logit_softcapping"] = cap(m.final_logit_softcapping);
+    j.erase("rope_parameters");  // transformers 4's Gemma reads rope_theta and rope_scaling
   }
   if (m.family == "smollm3") {
     json layers = json::array();
@@ -282,8 +284,9 @@ void read_rope(const json& j, const std::string& path, ModelConfig& m) {
 // the layers from max_window_layers on, when use_sliding_window).
 void read_sliding(const json& j, const std::string& path, const std::string& type, ModelConfig& m) {
   const bool qwen = type == "qwen2" || type == "qwen3";
-  const bool used = qwen ? field<bool>(j, path, "use_sliding_window", false)
-                         : type == "mistral" || type == "phi3" || type == "gemma3";
+  const bool used =
+      qwen ? field<bool>(j, path, "use_sliding_window", false)
+           : type == "mistral" || type == "phi3" || type == "gemma2" || type == "gemma3";
   const int window = field<int>(j, path, "sliding_window", 0);
   if (!used || window == 0) return;
   m.sliding_window = window;
@@ -300,8 +303,9 @@ void read_sliding(const json& j, const std::string& path, const std::string& typ
   } else if (qwen) {
     const int first = field<int>(j, path, "max_window_layers", m.layers);
     for (int l = 0; l < m.layers; ++l) m.layer_sliding.push_back(l >= first);
-  } else if (type == "gemma3") {  // every sliding_window_pattern-th layer attends in full
-    const int every = field<int>(j, path, "sliding_window_pattern", 6);
+  } else if (type == "gemma2" || type == "gemma3") {
+    // Every sliding_window_pattern-th layer attends in full (Gemma 2: every second).
+    const int every = field<int>(j, path, "sliding_window_pattern", type == "gemma2" ? 2 : 6);
     STRATA_INPUT_CHECK(every > 0, path, ": \"sliding_window_pattern\" must be > 0");
     for (int l = 0; l < m.layers; ++l) m.layer_sliding.push_back((l + 1) % every != 0);
   }
@@ -347,25 +351,32 @@ ModelConfig rope_family_model(const json& j, const std::string& path, const std:
   m.vocab = field<int>(j, path, "vocab_size");
   m.seq_len = field<int>(j, path, "max_position_embeddings");
   m.norm_eps = float(field<double>(j, path, "rms_norm_eps", 1e-6));
-  const bool gemma = type == "gemma3";
+  const bool gemma = type == "gemma2" || type == "gemma3";
   // Absent: the transformers class's default, which only SmolLM3's and Gemma's tie.
   m.tied_embeddings = field<bool>(j, path, "tie_word_embeddings", type == "smollm3" || gemma);
   m.qkv_bias = type == "qwen2";
-  m.qk_norm = type == "qwen3" || gemma ? "head" : type == "olmo2" ? "whole" : "none";
+  m.qk_norm = type == "qwen3" || type == "gemma3" ? "head" : type == "olmo2" ? "whole" : "none";
   m.norm_placement = gemma ? "sandwich" : type == "olmo2" ? "post" : "pre";
-  if (gemma) {  // Gemma 3: (1 + w) norms, GeGLU, scaled embeddings and scores, local RoPE base
+  if (gemma) {  // (1 + w) norms, GeGLU, scaled embeddings and scores; soft-caps (2), RoPE bases (3)
     m.norm_offset = 1.0f;
     m.mlp_act = "gelu_tanh";
     m.embed_scale = true;
     const double scalar = field<double>(j, path, "query_pre_attn_scalar", 256.0);
     STRATA_INPUT_CHECK(scalar > 0, path, ": \"query_pre_attn_scalar\" must be > 0");
     m.query_pre_attn_scalar = float(scalar);
-    m.rope_local_theta = float(field<double>(j, path, "rope_local_base_freq", 10000.0));
+    if (type == "gemma3") {
+      m.rope_local_theta = float(field<double>(j, path, "rope_local_base_freq", 10000.0));
+    }
     require<std::string>(j, path, "hidden_activation", "gelu_pytorch_tanh", "gelu_pytorch_tanh",
                          "Gemma's MLP is GeGLU with the tanh GELU");
-    for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
-      STRATA_INPUT_CHECK(!j.contains(key) || j[key].is_null(), path, ": \"", key,
-                         "\" is set; soft-capping (Gemma 2's) is not supported");
+    // Absent: the class's defaults (Gemma 2's 50 and 30); null: none.
+    const bool two = type == "gemma2";
+    for (auto [key, out, fallback] :
+         {std::tuple{"attn_logit_softcapping", &m.attn_logit_softcapping, two ? 50.0 : 0.0},
+          std::tuple{"final_logit_softcapping", &m.final_logit_softcapping, two ? 30.0 : 0.0}}) {
+      const bool null = j.contains(key) && j[key].is_null();
+      *out = null ? 0.0f : float(field<double>(j, path, key, fallback));
+      STRATA_INPUT_CHECK(*out >= 0, path, ": \"", key, "\" must be >= 0");
     }
     require(j, path, "use_bidirectional_attention", false, false,
             "strata trains causal decoders (EmbeddingGemma's bidirectional attention is not "
@@ -436,9 +447,8 @@ ModelConfig model_config_from_hf(const std::string& config_json_path) {
         return names;
       }(),
       " models",
-      type == "gemma" || type == "gemma2"
-          ? " (Gemma 1 and 2 are not supported: Gemma 2's final-logit soft-cap "
-            "is not computed; Gemma 3 is, as model_type gemma3_text)"
+      type == "gemma"    ? " (Gemma 1 is not supported; Gemma 2 and 3 are, the latter as "
+                           "model_type gemma3_text)"
       : type == "gemma3" ? " (import the text model, model_type gemma3_text: "
                            "the vision tower is not supported)"
                          : "");

@@ -125,7 +125,9 @@ ModelConfig parse_model(const Reader& r, const json& o) {
   if (o.contains("embed_scale")) m.embed_scale = r.boolean(o, "embed_scale", f);
   for (auto [key, out] : {std::pair<const char*, float*>{"norm_offset", &m.norm_offset},
                           {"query_pre_attn_scalar", &m.query_pre_attn_scalar},
-                          {"rope_local_theta", &m.rope_local_theta}}) {
+                          {"rope_local_theta", &m.rope_local_theta},
+                          {"attn_logit_softcapping", &m.attn_logit_softcapping},
+                          {"final_logit_softcapping", &m.final_logit_softcapping}}) {
     if (o.contains(key)) *out = finite(key);
   }
   if (o.contains("sliding_window")) {
@@ -366,6 +368,9 @@ std::string model_difference(const ModelConfig& saved, const ModelConfig& here) 
         diff("embed_scale", saved.embed_scale, here.embed_scale),
         diff("query_pre_attn_scalar", saved.query_pre_attn_scalar, here.query_pre_attn_scalar),
         diff("rope_local_theta", saved.rope_local_theta, here.rope_local_theta),
+        diff("attn_logit_softcapping", saved.attn_logit_softcapping, here.attn_logit_softcapping),
+        diff("final_logit_softcapping", saved.final_logit_softcapping,
+             here.final_logit_softcapping),
         diff("sliding_window", saved.sliding_window, here.sliding_window),
         diff("layer_types", model_block_json(saved).value("layer_types", json()).dump(),
              model_block_json(here).value("layer_types", json()).dump()),

@@ -122,10 +122,12 @@ ModelConfig model_preset(const std::string& name) {
 }
 
 void family_defaults(ModelConfig& m) {
-  const bool gemma = m.family == "gemma3";
+  const bool gemma = m.family == "gemma2" || m.family == "gemma3";
   m.tied_embeddings = m.family == "gpt2" || gemma;
   m.qkv_bias = m.family == "qwen2";
-  m.qk_norm = m.family == "qwen3" || gemma ? "head" : m.family == "olmo2" ? "whole" : "none";
+  m.qk_norm = m.family == "qwen3" || m.family == "gemma3" ? "head"
+              : m.family == "olmo2"                       ? "whole"
+                                                          : "none";
   m.norm_placement = gemma ? "sandwich" : m.family == "olmo2" ? "post" : "pre";
   m.norm_offset = gemma ? 1.0f : 0.0f;
   m.mlp_act = gemma ? "gelu_tanh" : "silu";
@@ -175,10 +177,12 @@ void finalize_model(ModelConfig& m) {
                        m.sliding_window == 0 && m.layer_sliding.empty() && m.layer_rope.empty() &&
                        m.rope_scaling.type == "none" && m.norm_placement == "pre" &&
                        m.norm_offset == 0.0f && m.mlp_act == "silu" && !m.embed_scale &&
-                       m.query_pre_attn_scalar == 0.0f && m.rope_local_theta == 0.0f;
+                       m.query_pre_attn_scalar == 0.0f && m.rope_local_theta == 0.0f &&
+                       m.attn_logit_softcapping == 0.0f && m.final_logit_softcapping == 0.0f;
     STRATA_INPUT_CHECK(plain,
                        "model.head_dim, qkv_bias, qk_norm, norm_placement, norm_offset, mlp_act, "
-                       "embed_scale, query_pre_attn_scalar, sliding_window, layer_types, rope_layers, "
+                       "embed_scale, query_pre_attn_scalar, the soft-caps, sliding_window, "
+                       "layer_types, rope_layers, "
                        "rope_scaling and rope_local_theta describe the RoPE families' blocks; "
                        "family gpt2 has its own (biases everywhere, learned positions): remove "
                        "them");
@@ -295,6 +299,8 @@ void parse_block_description(const Block& b, ModelConfig& m) {
   b.get_bool("embed_scale", m.embed_scale);
   b.get_number("query_pre_attn_scalar", m.query_pre_attn_scalar, 0.0, HUGE_VAL, false);
   b.get_number("rope_local_theta", m.rope_local_theta, 0.0, HUGE_VAL, false);
+  b.get_number("attn_logit_softcapping", m.attn_logit_softcapping, 0.0, HUGE_VAL, false);
+  b.get_number("final_logit_softcapping", m.final_logit_softcapping, 0.0, HUGE_VAL, false);
   b.get_int("sliding_window", m.sliding_window, 0);
   // Per layer: transformers' layer_types ("sliding_attention" | "full_attention"), and which
   // layers apply RoPE (1) or not (0; transformers' no_rope_layers).

@@ -266,6 +266,10 @@ void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0,
                        const int32_t* pos = nullptr);
 
 // --- cross-entropy -------------------------------------------------------------------------------
+// Gemma 2's final-logit soft cap: t = cap · tanh(t / cap) elementwise, in fp32 (cap > 0), on the
+// logits (N, Vl) after the head's product and before any of the cross-entropies below; ce_dlogits
+// with softcap = cap then gives the gradient w.r.t. the logits before the cap.
+void softcap_inplace(Tensor t, float cap);
 // Serial: logits (N, V); targets (N) int32 (< 0: ignored, loss 0). losses (N) fp32 (evaluation:
 // the logits untouched).
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
@@ -275,10 +279,12 @@ void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
 // ldo = the dlogits of logits' columns [c0, c0 + cols), rounded to the logits' dtype and stored
 // in out's: the logits' own (out may be those columns) or fp32 (for products that run in fp32);
 // dlogits = (softmax − onehot) · dloss, zero rows for ignored targets. v0 and valid as below (0
-// and V for one rank).
+// and V for one rank). softcap > 0: the logits z are soft-capped (softcap_inplace) and the
+// gradient is taken w.r.t. the raw logits before the cap, each dlogit times 1 − (z/softcap)²
+// (z the capped value ce_dlogits reads, so out may still alias the logits); 0: no cap.
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets);
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
-                int64_t cols, int64_t v0, int64_t valid, float dloss);
+                int64_t cols, int64_t v0, int64_t valid, float dloss, float softcap = 0.0f);
 // Vocabulary-parallel, in three local steps around two reductions over the tensor-parallel group.
 // logits (N, Vl) hold global vocabulary columns [v0, v0 + Vl), of which the first `valid` exist
 // (the rest are padding and never count).

@@ -1,6 +1,10 @@
-// ops.h: the cross-entropies and the optimizer steps (the dispatch: dispatch.h).
+// ops.h: the cross-entropies (and the logits' soft cap) and the optimizer steps (the dispatch:
+// dispatch.h).
+#include <cmath>
+
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/cross_entropy.h"
+#include "strata/kernels/cpu/elementwise.h"
 #include "strata/kernels/cpu/optimizer.h"
 #include "strata/kernels/dispatch.h"
 #include "strata/kernels/ops.h"
@@ -33,6 +37,20 @@ void check_valid(const char* op, int64_t v0, int64_t valid, int V) {
 
 }  // namespace
 
+void softcap_inplace(Tensor t, float cap) {
+  constexpr const char* op = "softcap_inplace";
+  const Call access = on_device(op, {t});
+  if (access.dry) return;
+  STRATA_CHECK(cap > 0.0f && std::isfinite(cap), op, ": cap=", cap,
+               " must be a positive finite number (final_logit_softcapping; leave it unset for "
+               "no cap)");
+  STRATA_ON_CUDA(access, softcap_inplace(t, cap));
+  with_s(op, t.dtype, [&](auto z) {
+    using S = decltype(z);
+    kernels::softcap_inplace(p<S>(t), size_t(t.numel()), cap);
+  });
+}
+
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets) {
   constexpr const char* op = "cross_entropy_forward";
   const Call access = on_device(op, {losses, logits, targets});
@@ -64,7 +82,7 @@ void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targ
 }
 
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
-                int64_t cols, int64_t v0, int64_t valid, float dloss) {
+                int64_t cols, int64_t v0, int64_t valid, float dloss, float softcap) {
   constexpr const char* op = "ce_dlogits";
   const Call access = on_device(op, {out, logits, targets, stats});
   if (access.dry) return;
@@ -78,16 +96,21 @@ void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor s
                " with row stride ", ldo);
   STRATA_CHECK(out.dtype == logits.dtype || out.dtype == DType::F32, op,
                ": out must be the logits' dtype or fp32, got ", dtype_name(out.dtype));
+  STRATA_CHECK(softcap >= 0.0f && std::isfinite(softcap), op, ": softcap=", softcap,
+               " must be 0 (no cap) or the positive cap the logits were soft-capped with");
   tokens_of(op, targets);  // int32, on either device
-  STRATA_ON_CUDA(access, ce_dlogits(out, ldo, logits, targets, stats, c0, cols, v0, valid, dloss));
+  STRATA_ON_CUDA(access,
+                 ce_dlogits(out, ldo, logits, targets, stats, c0, cols, v0, valid, dloss, softcap));
   with_s(op, logits.dtype, [&](auto s) {
     using S = decltype(s);
     if (out.dtype == DType::F32) {
       kernels::ce_dlogits(p<float>(out), ldo, p<const S>(logits), tokens_of(op, targets),
-                          p<const float>(stats), n.N, n.C, c0, cols, v0, int(valid), dloss);
+                          p<const float>(stats), n.N, n.C, c0, cols, v0, int(valid), dloss,
+                          softcap);
     } else {
       kernels::ce_dlogits(p<S>(out), ldo, p<const S>(logits), tokens_of(op, targets),
-                          p<const float>(stats), n.N, n.C, c0, cols, v0, int(valid), dloss);
+                          p<const float>(stats), n.N, n.C, c0, cols, v0, int(valid), dloss,
+                          softcap);
     }
   });
 }

@@ -5,8 +5,8 @@
 namespace strata {
 
 const std::vector<std::string>& model_families() {
-  static const std::vector<std::string> f = {"gpt2", "llama",   "mistral", "qwen2", "qwen3",
-                                             "phi3", "smollm3", "gemma3",  "olmo2"};
+  static const std::vector<std::string> f = {"gpt2", "llama",   "mistral", "qwen2",  "qwen3",
+                                             "phi3", "smollm3", "gemma2",  "gemma3", "olmo2"};
   return f;
 }
 
@@ -27,6 +27,8 @@ nlohmann::json model_block_json(const ModelConfig& m) {
   j["embed_scale"] = m.embed_scale;
   j["query_pre_attn_scalar"] = m.query_pre_attn_scalar;
   j["rope_local_theta"] = m.rope_local_theta;
+  j["attn_logit_softcapping"] = m.attn_logit_softcapping;
+  j["final_logit_softcapping"] = m.final_logit_softcapping;
   j["sliding_window"] = m.sliding_window;
   if (!m.layer_sliding.empty()) {
     nlohmann::json types = nlohmann::json::array();

@@ -27,7 +27,8 @@ struct RopeScaling {
 
 struct ModelConfig {
   std::string preset;  // "" when given by fields; else the preset's name
-  // "gpt2" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "smollm3" | "gemma3" | "olmo2":
+  // "gpt2" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "smollm3" | "gemma2" | "gemma3" |
+  // "olmo2":
   // the defaults of the
   // fields below, and the Hugging Face model_type an export writes.
   std::string family = "gpt2";
@@ -62,6 +63,9 @@ struct ModelConfig {
     return query_pre_attn_scalar > 0 ? float(1.0 / std::sqrt(double(query_pre_attn_scalar))) : 0.0f;
   }
   float rope_local_theta = 0.0f;  // Gemma 3: the sliding layers' RoPE base; 0: rope_theta
+  // Gemma 2's soft-caps, cap·tanh(x/cap), of the attention scores and of the final logits; 0: none.
+  float attn_logit_softcapping = 0.0f;
+  float final_logit_softcapping = 0.0f;
   // Attention over the last `sliding_window` positions (the query's own included) on the layers
   // layer_sliding marks (empty: every layer); 0: full causal attention.
   int sliding_window = 0;

@@ -59,6 +59,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   QKVl_ = tp_layout_.qkv_rows, Hl_ = int64_t(tp_layout_.heads) * hd;
   att_shape_ = {B_, T_, tp_layout_.groups, tp_layout_.rep, int(hd)};
   att_shape_.scale = cfg_.attn_scale();
+  att_shape_.softcap = cfg_.attn_logit_softcapping;
   core_att_shape_ = att_shape_;
   const ContextOptions& cx = chunk_.context;
   if (cx.on()) {
@@ -79,6 +80,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
                    tp_layout_.groups);
       core_att_shape_ = {B_, cfg_.seq_len, tp_layout_.groups / cx.size, tp_layout_.rep, int(hd)};
       core_att_shape_.scale = cfg_.attn_scale();
+      core_att_shape_.softcap = cfg_.attn_logit_softcapping;
     }
   }
   att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tp_layout_.heads * T_}

@@ -226,6 +226,8 @@ double TransformerImpl::head_forward(Slot& s, const void* x, float dloss, bool t
   }
   const Tensor logits = mat(s.logits, pt_, N_, Vl_), targets = ids(s.targets);
   const Tensor losses = f32(s.losses, N_);
+  // Gemma 2's soft-cap of the logits, in place: the loss and its gradient see the capped ones.
+  if (cfg_.final_logit_softcapping > 0) ops::softcap_inplace(logits, cfg_.final_logit_softcapping);
   // Training keeps each row's statistics; the backward turns them into dlogits a unit at a time.
   s.dloss = dloss;
   if (tp_->size() == 1) {
@@ -262,13 +264,13 @@ std::pair<Tensor, int64_t> TransformerImpl::unit_dlogits(const Slot& s, const Un
   if (widen_dlogits_) {
     const Tensor d = mat(dlogits32_, DType::F32, N_, rows);
     ops::ce_dlogits(d, rows, logits, ids(s.targets), f32(s.ce, 3 * N_), c0, rows, v0, valid,
-                    s.dloss);
+                    s.dloss, cfg_.final_logit_softcapping);
     return {d, rows};
   }
   const Tensor cols = logit_cols(s, c0);
   if (compute) {
     ops::ce_dlogits(cols, Vl_, logits, ids(s.targets), f32(s.ce, 3 * N_), c0, rows, v0, valid,
-                    s.dloss);
+                    s.dloss, cfg_.final_logit_softcapping);
   }
   return {cols, Vl_};
 }

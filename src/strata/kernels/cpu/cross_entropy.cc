@@ -47,22 +47,31 @@ RowStats row_stats(const S* x, int V) {
   return {mx, row_sumexp(x, V, mx)};
 }
 
+// The soft cap's derivative at a capped logit z: d/du cap·tanh(u/cap) = 1 − (z/cap)², with
+// inv_cap = 1/cap; exactly 1 without a cap (inv_cap 0), so that the product is then unchanged.
+inline float cap_slope(float z, float inv_cap) {
+  const float t = z * inv_cap;
+  return inv_cap > 0.0f ? 1.0f - t * t : 1.0f;
+}
+
 // out (cols) = the dlogits of x's columns [c0, c0 + cols) (x: a row of the local vocabulary):
 // exp(x − mx) · dloss / sum, at the target's column (exp(xt − mx) / sum − 1) · dloss (target < 0:
-// not in this row's columns), 0 from column `valid` on; each rounded to S, stored as D. Reads each
-// column before writing it, so out may alias x's columns.
+// not in this row's columns), each times cap_slope(x), 0 from column `valid` on; each rounded to
+// S, stored as D. Reads each column before writing it, so out may alias x's columns.
 template <typename S, typename D>
 void row_dlogits(D* out, const S* x, int64_t c0, int64_t cols, int64_t valid, int64_t target,
-                 float xt, float mx, float sum, float dloss) {
+                 float xt, float mx, float sum, float dloss, float inv_cap) {
   const float scale = dloss / sum;
   const int64_t live = std::clamp<int64_t>(valid - c0, 0, cols);
 #pragma omp simd
   for (int64_t j = 0; j < live; ++j) {
-    out[j] = store<D>(load(store<S>(exp_approx(load(x[c0 + j]) - mx) * scale)));
+    const float z = load(x[c0 + j]);
+    out[j] = store<D>(load(store<S>(exp_approx(z - mx) * scale * cap_slope(z, inv_cap))));
   }
   for (int64_t j = live; j < cols; ++j) out[j] = store<D>(0.0f);
   if (target >= c0 && target < c0 + live) {
-    out[target - c0] = store<D>(load(store<S>((exp_approx(xt - mx) / sum - 1.0f) * dloss)));
+    const float dt = (exp_approx(xt - mx) / sum - 1.0f) * dloss * cap_slope(xt, inv_cap);
+    out[target - c0] = store<D>(load(store<S>(dt)));
   }
 }
 
@@ -85,7 +94,9 @@ void cross_entropy_stats(float* losses, float* stats, const S* logits, const int
 
 template <typename S, typename D>
 void ce_dlogits(D* out, int64_t ldo, const S* logits, const int32_t* targets, const float* stats,
-                int N, int V, int64_t c0, int64_t cols, int64_t v0, int valid, float dloss) {
+                int N, int V, int64_t c0, int64_t cols, int64_t v0, int valid, float dloss,
+                float softcap) {
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
 #pragma omp parallel for schedule(static) if (parallel : int64_t(N) * cols >= kParallelMinWork)
   for (int n = 0; n < N; ++n) {
     D* o = out + int64_t(n) * ldo;         // (cols)
@@ -97,7 +108,7 @@ void ce_dlogits(D* out, int64_t ldo, const S* logits, const int32_t* targets, co
     const int64_t local = int64_t(targets[n]) - v0;
     const bool owned = local >= 0 && local < valid;
     row_dlogits(o, x, c0, cols, valid, owned ? local : -1, stats[2 * N + n], stats[n], stats[N + n],
-                dloss);
+                dloss, inv_cap);
   }
 }
 
@@ -106,7 +117,7 @@ void cross_entropy_forward_backward(float* losses, S* logits, const int32_t* tar
                                     float dloss) {
   std::vector<float> stats(size_t(3) * size_t(N));
   cross_entropy_stats(losses, stats.data(), logits, targets, N, V);
-  ce_dlogits(logits, V, logits, targets, stats.data(), N, V, 0, V, 0, V, dloss);
+  ce_dlogits(logits, V, logits, targets, stats.data(), N, V, 0, V, 0, V, dloss, 0.0f);
 }
 
 template <typename S>
@@ -167,12 +178,12 @@ void max_rows(float* out, const float* in, int K, int64_t N) {
                                  int64_t, int);                                                 \
   template void cross_entropy_stats<S>(float*, float*, const S*, const int32_t*, int, int);     \
   template void ce_dlogits<S, S>(S*, int64_t, const S*, const int32_t*, const float*, int, int, \
-                                 int64_t, int64_t, int64_t, int, float);
+                                 int64_t, int64_t, int64_t, int, float, float);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 // Half-precision logits with fp32 dlogits (for products that run in fp32).
 template void ce_dlogits<bf16, float>(float*, int64_t, const bf16*, const int32_t*, const float*,
-                                      int, int, int64_t, int64_t, int64_t, int, float);
+                                      int, int, int64_t, int64_t, int64_t, int, float, float);
 template void ce_dlogits<f16, float>(float*, int64_t, const f16*, const int32_t*, const float*, int,
-                                     int, int64_t, int64_t, int64_t, int, float);
+                                     int, int64_t, int64_t, int64_t, int, float, float);
 
 }  // namespace strata::kernels

@@ -20,14 +20,17 @@ void cross_entropy_forward_backward(float* losses, S* logits, const int32_t* tar
 // and sums), logits untouched. ce_dlogits: out (N, cols) with row stride ldo = the dlogits of
 // columns [c0, c0 + cols) of logits (N,V) from those stats (v0/valid as in vocab_ce_*; with one
 // rank 0 and V), each rounded to S and stored as D: S (out may be the columns themselves) or
-// float (the exact widening, for products that run in fp32). forward_backward is the two over
-// all columns in place.
+// float (the exact widening, for products that run in fp32); softcap > 0: the logits are capped
+// (softcap_inplace, elementwise.h) and each dlogit is times 1 − (z/softcap)², z the logit read,
+// the gradient w.r.t. the logits before the cap (0: none). forward_backward is the two over all
+// columns in place.
 template <typename S>
 void cross_entropy_stats(float* losses, float* stats, const S* logits, const int32_t* targets,
                          int N, int V);
 template <typename S, typename D>
 void ce_dlogits(D* out, int64_t ldo, const S* logits, const int32_t* targets, const float* stats,
-                int N, int V, int64_t c0, int64_t cols, int64_t v0, int valid, float dloss);
+                int N, int V, int64_t c0, int64_t cols, int64_t v0, int valid, float dloss,
+                float softcap);
 
 // losses (N) as above; logits (N,V) untouched (evaluation).
 template <typename S>

@@ -17,4 +17,9 @@ void add_inplace(S* y, const S* x, size_t n);
 template <typename S>
 void add_bias(S* y, const S* b, int64_t M, int64_t N);
 
+// t (n) = cap · tanh(t / cap) (cap > 0): Gemma 2's final-logit soft cap, relative error of a few
+// fp32 ulps before the rounding to S.
+template <typename S>
+void softcap_inplace(S* t, size_t n, float cap);
+
 }  // namespace strata::kernels

@@ -81,11 +81,12 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
 void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0);
 void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0);
 
-// --- cross-entropy (cross_entropy.cu) -----------------------------------------------------------
+// --- cross-entropy (cross_entropy.cu; the logits' soft cap: elementwise.cu) ----------------------
+void softcap_inplace(Tensor t, float cap);
 void cross_entropy_forward(Tensor losses, Tensor logits, Tensor targets);
 void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targets);
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
-                int64_t cols, int64_t v0, int64_t valid, float dloss);
+                int64_t cols, int64_t v0, int64_t valid, float dloss, float softcap);
 void vocab_ce_max(Tensor rowmax, Tensor logits, int64_t valid);
 void vocab_ce_sums(Tensor sums, Tensor logits, Tensor targets, Tensor gmax, int64_t v0,
                    int64_t valid);

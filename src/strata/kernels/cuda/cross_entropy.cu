@@ -164,15 +164,24 @@ __device__ __forceinline__ void zero_row(D* o, int cols) {
   for (int j = int(threadIdx.x); j < cols; j += int(blockDim.x)) o[j] = from_f<D>(0.0f);
 }
 
+// The soft cap's derivative at a capped logit z: d/du cap·tanh(u/cap) = 1 − (z/cap)², with
+// inv_cap = 1/cap; exactly 1 without a cap (inv_cap 0), so that the product is then unchanged.
+__device__ __forceinline__ float cap_slope(float z, float inv_cap) {
+  const float t = z * inv_cap;
+  return inv_cap > 0.0f ? 1.0f - t * t : 1.0f;
+}
+
 // o (cols) = the dlogits of x (cols), one row's columns [c0, c0 + cols), from its statistics:
 // exp(x − mx)·dloss/sum, (exp(xt − mx)/sum − 1)·dloss at column `target` (relative to c0; outside
-// [0, live) where the target is not among them), 0 from column `live` on; each rounded to S and
-// stored as D. Each thread reads a column before it writes it, so o may be x itself.
+// [0, live) where the target is not among them), each times cap_slope(x), 0 from column `live` on;
+// each rounded to S and stored as D. Each thread reads a column before it writes it, so o may be
+// x itself.
 template <typename S, typename D>
 __device__ __forceinline__ void row_dlogits(D* o, const S* x, int cols, int live, int target,
-                                            float xt, float mx, float sum, float dloss) {
+                                            float xt, float mx, float sum, float dloss,
+                                            float inv_cap) {
   const float scale = dloss / sum;
-  const float dt = (exp_approx(xt - mx) / sum - 1.0f) * dloss;
+  const float dt = (exp_approx(xt - mx) / sum - 1.0f) * dloss * cap_slope(xt, inv_cap);
   // The packs follow x's alignment; o's stores vectorise where o has the same phase (always when
   // o is x).
   const bool packed_out = reinterpret_cast<uintptr_t>(o + split_row(x, cols).head) % 16 == 0;
@@ -182,7 +191,8 @@ __device__ __forceinline__ void row_dlogits(D* o, const S* x, int cols, int live
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int c = j + k;
-      const float e = exp_approx(v[k] - mx) * scale;  // unconditional: selects, not branches
+      // unconditional: selects, not branches
+      const float e = exp_approx(v[k] - mx) * scale * cap_slope(v[k], inv_cap);
       d[k] = round_to<S, D>(c >= live ? 0.0f : c == target ? dt : e);
     }
     if constexpr (K > 1) {
@@ -240,7 +250,7 @@ template <typename S, typename D>
 __global__ void __launch_bounds__(kRowThreads, 2)
     ce_dlogits_kernel(D* out, int64_t ldo, const S* logits, const int32_t* targets,
                       const float* stats, int N, int V, int c0, int cols, int64_t v0, int valid,
-                      float dloss) {
+                      float dloss, float inv_cap) {
   const int n = int(blockIdx.x);
   D* o = out + n * ldo;                       // (cols)
   const S* x = logits + int64_t(n) * V + c0;  // (cols)
@@ -252,7 +262,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   const int target = local >= 0 && local < valid ? int(local) - c0 : -1;
   const int live = min(max(valid - c0, 0), cols);
   row_dlogits(o, x, cols, live, target, stats[2 * int64_t(N) + n], stats[n], stats[int64_t(N) + n],
-              dloss);
+              dloss, inv_cap);
 }
 
 // rowmax (N) = max over the first `valid` columns of logits (N, V); rows in reverse, as
@@ -346,15 +356,16 @@ void cross_entropy_stats(Tensor losses, Tensor stats, Tensor logits, Tensor targ
 }
 
 void ce_dlogits(Tensor out, int64_t ldo, Tensor logits, Tensor targets, Tensor stats, int64_t c0,
-                int64_t cols, int64_t v0, int64_t valid, float dloss) {
+                int64_t cols, int64_t v0, int64_t valid, float dloss, float softcap) {
   const int64_t N = targets.numel(), V = logits.numel() / N;
+  const float inv_cap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
   with_type("ce_dlogits", logits.dtype, [&](auto s) {
     using S = decltype(s);
     const auto launch = [&](auto* o) {
       using D = std::remove_pointer_t<decltype(o)>;
       ce_dlogits_kernel<S, D><<<unsigned(N), kRowThreads, 0, compute_stream()>>>(
           o, ldo, dev<const S>(logits), dev<const int32_t>(targets), dev<const float>(stats),
-          int(N), int(V), int(c0), int(cols), v0, int(valid), dloss);
+          int(N), int(V), int(c0), int(cols), v0, int(valid), dloss, inv_cap);
       STRATA_CUDA_LAUNCHED();
     };
     if (out.dtype == DType::F32) {

@@ -1,7 +1,7 @@
 // The elementwise calls of the CUDA backend (backend.h): dtype conversion, the residual and bias
-// additions, scaling, the fp64 sums (the gradient norm's Σ x², the loss's Σ x) and the token
-// checks. The same formulas as the CPU backend (core/dtype.cc convert, kernels/cpu/elementwise.cc,
-// optimizer.cc, embedding.cc), in fp32 with one rounding on store.
+// additions, scaling, the logits' soft cap, the fp64 sums (the gradient norm's Σ x², the loss's
+// Σ x) and the token checks. The same formulas as the CPU backend (core/dtype.cc convert,
+// kernels/cpu/elementwise.cc, optimizer.cc, embedding.cc), in fp32 with one rounding on store.
 //
 // Elementwise kernels are grid-stride loops over packs of 16 bytes (one vector load or store where
 // the address allows; views may be slices at any element offset, so each pack checks). The sums
@@ -91,6 +91,19 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(S* t, int64_t n, float 
     load_pack(a, t + i, m);
 #pragma unroll
     for (int j = 0; j < V; ++j) a[j] *= s;
+    store_pack(t + i, a, m);
+  }
+}
+
+// t (n) = cap · tanh(t / cap), with inv = 1/cap (as the CPU's softcap_inplace).
+template <int V, typename S>
+__global__ void __launch_bounds__(kThreads) softcap_kernel(S* t, int64_t n, float cap, float inv) {
+  for (int64_t i = thread_index() * V; i < n; i += thread_count() * V) {
+    const int m = pack_size<V>(i, n);
+    float a[V];
+    load_pack(a, t + i, m);
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = cap * tanhf(a[j] * inv);
     store_pack(t + i, a, m);
   }
 }
@@ -262,6 +275,18 @@ void scale_inplace(Tensor t, float s) {
     using S = decltype(z);
     constexpr int V = kPack<S>;
     scale_kernel<V><<<grid_for(n, V), kThreads, 0, compute_stream()>>>(dev<S>(t), n, s);
+    STRATA_CUDA_LAUNCHED();
+  });
+}
+
+void softcap_inplace(Tensor t, float cap) {
+  const int64_t n = t.numel();
+  if (n == 0) return;  // an empty shard may have no address
+  with_type("softcap_inplace", t.dtype, [&](auto z) {
+    using S = decltype(z);
+    constexpr int V = kPack<S>;
+    softcap_kernel<V>
+        <<<grid_for(n, V), kThreads, 0, compute_stream()>>>(dev<S>(t), n, cap, 1.0f / cap);
     STRATA_CUDA_LAUNCHED();
   });
 }
