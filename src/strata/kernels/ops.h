@@ -164,8 +164,8 @@ struct AttentionSaved {
 };
 AttentionSaved attention_saved(Device device, DType act, const AttentionShape& s);
 // fp32 scratch attention_backward needs on `device` (the CPU's materialized path: the
-// probabilities' gradients; CUDA and the CPU's tiled path: none, their backward recomputes tile
-// by tile).
+// probabilities' gradients, and with a soft-cap the recomputed raw scores; CUDA and the CPU's
+// tiled path: none, their backward recomputes tile by tile).
 size_t attention_backward_scratch_floats(Device device, DType act, const AttentionShape& s);
 // dqkv (overwritten) from dout.
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
