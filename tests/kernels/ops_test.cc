@@ -544,7 +544,7 @@ TEST(OpsDevice, CudaViewsAreRefused) {
     // Built with the backend: a CUDA view needs a GPU selected first (ops::init_device).
     const char* want = "before a GPU is selected";
 #else
-    const char* want = "no CUDA backend is built into strata";
+    const char* want = "this strata is built without the CUDA backend";
 #endif
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
