@@ -256,6 +256,19 @@ TEST_F(CliValidationTest, ResumeTakesOrShortensTheCheckpointModel) {
                   &out, &err),
               2);
     EXPECT_NE(err.find("hidden 32 in the checkpoint, 64 here"), std::string::npos) << err;
+
+    // Without a model block, one field of the checkpoint's model changed from the command line.
+    ASSERT_EQ(
+        run(train("nomodel.json") + "--set model.seq_len=8 " + resume + "--run-dir " + dir_ + "/e",
+            &out, &err),
+        0)
+        << err;
+    EXPECT_NE(out.find("note: no model block: the model of " + dir_ + "/ckpt/step_00000002"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("seq_len 8)"), std::string::npos) << out;
+    EXPECT_NE(out.find("model.seq_len 8 is shorter than the checkpoint's 16"), std::string::npos)
+        << out;
   }
 }
 
