@@ -2,10 +2,10 @@
 # Every model family strata imports, against transformers (docs/finetune.md): for each, a tiny
 # random model made by transformers (tests/ckpt/hf_families_peer.py: fp32, eager attention,
 # randomised norm gains, windows shorter than the sequence), `strata ckpt import` with no model
-# block, its logits against transformers' (1e-5), 10 AdamW steps with clipping on 2 ranks in a
-# layout of its own (a covering design: tensor parallelism with SP, pipelines under 1F1B and
-# zero-bubble, context parallelism ring and Ulysses, ZeRO-2 and 3) against transformers' losses on the same batches (1e-5),
-# and the export loaded by transformers with strata's logits (1e-5).
+# block, its logits against transformers' (1e-5), 10 AdamW steps with clipping on 2 ranks in each
+# of four layouts (tensor parallelism with SP, a pipeline, context parallelism, ZeRO-3) against
+# transformers' losses on the same batches (1e-5), and the last layout's checkpoint exported and
+# loaded by transformers with strata's logits (1e-5).
 #
 #   tests/ckpt/hf_families_test.sh build/strata [FAMILY ...]
 # The peer is pip's PyTorch and transformers 4.57 in /tmp/strata-hf-modern-venv
@@ -24,19 +24,19 @@ work=$(mktemp -d /tmp/strata_hf_families_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 
-# The layout each family trains in on 2 ranks.
-layout() {
+# The four layouts every family trains in on 2 ranks, and each family's own (its config and
+# checkpoint are exported): tensor 2 with sequence parallelism, a pipeline of 2 (1F1B; OLMo 2's
+# zero-bubble), context parallelism 2 (ring; Phi-3 Ulysses) and ZeRO-3 (Gemma 2: ZeRO-2).
+layouts() {
+  local pp='"parallelism": {"pipeline": 2, "schedule": "1f1b"}, "gradient_accumulation_steps": 2,'
+  local cp='"parallelism": {"context": 2, "context_impl": "ring"},'
+  local zero='"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},'
   case "$1" in
-    llama) echo '"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},' ;;
-    mistral) echo '"parallelism": {"context": 2, "context_impl": "ring"},' ;;
-    qwen2) echo '"parallelism": {"pipeline": 2, "schedule": "1f1b"}, "gradient_accumulation_steps": 2,' ;;
-    qwen3) echo '"parallelism": {"tensor": 2, "sequence_parallel": true},' ;;
-    phi3) echo '"parallelism": {"context": 2, "context_impl": "ulysses"},' ;;
-    smollm3) echo '"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},' ;;
-    gemma2) echo '"zero_optimization": {"stage": 2},' ;;
-    gemma3) echo '"parallelism": {"tensor": 2, "sequence_parallel": true},' ;;
-    olmo2) echo '"parallelism": {"pipeline": 2, "schedule": "zero_bubble"}, "gradient_accumulation_steps": 2,' ;;
+    olmo2) pp='"parallelism": {"pipeline": 2, "schedule": "zero_bubble"}, "gradient_accumulation_steps": 2,' ;;
+    phi3) cp='"parallelism": {"context": 2, "context_impl": "ulysses"},' ;;
+    gemma2) zero='"zero_optimization": {"stage": 2},' ;;
   esac
+  printf '%s\n' '"parallelism": {"tensor": 2, "sequence_parallel": true},' "$pp" "$cp" "$zero"
 }
 
 compare() {  # compare WHAT GOT WANT: two float32 files, max |a-b| <= 1e-5 · max(1, |b|)
@@ -63,26 +63,33 @@ import json, numpy as np
 np.asarray(json.load(open('$d/reference.json'))['logits'], np.float32).tofile('$d/ref0.bin')"
   compare "logits at import" "$d/logits0.bin" "$d/ref0.bin"
   lr=$("$py" -c "import json; print(json.load(open('$d/reference.json'))['lr'])")
-  cat >"$d/ft.json" <<JSON
+  n=0
+  while IFS= read -r layout; do
+    n=$((n + 1))
+    rm -rf "$d/run" "$d/ckpt"
+    cat >"$d/ft.json" <<JSON
 {"train_batch_size": 8, "steps_per_print": 1, "gradient_clipping": 1.0,
  "optimizer": {"type": "AdamW", "params": {"lr": $lr, "weight_decay": 0.1}},
- $(layout "$family")
+ $layout
  "data": {"path": "$d/data.bin"},
  "train": {"steps": 10, "run_dir": "$d/run"},
  "checkpoint": {"dir": "$d/ckpt", "interval": 10}}
 JSON
-  "$strata" launch -n 2 --threads 1 -- train --config "$d/ft.json" --resume "$d/base" \
-    >"$d/train.log" 2>&1 || { cat "$d/train.log"; exit 1; }
-  "$py" - "$d" <<'PY'
+    "$strata" launch -n 2 --threads 1 -- train --config "$d/ft.json" --resume "$d/base" \
+      </dev/null >"$d/train.log" 2>&1 || { echo "$layout"; cat "$d/train.log"; exit 1; }
+    "$py" - "$d" "$layout" <<'PY'
 import json, sys
-d = sys.argv[1]
+d, layout = sys.argv[1], sys.argv[2]
 ours = [json.loads(l)["loss"] for l in open(f"{d}/run/metrics.jsonl") if '"loss"' in l]
 theirs = json.load(open(f"{d}/reference.json"))["losses"]
 assert len(ours) == len(theirs), (ours, theirs)
 err = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-print(f"  10 steps: losses {ours[0]:.6f} .. {ours[-1]:.6f}, max relative difference {err:.2e}")
+print(f"  10 steps, {layout.rstrip(',')}: losses {ours[0]:.6f} .. {ours[-1]:.6f}, "
+      f"max relative difference {err:.2e}")
 assert err <= 1e-5, f"losses differ: {ours} vs {theirs}"
 PY
+  done < <(layouts "$family")
+  [ $n -eq 4 ] || { echo "$n layouts ran, not 4"; exit 1; }
   "$strata" ckpt export "$d/ckpt" --format hf -o "$d/export" >/dev/null
   "$strata" ckpt logits "$d/ckpt" --tokens "$d/tokens.bin" -b 8 -o "$d/logits1.bin" >/dev/null
   "$py" "$here/hf_families_peer.py" logits "$d/export" "$d/ref1.bin"
