@@ -1,4 +1,6 @@
+// clang-format off
 // fuzz-sources: src/strata/ckpt/manifest.cc src/strata/model/model_config.cc src/strata/core/check.cc
+// clang-format on
 //
 // A checkpoint's manifest.json parser (ckpt/manifest.h) on arbitrary text. An InputError is the
 // expected answer to garbage; a finding is a crash, a sanitizer report (a signed overflow in the

@@ -141,13 +141,34 @@ const Keys kDataEfficiency = {"enabled", "seed", "data_sampling", "data_routing"
 const Keys kWandb = {"enabled", "group", "team", "project"};
 const Keys kComet = {"enabled",         "samples_log_interval", "project", "workspace", "api_key",
                      "experiment_name", "experiment_key",       "online",  "mode"};
-const Keys kModel = {
-    "preset",          "family",         "layers",      "hidden",      "heads",
-    "kv_heads",        "ffn_hidden",     "vocab",       "seq_len",     "head_dim",
-    "tied_embeddings", "norm_eps",       "rope_theta",  "init_std",    "qkv_bias",
-    "qk_norm",         "sliding_window", "layer_types", "rope_layers", "rope_scaling",
-    "norm_placement",  "norm_offset",    "mlp_act",     "embed_scale", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-    "rope_local_theta"};
+const Keys kModel = {"preset",
+                     "family",
+                     "layers",
+                     "hidden",
+                     "heads",
+                     "kv_heads",
+                     "ffn_hidden",
+                     "vocab",
+                     "seq_len",
+                     "head_dim",
+                     "tied_embeddings",
+                     "norm_eps",
+                     "rope_theta",
+                     "init_std",
+                     "qkv_bias",
+                     "qk_norm",
+                     "sliding_window",
+                     "layer_types",
+                     "rope_layers",
+                     "rope_scaling",
+                     "norm_placement",
+                     "norm_offset",
+                     "mlp_act",
+                     "embed_scale",
+                     "query_pre_attn_scalar",
+                     "attn_logit_softcapping",
+                     "final_logit_softcapping",
+                     "rope_local_theta"};
 const Keys kParallelism = {
     "tensor",    "pipeline",  "virtual_stages",   "schedule", "sequence_parallel", "order",
     "timeout_s", "partition", "partition_blocks", "context",  "context_impl"};

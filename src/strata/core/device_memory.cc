@@ -39,7 +39,7 @@ struct Guard {
   char* base = nullptr;
   size_t reserved = 0, top = 0, page = 4096;
   size_t mapped = 0;  // top rounded up to a huge page: the extent whose protection changes
-  int open = 0;                    // Access scopes alive, over every thread
+  int open = 0;       // Access scopes alive, over every thread
   std::map<size_t, size_t> free_;  // offset → bytes of the free blocks below top
   struct sigaction previous {};
 
