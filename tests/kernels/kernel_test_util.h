@@ -14,8 +14,18 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/rng.h"
+#include "strata/core/tensor.h"
 
 namespace strata::test {
+
+// A host vector as a CPU tensor of the given shape; token ids as a 1-D int32 tensor.
+template <typename T>
+Tensor view(std::vector<T>& v, std::initializer_list<int64_t> dims) {
+  return Tensor(v.data(), dtype_of<T>(), dims);
+}
+inline Tensor tokens(std::vector<int32_t>& v) {
+  return Tensor(v.data(), DType::I32, {int64_t(v.size())});
+}
 
 inline double as_double(double v) {
   return v;

@@ -21,13 +21,8 @@ namespace {
 
 using test::rel_err;
 
-template <typename T>
-Tensor view(std::vector<T>& v, std::initializer_list<int64_t> dims) {
-  return Tensor(v.data(), dtype_of<T>(), dims);
-}
-Tensor tokens(std::vector<int32_t>& v) {
-  return Tensor(v.data(), DType::I32, {int64_t(v.size())});
-}
+using test::tokens;
+using test::view;
 
 // --- attention on the grouped layout ------------------------------------------------------------
 

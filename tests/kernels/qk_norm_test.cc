@@ -25,10 +25,7 @@ int64_t rows(const AttentionShape& s) {
 int64_t row_width(const AttentionShape& s) {
   return int64_t(s.groups) * (s.rep + 2) * s.hd;
 }
-template <typename T>
-Tensor view(std::vector<T>& v, std::initializer_list<int64_t> dims) {
-  return Tensor(v.data(), dtype_of<T>(), dims);
-}
+using test::view;
 Tensor none() {
   return Tensor();
 }
