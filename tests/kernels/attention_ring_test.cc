@@ -14,6 +14,7 @@
 namespace strata::kernels {
 namespace {
 
+using test::doc_begin;
 using test::rel_err;
 
 // A causal sequence of T split over cp ranks zig-zag: 2·cp chunks of T/(2·cp); rank r holds chunks
@@ -265,6 +266,88 @@ TEST(AttentionRing, BlockOutsideTheWindowIsSkipped) {
   attention_block_forward(o.data(), lse.data(), qkv.data(), Tl, 0, n, kv.data(), Tl, 0, n, c.B,
                           c.NH, c.KVH, c.hd, false, in);
   EXPECT_TRUE(std::isnan(o[0]));
+}
+
+// Documents over the zig-zag ring: documents inside a chunk, starting on a chunk boundary or one
+// past it, spanning chunks of different ranks, of one row; alone and with a window, a soft cap and
+// a scale; per chunk pair and merged: the whole sequence's tiled result with the same documents
+// (attention_documents_test holds that to each document alone).
+TEST(AttentionRing, DocumentsMatchTiled) {
+  struct DocCase {
+    RingConfig c;
+    AttentionScores sc;
+    std::vector<std::vector<int>> starts;  // per batch row
+  };
+  const DocCase cases[] = {{{2, 256, 4, 2, 16, 2}, {}, {{0, 50, 64, 200}, {0, 128}}},
+                           {{2, 256, 4, 2, 16, 2}, {0.3f, 5.0f, 100}, {{0, 3, 190}, {0, 255}}},
+                           {{1, 520, 4, 2, 64, 4}, {0.0f, 5.0f, 70}, {{0, 65, 66, 300, 519}}},
+                           {{2, 200, 8, 2, 20, 2}, {}, {{0, 100}, {0, 1, 2, 150}}},
+                           {{1, 8, 4, 1, 8, 4}, {}, {{0, 3, 4, 7}}}};
+  on_each_isa([&] {
+    for (const DocCase& d : cases) {
+      const std::vector<int32_t> docs = doc_begin(d.c.T, d.starts);
+      AttentionScores sc = d.sc;
+      sc.doc_begin = docs.data(), sc.seq = d.c.T;
+      for (bool merged : {false, true}) {
+        SCOPED_TRACE(testing::Message() << d.c << " window=" << sc.window << " softcap="
+                                        << sc.softcap << (merged ? " merged" : " per chunk pair"));
+        auto qkv = test::randn(d.c.qkv_size(), "qkv", 2.0f), dy = test::randn(d.c.out_size(), "dy");
+        const Assembled ring = run_ring(d.c, qkv, dy, merged, sc);
+        const Assembled ref = run_tiled(d.c, qkv, dy, sc);
+        EXPECT_LT(rel_err(ring.out, ref.out), 1e-5);
+        EXPECT_LT(rel_err(ring.lse, ref.lse), 1e-5);
+        EXPECT_LT(rel_err(ring.dqkv, ref.dqkv), 1e-5);
+        EXPECT_GT(rel_err(run_ring(d.c, qkv, dy, merged, d.sc).out, ring.out), 1e-2)
+            << "the documents matter";
+      }
+    }
+  });
+}
+
+// A block whose keys all lie before the documents of a batch row's queries reads nothing of that
+// row: its NaN keys and values leave the row's running output, lse and gradients as they were, bit
+// for bit, while the other row, one document, is computed; where no row sees the block, nothing
+// changes at all.
+TEST(AttentionRing, BlockAcrossDocumentsIsSkipped) {
+  const RingConfig c{2, 256, 4, 2, 16, 2};  // chunks of 64
+  const int n = c.chunk(), Tl = c.Tl();
+  // Queries of chunk 2 (positions 128…) against keys of chunk 0 (…63).
+  std::vector<int32_t> pos(Tl), kv_pos(Tl);
+  for (int i = 0; i < Tl; ++i) pos[i] = 2 * 64 + i, kv_pos[i] = i;
+  const int64_t orow = int64_t(c.NH) * c.hd, kvrow = int64_t(c.KVH) * 2 * c.hd;
+  auto qkv = test::randn(int64_t(c.B) * Tl * c.qkv_row(), "qkv");
+  auto kv = test::randn(int64_t(c.B) * Tl * kvrow, "kv");
+  std::fill(kv.begin(), kv.begin() + Tl * kvrow, std::numeric_limits<float>::quiet_NaN());
+  for (const auto& starts : {std::vector<std::vector<int>>{{0, 100}, {0}},
+                             std::vector<std::vector<int>>{{0, 100}, {0, 64}}}) {
+    const bool second_sees = starts[1].size() == 1;
+    SCOPED_TRACE(second_sees ? "row 1 sees the block" : "no row sees the block");
+    const std::vector<int32_t> docs = doc_begin(c.T, starts);
+    AttentionScores sc;
+    sc.pos = pos.data(), sc.kv_pos = kv_pos.data(), sc.doc_begin = docs.data(), sc.seq = c.T;
+    auto o = test::randn(int64_t(c.B) * Tl * orow, "o");
+    std::vector<float> lse(int64_t(c.B) * c.NH * Tl, -INFINITY), dq(o.size(), 0.0f);
+    std::vector<float> dkv(kv.size(), 0.0f);
+    const auto o0 = o, lse0 = lse;
+    attention_block_forward(o.data(), lse.data(), qkv.data(), Tl, 0, n, kv.data(), Tl, 0, n, c.B,
+                            c.NH, c.KVH, c.hd, false, sc);
+    std::vector<float> delta(lse.size(), 0.5f);
+    attention_block_backward(dq.data(), dkv.data(), o0.data(), qkv.data(), lse.data(), delta.data(),
+                             Tl, 0, n, kv.data(), Tl, 0, n, c.B, c.NH, c.KVH, c.hd, false, sc);
+    auto half = [](const std::vector<float>& v, int b) {
+      const size_t h = v.size() / 2;
+      return std::vector<float>(v.begin() + b * h, v.begin() + (b + 1) * h);
+    };
+    EXPECT_TRUE(test::bit_equal(half(o, 0), half(o0, 0)));
+    EXPECT_TRUE(test::bit_equal(half(lse, 0), half(lse0, 0)));
+    EXPECT_TRUE(test::bit_equal(half(dq, 0), std::vector<float>(dq.size() / 2, 0.0f)));
+    EXPECT_TRUE(test::bit_equal(half(dkv, 0), std::vector<float>(dkv.size() / 2, 0.0f)));
+    EXPECT_EQ(test::bit_equal(half(o, 1), half(o0, 1)), !second_sees);
+    EXPECT_EQ(test::bit_equal(half(dkv, 1), std::vector<float>(dkv.size() / 2, 0.0f)),
+              !second_sees);
+    for (float x : o) ASSERT_TRUE(std::isfinite(x));
+    for (float x : dkv) ASSERT_TRUE(std::isfinite(x));
+  }
 }
 
 // The op layer's ring pieces: one sequence held whole, its chunks' blocks at positions q0 and k0

@@ -23,6 +23,18 @@ template <typename T>
 Tensor view(std::vector<T>& v, std::initializer_list<int64_t> dims) {
   return Tensor(v.data(), dtype_of<T>(), dims);
 }
+// (B, T) document starts (ops::AttentionShape::doc_begin) of B sequences of T whose documents
+// start at starts[b] (each list from 0, ascending).
+inline std::vector<int32_t> doc_begin(int T, const std::vector<std::vector<int>>& starts) {
+  std::vector<int32_t> d;
+  for (const std::vector<int>& s : starts) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      d.insert(d.end(), size_t((i + 1 < s.size() ? s[i + 1] : T) - s[i]), s[i]);
+    }
+  }
+  return d;
+}
+
 inline Tensor tokens(std::vector<int32_t>& v) {
   return Tensor(v.data(), DType::I32, {int64_t(v.size())});
 }

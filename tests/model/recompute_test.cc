@@ -221,7 +221,7 @@ Bytes formula(const ModelSpec& spec, DType t, int B, const ChunkOptions& o) {
   const RecomputeOptions& rc = o.recompute;
   const int L = m.layers;
   Bytes b;
-  int64_t per_slot = 2 * N * 4;                               // tokens, targets
+  int64_t per_slot = 3 * N * 4;  // tokens, targets, document starts (B × seq_len: N here)
   per_slot += e * N * C + 2 * N * 4 + e * N * V + 4 * N * 4;  // norm, logits, losses, CE stats
   int64_t per_input = 0, ckpt_per_slot = 0;
   for (int l = 0; l < L; ++l) {

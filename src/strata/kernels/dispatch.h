@@ -5,6 +5,7 @@
 // Internal to kernels/.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <initializer_list>
@@ -138,6 +139,33 @@ struct Rows {
 inline int as_int(const char* op, int64_t v) {
   STRATA_CHECK(v >= 0 && v <= INT_MAX, op, ": size ", v, " exceeds the kernels' int range");
   return int(v);
+}
+
+// Document masking's starts (AttentionShape::doc_begin) of B sequences of seq positions, read
+// on the host (a CPU call's): each at or before its own position and not before its
+// predecessor's, as a packed sequence's documents are.
+inline void check_doc_begin(const char* op, const int32_t* doc_begin, int64_t B, int64_t seq) {
+  if (doc_begin == nullptr) return;
+  STRATA_CHECK(seq > 0, op, ": documents need the whole sequence's length (seq), got ", seq);
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t* d = doc_begin + b * seq;  // (seq)
+    for (int64_t p = 0; p < seq; ++p) {
+      STRATA_CHECK(d[p] >= 0 && d[p] <= p && (p == 0 || d[p] >= d[p - 1]), op, ": sequence ", b,
+                   "'s document at position ", p, " starts at ", d[p],
+                   "; a document starts at or before each of its positions, and the starts do not "
+                   "decrease along a sequence");
+    }
+  }
+}
+
+// The same for an attention call whose T rows of each sequence are at positions pos (nullptr:
+// 0..T-1), which must lie inside the sequence of s.seq.
+inline void check_documents(const char* op, const AttentionShape& s, const int32_t* pos) {
+  if (s.doc_begin == nullptr) return;
+  check_doc_begin(op, s.doc_begin, s.B, s.seq);
+  const int64_t last = pos != nullptr ? *std::max_element(pos, pos + s.T) : s.T - 1;
+  STRATA_CHECK(last < s.seq, op, ": documents over sequences of ", s.seq,
+               " positions, but a row is at position ", last);
 }
 
 }  // namespace strata::ops::dispatch

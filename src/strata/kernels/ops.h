@@ -151,6 +151,14 @@ struct AttentionShape {
   float scale = 0.0f;
   float softcap = 0.0f;
   int window = 0;
+  // Document masking (data.document_mask: packed documents that do not see each other), or
+  // nullptr: every sequence is one document. doc_begin is (B, seq) on the tensors' device, seq
+  // the whole sequence's length (T, or T·cp under context parallelism): for each absolute
+  // position p of sequence b, the position its document starts at (0 for the first). A query at
+  // p sees only keys at j >= doc_begin[b·seq + p] (with the causal and window rules above), and
+  // RoPE rotates it by its position in its document, p − doc_begin[b·seq + p].
+  const int32_t* doc_begin = nullptr;
+  int seq = 0;
 };
 void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape& s);
 // What `att` holds is the backend's: CUDA, and the CPU on its tiled path, keep flash-style each
@@ -171,14 +179,16 @@ size_t attention_backward_scratch_floats(Device device, DType act, const Attenti
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
                         const AttentionShape& s);
 // Rotary embedding, in place, on the query and key heads of the grouped layout (value heads are
-// left alone); row n of the (B·T) rows is at position n % T.
+// left alone); row n of the (B·T) rows is at position n % T (pos[n % T] with pos), and rotates by
+// it, or with documents by its position in its document (doc_begin above).
 // Ring attention's pieces (context parallelism, CPU only; kernels/cpu/attention_ring.h). s is
 // the shape of this rank's qkv: B, T = its rows of each sequence, groups, rep, hd. kv holds the
 // keys and values of some rank's qkv, (B·T, groups·2·hd). A block: query rows [q0, q0+Tq) of
 // each sequence against key rows [k0, k0+Tk) of kv's; causal: the same positions (query i sees
-// keys j <= i), else every key. The forward merges into o (fp32, (B·T, heads·hd)) and lse (fp32,
-// (B, heads, T), -inf where nothing is merged yet); the backward, given the final lse and delta
-// (fp32, (B, heads, T), Σ dout∘out per row), accumulates fp32 dq (B·T, heads·hd) and dkv.
+// keys j <= i), else every key; a window and documents (by pos and kv_pos) mask as above. The
+// forward merges into o (fp32, (B·T, heads·hd)) and lse (fp32, (B, heads, T), -inf where nothing
+// is merged yet); the backward, given the final lse and delta (fp32, (B, heads, T), Σ dout∘out per
+// row), accumulates fp32 dq (B·T, heads·hd) and dkv.
 void attention_lse_clear(Tensor lse);  // -inf: nothing merged yet
 void attention_pack_kv(Tensor kv, Tensor qkv, const AttentionShape& s);
 void attention_unpack_dqkv(Tensor dqkv, Tensor dq, Tensor dkv, const AttentionShape& s);
@@ -260,10 +270,13 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
                         int64_t row_end);
 // out (N, C) += wpe[pos[t]] for row n, t = (pos0 + n) % T (pos[t] = t without pos; pos: context
 // parallelism's positions of a sequence's T rows, CPU only); dwpe += the same gathered from dout.
-void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0,
-                      const int32_t* pos = nullptr);
+// doc_begin, seq: document masking's starts (AttentionShape above; row n is sequence
+// (pos0 + n) / T): the row takes wpe[p − doc_begin[b·seq + p]], p its absolute position.
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* pos = nullptr,
+                      const int32_t* doc_begin = nullptr, int64_t seq = 0);
 void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0,
-                       const int32_t* pos = nullptr);
+                       const int32_t* pos = nullptr, const int32_t* doc_begin = nullptr,
+                       int64_t seq = 0);
 
 // --- cross-entropy -------------------------------------------------------------------------------
 // Gemma 2's final-logit soft cap: t = cap · tanh(t / cap) elementwise, in fp32 (cap > 0), on the

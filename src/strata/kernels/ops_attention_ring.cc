@@ -32,15 +32,20 @@ int check_ring(const char* op, const Call& access, const AttentionShape& s, cons
 
 // The score settings of a block. Its query rows and key rows are at the positions pos[q0 + i]
 // and kv_pos[k0 + j] (q0 + i and k0 + j without pos: the rows of one sequence held whole). A
-// window over a rank's share of a longer sequence (pos) needs the visiting keys' own positions.
+// window or documents over a rank's share of a longer sequence (pos) need the visiting keys' own
+// positions.
 kernels::AttentionScores block_scores(const char* op, const AttentionShape& s) {
   STRATA_CHECK(s.scale >= 0.0f && s.softcap >= 0.0f && s.window >= 0, op, ": attention scale ",
                s.scale, ", softcap ", s.softcap, " and window ", s.window,
                " must be >= 0 (0: 1/sqrt(hd), no cap, no window)");
-  STRATA_CHECK(s.window == 0 || s.pos == nullptr || s.kv_pos != nullptr, op,
-               ": a sliding window over ring attention's blocks needs the positions of the "
-               "visiting keys (AttentionShape::kv_pos)");
-  return {s.scale, s.softcap, s.window, s.pos, s.kv_pos != nullptr ? s.kv_pos : s.pos};
+  STRATA_CHECK((s.window == 0 && s.doc_begin == nullptr) || s.pos == nullptr || s.kv_pos != nullptr,
+               op,
+               ": a sliding window or documents over ring attention's blocks need the positions "
+               "of the visiting keys (AttentionShape::kv_pos)");
+  const int32_t* kv_pos = s.kv_pos != nullptr ? s.kv_pos : s.pos;
+  check_documents(op, s, s.pos);
+  if (kv_pos != s.pos) check_documents(op, s, kv_pos);
+  return {s.scale, s.softcap, s.window, s.pos, kv_pos, s.doc_begin, s.seq};
 }
 
 }  // namespace

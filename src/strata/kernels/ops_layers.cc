@@ -1,5 +1,6 @@
 // ops.h: normalisation, attention, rotary embedding, activations, embeddings (the dispatch:
 // dispatch.h).
+#include <algorithm>
 #include <cmath>
 
 #include "strata/kernels/cpu/activation.h"
@@ -206,9 +207,9 @@ int64_t check_attention(const char* op, const AttentionShape& s, const Tensor& q
   return row;
 }
 
-// The score settings (AttentionShape's scale, softcap, window, pos) as the CPU kernels take them,
-// checked.
-kernels::AttentionScores check_scores(const char* op, const AttentionShape& s) {
+// The score settings (AttentionShape's scale, softcap, window, pos, documents) as the CPU
+// kernels take them, checked; the documents where the host reads them (a CPU call).
+kernels::AttentionScores check_scores(const char* op, const AttentionShape& s, bool host) {
   STRATA_CHECK(s.scale >= 0.0f && s.softcap >= 0.0f && s.window >= 0, op, ": attention scale ",
                s.scale, ", softcap ", s.softcap, " and window ", s.window,
                " must be >= 0 (0: 1/sqrt(hd), no cap, no window)");
@@ -218,7 +219,8 @@ kernels::AttentionScores check_scores(const char* op, const AttentionShape& s) {
                    "the rows, but row ", t, " is at ", s.pos[t], " after ", s.pos[t - 1]);
     }
   }
-  return {s.scale, s.softcap, s.window, s.pos, nullptr};
+  if (host) check_documents(op, s, s.pos);
+  return {s.scale, s.softcap, s.window, s.pos, nullptr, s.doc_begin, s.seq};
 }
 
 // att holds what attention_saved says for qkv's device and dtype.
@@ -249,7 +251,7 @@ void attention_forward(Tensor out, Tensor att, Tensor qkv, const AttentionShape&
   const int NH = s.groups * s.rep;
   if (out.data != nullptr) expect_numel(op, "out", out, int64_t(s.B) * s.T * NH * s.hd);
   expect_saved(op, att, qkv, s);
-  const kernels::AttentionScores sc = check_scores(op, s);
+  const kernels::AttentionScores sc = check_scores(op, s, !access.cuda);
   STRATA_ON_CUDA(access, attention_forward(out, att, qkv, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
@@ -268,8 +270,9 @@ size_t attention_backward_scratch_floats(Device device, DType act, const Attenti
       kernels::attention_path(s.T, act) == kernels::AttentionPath::Tiled) {
     return 0;  // recomputed tile by tile (the CPU's tiles are the kernel's own workspace)
   }
-  return kernels::attention_backward_scratch_floats(s.B, s.T, s.groups * s.rep, s.groups, s.hd,
-                                                    {s.scale, s.softcap, s.window, s.pos, nullptr});
+  return kernels::attention_backward_scratch_floats(
+      s.B, s.T, s.groups * s.rep, s.groups, s.hd,
+      {s.scale, s.softcap, s.window, s.pos, nullptr, s.doc_begin, s.seq});
 }
 
 void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Tensor att,
@@ -288,7 +291,7 @@ void attention_backward(Tensor dqkv, Tensor scratch, Tensor dout, Tensor qkv, Te
   STRATA_CHECK(need == 0 || (scratch.data != nullptr && size_t(scratch.numel()) >= need), op,
                ": scratch ", scratch.shape_str(),
                " is smaller than attention_backward_scratch_floats");
-  const kernels::AttentionScores sc = check_scores(op, s);
+  const kernels::AttentionScores sc = check_scores(op, s, !access.cuda);
   STRATA_ON_CUDA(access, attention_backward(dqkv, scratch, dout, qkv, att, s));
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
@@ -330,17 +333,20 @@ void rope(const char* op, Tensor qkv, const AttentionShape& s, const Rope& r, bo
     STRATA_CHECK(s.pos == nullptr, op,
                  ": positions other than 0..T-1 (context parallelism) "
                  "run on the CPU only");
+    STRATA_CHECK(s.doc_begin == nullptr || s.seq >= s.T, op, ": documents over sequences of ",
+                 s.seq, " positions, but T is ", s.T);
     return forward ? cuda::rope_forward(qkv, s, r) : cuda::rope_backward(qkv, s, r);
   }
 #endif
+  check_documents(op, s, s.pos);
   with_s(op, qkv.dtype, [&](auto z) {
     using S = decltype(z);
     if (forward) {
       kernels::rope_forward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, r.inv_freq,
-                            r.rotary_dim, r.attention_factor, s.pos);
+                            r.rotary_dim, r.attention_factor, s.pos, s.doc_begin, s.seq);
     } else {
       kernels::rope_backward(p<S>(qkv), s.B, s.T, s.groups, s.rep + 1, s.hd, group, row, r.inv_freq,
-                             r.rotary_dim, r.attention_factor, s.pos);
+                             r.rotary_dim, r.attention_factor, s.pos, s.doc_begin, s.seq);
     }
   });
 }
@@ -498,41 +504,61 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
   });
 }
 
-void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* pos) {
+namespace {
+
+// The checks both position embedding ops share: the table (or its gradient, `name`) holds the
+// positions rows reach; the documents cover the sequences of the rows [pos0, pos0 + N) (a CPU
+// call's are read here).
+void check_positions(const char* op, const Call& access, const char* name, const Tensor& wpe,
+                     int64_t C, int64_t N, int64_t T, int64_t pos0, const int32_t* pos,
+                     const int32_t* doc_begin, int64_t seq) {
+  STRATA_CHECK(T > 0 && pos0 >= 0 && wpe.numel() >= T * C, op, ": ", name, " ", wpe.shape_str(),
+               " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
+  STRATA_CHECK(pos == nullptr || !access.cuda, op,
+               ": positions other than 0..T-1 (context "
+               "parallelism) run on the CPU only");
+  if (doc_begin == nullptr) return;
+  STRATA_CHECK(seq >= T || pos != nullptr, op, ": documents over sequences of ", seq,
+               " positions, but T is ", T);
+  if (access.cuda || N == 0) return;
+  const int64_t B = (pos0 + N - 1) / T + 1;  // the sequences the rows reach
+  check_doc_begin(op, doc_begin, B, seq);
+  const int64_t last = pos != nullptr ? *std::max_element(pos, pos + T) : T - 1;
+  STRATA_CHECK(last < seq, op, ": documents over sequences of ", seq,
+               " positions, but a row is at position ", last);
+}
+
+}  // namespace
+
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* pos,
+                      const int32_t* doc_begin, int64_t seq) {
   constexpr const char* op = "position_forward";
   const Call access = on_device(op, {out, wpe});
   if (access.dry) return;
   same_dtype(op, {out, wpe});
   const int64_t C = last_dim(op, "out", out);
-  STRATA_CHECK(T > 0 && pos0 >= 0 && wpe.numel() >= T * C, op, ": wpe ", wpe.shape_str(),
-               " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
-  STRATA_CHECK(pos == nullptr || !access.cuda, op,
-               ": positions other than 0..T-1 (context "
-               "parallelism) run on the CPU only");
-  STRATA_ON_CUDA(access, position_forward(out, wpe, T, pos0));
+  check_positions(op, access, "wpe", wpe, C, out.numel() / C, T, pos0, pos, doc_begin, seq);
+  STRATA_ON_CUDA(access, position_forward(out, wpe, T, pos0, doc_begin, seq));
   with_s(op, out.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::position_forward(p<S>(out), p<const S>(wpe), out.numel() / C, as_int(op, T),
-                              as_int(op, C), pos0, pos);
+                              as_int(op, C), pos0, pos, doc_begin, seq);
   });
 }
 
-void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0, const int32_t* pos) {
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0, const int32_t* pos,
+                       const int32_t* doc_begin, int64_t seq) {
   constexpr const char* op = "position_backward";
   const Call access = on_device(op, {dwpe, dout});
   if (access.dry) return;
   const int64_t C = last_dim(op, "dout", dout);
-  STRATA_CHECK(T > 0 && pos0 >= 0 && dwpe.numel() >= T * C, op, ": dwpe ", dwpe.shape_str(),
-               " does not hold T=", T, " positions of ", C, " (pos0=", pos0, ")");
-  STRATA_CHECK(pos == nullptr || !access.cuda, op,
-               ": positions other than 0..T-1 (context "
-               "parallelism) run on the CPU only");
-  STRATA_ON_CUDA(access, position_backward(dwpe, dout, T, pos0));
+  check_positions(op, access, "dwpe", dwpe, C, dout.numel() / C, T, pos0, pos, doc_begin, seq);
+  STRATA_ON_CUDA(access, position_backward(dwpe, dout, T, pos0, doc_begin, seq));
   with_sg(op, dout.dtype, dwpe.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
     kernels::position_backward(p<G>(dwpe), p<const S>(dout), dout.numel() / C, as_int(op, T),
-                               as_int(op, C), pos0, pos);
+                               as_int(op, C), pos0, pos, doc_begin, seq);
   });
 }
 

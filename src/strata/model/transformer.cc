@@ -23,6 +23,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
       tp_(tp != nullptr ? tp : &own_tp_),
       B_(B),
       T_(T),
+      seq_(T * std::max(chunk.context.size, 1)),
       N_(int64_t(B) * T),
       chunk_(chunk),
       count_only_(count_only),
@@ -248,6 +249,7 @@ void TransformerImpl::layout() {
   for (Slot& s : slots_) {
     s.tokens = static_cast<int32_t*>(act(N, 4));
     s.targets = static_cast<int32_t*>(act(N, 4));
+    s.doc_begin = static_cast<int32_t*>(act(int64_t(B_) * seq_, 4));
     s.shard.assign(size_t(nb), nullptr);
     s.encoded = input_at(s, 0);
     s.blocks.resize(size_t(nb));
@@ -496,8 +498,35 @@ double TransformerImpl::take_recompute_seconds(std::vector<double>* per_block) {
   return sum;
 }
 
+void TransformerImpl::select_documents(const Slot& s) {
+  for (ops::AttentionShape* shape : {&att_shape_, &core_att_shape_}) {
+    shape->doc_begin = documents(s);
+    shape->seq = seq_;
+  }
+}
+
+namespace {
+
+// doc_begin (B, seq) on the host: every position's document starts at or before it, and the
+// starts do not decrease along a sequence.
+void check_documents(const int32_t* doc_begin, int B, int seq) {
+  for (int b = 0; b < B; ++b) {
+    const int32_t* d = doc_begin + int64_t(b) * seq;  // (seq)
+    for (int p = 0; p < seq; ++p) {
+      STRATA_CHECK(d[p] >= 0 && d[p] <= p && (p == 0 || d[p] >= d[p - 1]), "sequence ", b,
+                   "'s document at position ", p, " starts at ", d[p],
+                   ": doc_begin holds, for every position of a sequence, where its document "
+                   "starts (at or before it, never before the previous position's)");
+    }
+  }
+}
+
+}  // namespace
+
 double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
-                                const int32_t* targets, float dloss, bool train, UnitHook* hook) {
+                                const int32_t* targets, float dloss, bool train, UnitHook* hook,
+                                const int32_t* doc_begin) {
+  if (doc_begin != nullptr) check_documents(doc_begin, B_, seq_);
   Slot* free = nullptr;
   for (Slot& s : slots_) {
     if (s.eval) free_input_slot(s), s.mb = -1, s.eval = false;
@@ -521,6 +550,11 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
     STRATA_CHECK(targets != nullptr, "the last chunk needs targets");
     ops::copy_from_host(ids(s.targets), targets);
   }
+  s.documents = doc_begin != nullptr;
+  if (s.documents) {
+    ops::copy_from_host(Tensor(s.doc_begin, DType::I32, {int64_t(B_) * seq_}, dev_), doc_begin);
+  }
+  select_documents(s);
   const Tensor tk = ids(s.tokens), tg = ids(s.targets);
   const int64_t counted =
       ops::check_tokens(has_embed_ ? tk : Tensor(), has_head_ ? tg : Tensor(), cfg_.vocab);
@@ -553,6 +587,7 @@ Tensor TransformerImpl::backward_input(int mb, Tensor dout, UnitHook* hook) {
   Slot& s = slot_of(mb);
   STRATA_CHECK(!s.input_done && !s.eval, "micro-batch ", mb,
                " has no training forward waiting for its input-gradient backward");
+  select_documents(s);
   if (hook) hook->begin_pass(UnitHook::Pass::Backward);
   if (has_head_) {
     head_backward(s, hook);
@@ -579,6 +614,7 @@ void TransformerImpl::backward_weight(int mb, UnitHook* hook) {
   Slot& s = slot_of(mb);
   STRATA_CHECK(s.input_done, "micro-batch ", mb, "'s weight-gradient backward before its ",
                "input-gradient backward");
+  select_documents(s);
   if (has_head_) head_weight(s, hook);
   for (int l = l1_ - 1; l >= l0_; --l) {
     // A fully recomputed block recomputes again: the input-gradient backward's recompute set

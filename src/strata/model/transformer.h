@@ -145,8 +145,12 @@ class Transformer {
   // reads `targets` (B·T, < 0 ignored) and returns the sum of per-token losses over counted
   // tokens; with `train` it keeps the logits' gradient scaled by `dloss` (1/tokens of the global
   // batch × loss scale) for backward. Other chunks return 0; output(mb) is their result.
+  // doc_begin (host, B × seq_len: every position of each whole sequence, under context
+  // parallelism too), or nullptr for one document per sequence: document masking
+  // (ops::AttentionShape::doc_begin), kept with mb's slot for its backward and recomputation.
   virtual double forward(int mb, const int32_t* tokens, Tensor hidden, const int32_t* targets,
-                         float dloss, bool train, UnitHook* hook = nullptr) = 0;
+                         float dloss, bool train, UnitHook* hook = nullptr,
+                         const int32_t* doc_begin = nullptr) = 0;
   // A non-last chunk's output for mb, valid until mb's backward_input.
   virtual Tensor output(int mb) const = 0;
   // The shape of the hidden states between chunks, (rows, C) in the parameter dtype on the
@@ -176,8 +180,8 @@ class Transformer {
   // One micro-batch through the whole chunk list of one process (pp = 1): forward, then
   // backward. Convenience for the single-chunk model.
   double forward(const int32_t* inputs, const int32_t* targets, float dloss, bool train,
-                 UnitHook* hook = nullptr) {
-    return forward(0, inputs, Tensor(), targets, dloss, train, hook);
+                 UnitHook* hook = nullptr, const int32_t* doc_begin = nullptr) {
+    return forward(0, inputs, Tensor(), targets, dloss, train, hook, doc_begin);
   }
   void backward(UnitHook* hook = nullptr) {
     backward_input(0, Tensor(), hook);

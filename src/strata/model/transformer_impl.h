@@ -108,6 +108,10 @@ struct Slot {
   bool eval = false;        // held by an evaluation forward: free for the next forward
   bool input_done = false;  // backward_input ran (defer_weight)
   int32_t *tokens = nullptr, *targets = nullptr;  // (N)
+  // Document masking: the forward's document starts (B, seq), in device memory; read by every
+  // pass of the micro-batch where `documents` (select_documents).
+  int32_t* doc_begin = nullptr;
+  bool documents = false;
   void* encoded = nullptr;                        // (Ns, C) the chunk's input hidden states
   std::vector<BlockActs> blocks;                  // the chunk's blocks
   void* lnf = nullptr;                            // (Ns, C)
@@ -136,7 +140,7 @@ class TransformerImpl final : public Transformer {
   }
 
   double forward(int mb, const int32_t* tokens, Tensor hidden, const int32_t* targets, float dloss,
-                 bool train, UnitHook* hook) override;
+                 bool train, UnitHook* hook, const int32_t* doc_begin) override;
   Tensor output(int mb) const override;
   Tensor hidden_view(void* p) const override { return hid(p); }
   bool defers_weight() const override { return chunk_.defer_weight; }
@@ -223,6 +227,11 @@ class TransformerImpl final : public Transformer {
   void attention_core_backward(const BlockActs& a, int l, Tensor dout, Tensor dqkv);
   // The attention shapes of block l (its window).
   void select_layer(int l);
+  // The attention shapes of slot s's micro-batch (its documents, or none): at the start of each
+  // of its passes, since the shapes are the chunk's and several micro-batches are in flight.
+  void select_documents(const Slot& s);
+  // The documents of slot s for the kernels: its doc_begin, or nullptr.
+  const int32_t* documents(const Slot& s) const { return s.documents ? s.doc_begin : nullptr; }
   // The q/k norms (qk_norm "head"): a.qkv from a.qkv_in; and the input gradient dqkv (N, QKVl)
   // from dqk, the gradient of their output, with the gains' gradients into dwq, dwk (+=).
   void qk_norm_forward(const BlockActs& a, int l, void* P);
@@ -306,6 +315,7 @@ class TransformerImpl final : public Transformer {
   tp::Group* tp_;
   bool sp_ = false;
   int B_, T_;
+  int seq_;  // the whole sequence's length: T, or T·cp under context parallelism
   int64_t N_, Ns_;
   bool gpt2_ = true, tied_ = true, qk_norm_ = false;
   ops::Rope rope_;        // the RoPE families' frequencies (model/rope.h)

@@ -60,7 +60,8 @@ void TransformerImpl::embed_forward(Slot& s, UnitHook* hook) {
   if (cfg_.embed_scale) ops::scale_inplace(hid(s.encoded), embed_scale_);
   if (position_ >= 0) {
     ops::position_forward(hid(s.encoded), mat(acquire(hook, position_), pt_, cfg_.seq_len, C_), T_,
-                          sp_ ? tp_->rank() * Ns_ : 0, pos_.empty() ? nullptr : pos_.data());
+                          sp_ ? tp_->rank() * Ns_ : 0, pos_.empty() ? nullptr : pos_.data(),
+                          documents(s), seq_);
     release(hook, position_);
   }
 }
@@ -596,7 +597,7 @@ void TransformerImpl::embed_weight(Slot& s, Tensor denc, UnitHook* hook) {
     void* g = grads_of(hook, position_);
     void* gb = partials_[size_t(position_)].empty() ? g : scratch_;
     ops::position_backward(mat(gb, gt_, cfg_.seq_len, C_), denc, T_, sp_ ? tp_->rank() * Ns_ : 0,
-                           pos_.empty() ? nullptr : pos_.data());
+                           pos_.empty() ? nullptr : pos_.data(), documents(s), seq_);
     settle_partials(position_, g);
     done(hook, position_, true);
   }

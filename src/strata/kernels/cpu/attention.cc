@@ -42,20 +42,36 @@ struct Shape {
   }
 };
 
-// The first key row t of a sequence sees: 0, or the window's first (tile::window_start).
-int first_key(const AttentionScores& sc, int t) {
-  if (sc.window <= 0) return 0;
-  return tile::window_start(sc.pos, 0, t + 1, sc.pos != nullptr ? sc.pos[t] : t, sc.window);
+// The first key row t of sequence b sees: 0, or the first inside its window and its document
+// (tile::earliest_key).
+int first_key(const AttentionScores& sc, int b, int t) {
+  const int32_t* docs = sc.docs(b);
+  if (sc.window <= 0 && docs == nullptr) return 0;
+  const int64_t qp = sc.pos != nullptr ? sc.pos[t] : t;
+  return tile::first_key_at(sc.pos, 0, t + 1, tile::earliest_key(qp, sc.window, docs));
 }
 
-// Rows of one (b,h) score matrix: row t keeps columns [first_key(t), t], soft-capped (in S) where
-// sc.softcap > 0; the rest are set to 0. rows (nrows = B·NH·T, T): scores in, probabilities out.
+// The first key column the products of query rows [i0, …) compute: the first key of row i0's
+// document, the earliest over the batch (the columns before it are masked for every row of the
+// block, and the softmax writes their zeros); 0 without documents (a window's columns are masked
+// only, as they always were).
+int first_column(const AttentionScores& sc, int B, int i0) {
+  if (sc.doc_begin == nullptr) return 0;
+  const int64_t qp = sc.pos != nullptr ? sc.pos[i0] : i0;
+  int k0 = i0;
+  for (int b = 0; b < B; ++b) k0 = std::min(k0, tile::first_key_at(sc.pos, 0, i0, sc.docs(b)[qp]));
+  return k0;
+}
+
+// Rows of one (b,h) score matrix: row t keeps columns [first_key(b, t), t], soft-capped (in S)
+// where sc.softcap > 0; the rest are set to 0 (they may hold anything before). rows (nrows =
+// B·NH·T, T): scores in, probabilities out.
 template <typename S>
-void causal_softmax(S* rows, int64_t nrows, int T, const AttentionScores& sc) {
+void causal_softmax(S* rows, int64_t nrows, int NH, int T, const AttentionScores& sc) {
   const float cap = sc.softcap;
 #pragma omp parallel for schedule(static) if (parallel : nrows * T / 2 >= kParallelMinWork)
   for (int64_t row = 0; row < nrows; ++row) {
-    const int t = int(row % T), a = first_key(sc, t);
+    const int t = int(row % T), a = first_key(sc, int(row / (int64_t(NH) * T)), t);
     S* x = rows + row * T + a;  // (t + 1 − a): the columns row t sees
     int n = t + 1 - a;
     if (cap > 0.0f) {
@@ -80,14 +96,14 @@ void causal_softmax(S* rows, int64_t nrows, int T, const AttentionScores& sc) {
 // dp (nrows, T): gradient of the probabilities in, of the scaled scores (before the soft cap)
 // out: ds = p ⊙ (dp − Σ_j p·dp), times 1 − tanh²(raw/cap) where raw (nrows, T), the recomputed
 // scaled scores, is given (soft cap). Columns outside the row's keys are set to 0 (they are never
-// read in).
+// read in, and may hold anything before).
 template <typename S>
-void causal_softmax_backward(float* dp, const S* p, const float* raw, int64_t nrows, int T,
+void causal_softmax_backward(float* dp, const S* p, const float* raw, int64_t nrows, int NH, int T,
                              const AttentionScores& sc) {
   const float cap = sc.softcap;
 #pragma omp parallel for schedule(static) if (parallel : nrows * T / 2 >= kParallelMinWork)
   for (int64_t row = 0; row < nrows; ++row) {
-    const int t = int(row % T), a = first_key(sc, t);
+    const int t = int(row % T), a = first_key(sc, int(row / (int64_t(NH) * T)), t);
     float* d = dp + row * T + a;    // (t + 1 − a): the columns row t sees
     const S* pr = p + row * T + a;  // (t + 1 − a)
     int n = t + 1 - a;
@@ -125,24 +141,26 @@ void forward_with(S* out, S* att, const E* qkv, int B, int T, int NH, int KVH, i
     const E* q = qkv + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     S* a = att + r * sh.TT;              // (B,KVH,T,T) with strides att_bs
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
-      int i1 = std::min(T, i0 + kQueryBlock);
-      // a[i0:i1, 0:i1] = scale · q[i0:i1] · k[0:i1]ᵀ
-      matmul({a + int64_t(i0) * T, dt, T, {att_bs[0], att_bs[1]}},
+      const int i1 = std::min(T, i0 + kQueryBlock), k0 = first_column(sc, B, i0);
+      // a[i0:i1, k0:i1] = scale · q[i0:i1] · k[k0:i1]ᵀ
+      matmul({a + int64_t(i0) * T + k0, dt, T, {att_bs[0], att_bs[1]}},
              {q + i0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}},
-             {k, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
+             {k + k0 * sh.qkv_row, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1 - k0, hd,
+             sh.batch, scale);
     }
   }
-  causal_softmax(att, int64_t(B) * NH * T, T, sc);
+  causal_softmax(att, int64_t(B) * NH * T, NH, T, sc);
   if (out == nullptr) return;  // the probabilities only (selective recompute)
   for (int r = 0; r < sh.rep; ++r) {
     const S* a = att + r * sh.TT;  // (B,KVH,T,T) with strides att_bs
     S* o = out + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
-      int i1 = std::min(T, i0 + kQueryBlock);
-      // o[i0:i1] = a[i0:i1, 0:i1] · v[0:i1]
+      const int i1 = std::min(T, i0 + kQueryBlock), k0 = first_column(sc, B, i0);
+      // o[i0:i1] = a[i0:i1, k0:i1] · v[k0:i1]
       matmul({o + i0 * sh.out_row, dt, sh.out_row, {out_bs[0], out_bs[1]}},
-             {a + int64_t(i0) * T, dt, T, 1, {att_bs[0], att_bs[1]}},
-             {v, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch);
+             {a + int64_t(i0) * T + k0, dt, T, 1, {att_bs[0], att_bs[1]}},
+             {v + k0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1 - k0,
+             sh.batch);
     }
   }
 }
@@ -165,19 +183,21 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
     const E* dy = dout + int64_t(r) * hd;  // heads (g, r): (B,T,KVH,hd)
     float* d = ds + r * sh.TT;             // (B,KVH,T,T) with strides att_bs
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
-      int i1 = std::min(T, i0 + kQueryBlock);
-      // d[i0:i1, 0:i1] = dy[i0:i1] · v[0:i1]ᵀ
-      matmul({d + int64_t(i0) * T, DType::F32, T, {att_bs[0], att_bs[1]}},
+      const int i1 = std::min(T, i0 + kQueryBlock), k0 = first_column(sc, B, i0);
+      // d[i0:i1, k0:i1] = dy[i0:i1] · v[k0:i1]ᵀ
+      matmul({d + int64_t(i0) * T + k0, DType::F32, T, {att_bs[0], att_bs[1]}},
              {dy + i0 * sh.out_row, et, sh.out_row, 1, {out_bs[0], out_bs[1]}},
-             {v, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch);
+             {v + k0 * sh.qkv_row, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1 - k0, hd,
+             sh.batch);
       if (raw == nullptr) continue;
-      // raw[i0:i1, 0:i1] = scale · q[i0:i1] · k[0:i1]ᵀ
-      matmul({raw + r * sh.TT + int64_t(i0) * T, DType::F32, T, {att_bs[0], att_bs[1]}},
+      // raw[i0:i1, k0:i1] = scale · q[i0:i1] · k[k0:i1]ᵀ
+      matmul({raw + r * sh.TT + int64_t(i0) * T + k0, DType::F32, T, {att_bs[0], att_bs[1]}},
              {qkv + int64_t(r) * hd + i0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}},
-             {k, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1, hd, sh.batch, scale);
+             {k + k0 * sh.qkv_row, et, 1, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, i1 - k0, hd,
+             sh.batch, scale);
     }
   }
-  causal_softmax_backward(ds, att, raw, int64_t(B) * NH * T, T, sc);
+  causal_softmax_backward(ds, att, raw, int64_t(B) * NH * T, NH, T, sc);
 
   // With several query heads per kv head, dk/dv sum over r: in place when S is fp32, else in
   // an fp32 copy (B,T,KVH,2,hd) so the sum is not rounded to S after every head.
@@ -198,11 +218,12 @@ void backward_with(S* dqkv, float* scratch, const E* dout, const E* qkv, const S
     const float* d = ds + r * sh.TT;       // (B,KVH,T,T) with strides att_bs
     S* dq = dqkv + int64_t(r) * hd;        // (B,T,KVH,hd)
     for (int i0 = 0; i0 < T; i0 += kQueryBlock) {
-      int i1 = std::min(T, i0 + kQueryBlock);
-      // dq[i0:i1] = scale · ds[i0:i1, 0:i1] · k[0:i1]
+      const int i1 = std::min(T, i0 + kQueryBlock), k0 = first_column(sc, B, i0);
+      // dq[i0:i1] = scale · ds[i0:i1, k0:i1] · k[k0:i1]
       matmul({dq + i0 * sh.qkv_row, dt, sh.qkv_row, {qkv_bs[0], qkv_bs[1]}},
-             {d + int64_t(i0) * T, DType::F32, T, 1, {att_bs[0], att_bs[1]}},
-             {k, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1, sh.batch, scale);
+             {d + int64_t(i0) * T + k0, DType::F32, T, 1, {att_bs[0], att_bs[1]}},
+             {k + k0 * sh.qkv_row, et, sh.qkv_row, 1, {qkv_bs[0], qkv_bs[1]}}, i1 - i0, hd, i1 - k0,
+             sh.batch, scale);
       // Keys/values [i0, i1) are seen by queries [i0, T):
       // dk[i0:i1] (+)= scale · ds[i0:T, i0:i1]ᵀ · q[i0:T]
       // dv[i0:i1] (+)= a[i0:T, i0:i1]ᵀ · dy[i0:T]

@@ -42,7 +42,16 @@ struct AttentionScores {
   // blocks (attention_ring.h) read pos for the rows of qkv and kv_pos for the rows of kv.
   const int32_t* pos = nullptr;
   const int32_t* kv_pos = nullptr;
+  // Document masking, or nullptr: (B, seq) of each sequence b's document starts by absolute
+  // position p (ops::AttentionShape::doc_begin): the query at p sees only keys at positions
+  // >= doc_begin[b·seq + p], as well as the rules above. seq: the whole sequence's length.
+  const int32_t* doc_begin = nullptr;
+  int seq = 0;
   float scale_for(int hd) const { return scale != 0.0f ? scale : 1.0f / std::sqrt(float(hd)); }
+  // Sequence b's document starts by position (seq of them), or nullptr: one document.
+  const int32_t* docs(int b) const {
+    return doc_begin != nullptr ? doc_begin + int64_t(b) * seq : nullptr;
+  }
 };
 
 // qkv (B,T,KVH·(rep+2)·hd) in the grouped layout, rep = NH/KVH query heads per kv head: per row,

@@ -27,6 +27,8 @@ struct Block {
   float scale, softcap;
   int window;
   const int32_t *qpos, *kpos;  // positions of qkv's and kv's rows (nullptr: the row)
+  const int32_t* doc_begin;    // (B, seq) document starts by position, or nullptr
+  int seq;
   Block(int Tl_, int q0_, int Tq_, int Tkl_, int k0_, int Tk_, int B_, int NH_, int KVH_, int hd_,
         bool causal_, const AttentionScores& sc)
       : B(B_),
@@ -44,7 +46,9 @@ struct Block {
         softcap(sc.softcap),
         window(sc.window),
         qpos(sc.pos),
-        kpos(sc.kv_pos) {
+        kpos(sc.kv_pos),
+        doc_begin(sc.doc_begin),
+        seq(sc.seq) {
     STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
                  ") to be a multiple of kv heads (", KVH, ")");
     STRATA_CHECK(B > 0 && hd > 0, "attention block: empty shape B=", B, " hd=", hd);
@@ -59,23 +63,37 @@ struct Block {
     out_row = int64_t(NH) * hd;
     scale = sc.scale_for(hd);
   }
-  // No query sees a key: an empty block, or one wholly outside the window (every query position
-  // at least `window` past every key position).
+  const int32_t* docs(int b) const {
+    return doc_begin != nullptr ? doc_begin + int64_t(b) * seq : nullptr;
+  }
+  int64_t first_query() const {
+    return qpos != nullptr ? *std::min_element(qpos + q0, qpos + q0 + Tq) : q0;
+  }
+  int64_t last_key() const {
+    return kpos != nullptr ? *std::max_element(kpos + k0, kpos + k0 + Tk) : k0 + Tk - 1;
+  }
+  // Sequence b's queries see no key of the block: every key lies before the document of its
+  // first query (whose document starts first).
+  bool unseen(int b) const { return doc_begin != nullptr && docs(b)[first_query()] > last_key(); }
+  // No query sees a key: an empty block, one wholly outside the window (every query position at
+  // least `window` past every key position), or wholly across documents in every sequence.
   bool empty() const {
     if (Tq == 0 || Tk == 0) return true;
-    if (window <= 0) return false;
-    int64_t qmin = q0, kmax = k0 + Tk - 1;
-    if (qpos != nullptr) qmin = *std::min_element(qpos + q0, qpos + q0 + Tq);
-    if (kpos != nullptr) kmax = *std::max_element(kpos + k0, kpos + k0 + Tk);
-    return qmin - kmax >= window;
+    if (window > 0 && first_query() - last_key() >= window) return true;
+    if (doc_begin == nullptr) return false;
+    for (int b = 0; b < B; ++b) {
+      if (!unseen(b)) return false;
+    }
+    return true;
   }
   int64_t q_col(int g, int r) const { return (int64_t(g) * (rep + 2) + r) * hd; }
   int64_t stat(int b, int h) const { return (int64_t(b) * NH + h) * Tl + q0; }  // row q0
   int tiles() const { return (Tq + kTile - 1) / kTile; }
-  // The keys query tile [i0, i1) sees (tile_keys): at most [0, i1) causal, else [0, Tk).
-  TileKeys keys(int* lo, int* hi, int i0, int i1) const {
+  // The keys query tile [i0, i1) of sequence b sees (tile_keys): at most [0, i1) causal, else
+  // [0, Tk).
+  TileKeys keys(int* lo, int* hi, int i0, int i1, int b) const {
     return tile_keys(lo, hi, i1 - i0, causal ? i1 : Tk, causal ? i0 : Tk, qpos, q0 + i0, kpos, k0,
-                     window);
+                     window, docs(b));
   }
 };
 
@@ -87,10 +105,11 @@ inline __attribute__((always_inline)) void forward_task(float* o, float* lse, co
                                                         const S* kv, const Block& s, int b, int g,
                                                         int it_last, int step, const Tiles& w) {
   constexpr int W = Kern::W;
+  if (s.unseen(b)) return;
   int lo[kTile], hi[kTile];
   int first = s.Tk, last = 0;  // the keys the tiles see, first a multiple of kTile
   for (int it = it_last; it >= 0; it -= step) {
-    const TileKeys keys = s.keys(lo, hi, it * kTile, std::min(s.Tq, (it + 1) * kTile));
+    const TileKeys keys = s.keys(lo, hi, it * kTile, std::min(s.Tq, (it + 1) * kTile), b);
     if (keys.first < keys.last) {
       first = std::min(first, keys.first), last = std::max(last, keys.last);
     }
@@ -104,7 +123,7 @@ inline __attribute__((always_inline)) void forward_task(float* o, float* lse, co
   pack_rows(Vv, s.hdp, keys + s.hd, s.kv_row, nk_all, round_up(nk_all, W), s.hd);
   for (int it = it_last; it >= 0; it -= step) {
     const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0;
-    const TileKeys tk = s.keys(lo, hi, i0, i1);
+    const TileKeys tk = s.keys(lo, hi, i0, i1, b);
     if (tk.first >= tk.last) continue;
     // This tile's keys from the packed ones; they end at a multiple of kTile or at `last`, so
     // the tile reads no column past those packed.
@@ -148,6 +167,7 @@ inline __attribute__((always_inline)) void backward_task(float* dq, float* dkv, 
                                                          const float* delta, const S* kv,
                                                          const Block& s, int b, int g,
                                                          const Tiles& w) {
+  if (s.unseen(b)) return;
   const int64_t kv_off = (int64_t(b) * s.Tkl + s.k0) * s.kv_row + int64_t(g) * 2 * s.hd;
   const S* keys = kv + kv_off;  // (Tk, kv_row): key hd, then value hd
   const int64_t big = int64_t(s.Tp) * s.hdp;
@@ -160,7 +180,7 @@ inline __attribute__((always_inline)) void backward_task(float* dq, float* dkv, 
     for (int it = 0; it < s.tiles(); ++it) {
       const int i0 = it * kTile, i1 = std::min(s.Tq, i0 + kTile), mq = i1 - i0;
       int lo[kTile], hi[kTile];
-      const TileKeys keys = s.keys(lo, hi, i0, i1);  // keys [first, last) of those packed
+      const TileKeys keys = s.keys(lo, hi, i0, i1, b);  // keys [first, last) of those packed
       if (keys.first >= keys.last) continue;
       const int64_t f = keys.first;
       const int64_t row0 = int64_t(b) * s.Tl + s.q0 + i0;  // the tile's first row of qkv

@@ -15,7 +15,10 @@
 // (AttentionScores::window > 0) a block's keys are also masked by position, in full blocks as in
 // causal ones: the query rows of qkv are at positions AttentionScores::pos, the key rows of kv at
 // kv_pos (each nullptr: the row index; increasing). A block with no key inside any query's window
-// returns at once, and the key tiles outside every window of a query tile are skipped.
+// returns at once, and the key tiles outside every window of a query tile are skipped. Documents
+// (AttentionScores::doc_begin, by those positions) mask alike: a batch row whose every key lies
+// before the document of its first query is skipped at once (the whole block where every row's
+// is), and so are the key tiles before a query tile's document.
 //
 // Inside: the tiled kernel's fp32 tiles, micro-kernels (AVX-512 or AVX2, as
 // attention_tiled_force_avx2 says) and per-tile loops (attention_tiled_kernels.h). Each output

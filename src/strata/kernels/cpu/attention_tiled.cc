@@ -45,6 +45,8 @@ struct Geom {
   float scale, softcap;
   int window;
   const int32_t* pos;
+  const int32_t* doc_begin;  // (B, seq) document starts, or nullptr (AttentionScores)
+  int seq;
   Geom(int B_, int T_, int NH_, int KVH_, int hd_, const AttentionScores& sc)
       : B(B_),
         T(T_),
@@ -54,7 +56,9 @@ struct Geom {
         rep(KVH_ > 0 ? NH_ / KVH_ : 0),
         softcap(sc.softcap),
         window(sc.window),
-        pos(sc.pos) {
+        pos(sc.pos),
+        doc_begin(sc.doc_begin),
+        seq(sc.seq) {
     STRATA_CHECK(NH > 0 && KVH > 0 && NH % KVH == 0, "attention needs heads (", NH,
                  ") to be a multiple of kv heads (", KVH, ")");
     STRATA_CHECK(B > 0 && T > 0 && hd > 0, "attention: empty shape B=", B, " T=", T, " hd=", hd);
@@ -66,9 +70,11 @@ struct Geom {
   int64_t k_col(int g) const { return (int64_t(g) * (rep + 2) + rep) * hd; }
   int64_t stat(int b, int h) const { return (int64_t(b) * NH + h) * T; }
   int tiles() const { return (T + kTile - 1) / kTile; }
-  // The keys query rows [i0, i1) see (tile_keys): keys [i0 − window + 1, i1) at most.
-  TileKeys keys(int* lo, int* hi, int i0, int i1) const {
-    return tile_keys(lo, hi, i1 - i0, i1, i0, pos, i0, pos, 0, window);
+  // The keys query rows [i0, i1) of sequence b see (tile_keys): keys [i0 − window + 1, i1) at
+  // most, from the document of row i0 on.
+  TileKeys keys(int* lo, int* hi, int i0, int i1, int b) const {
+    const int32_t* docs = doc_begin != nullptr ? doc_begin + int64_t(b) * seq : nullptr;
+    return tile_keys(lo, hi, i1 - i0, i1, i0, pos, i0, pos, 0, window, docs);
   }
 };
 
@@ -81,7 +87,7 @@ inline __attribute__((always_inline)) void forward_task(S* out, float* lse, cons
   constexpr int W = Kern::W;
   const int i0 = it * kTile, i1 = std::min(s.T, i0 + kTile), mq = i1 - i0;
   int lo[kTile], hi[kTile];
-  const TileKeys keys = s.keys(lo, hi, i0, i1);  // every row sees itself: never empty
+  const TileKeys keys = s.keys(lo, hi, i0, i1, b);  // every row sees itself: never empty
   const int nk = keys.last - keys.first;
   const S* base = qkv + int64_t(b) * s.T * s.qkv_row;  // (T, qkv_row)
   const S* k = base + keys.first * s.qkv_row + s.k_col(g);
@@ -128,7 +134,7 @@ inline __attribute__((always_inline)) void backward_task(S* dqkv, const S* dout,
     for (int it = 0; it < s.tiles(); ++it) {
       const int i0 = it * kTile, i1 = std::min(s.T, i0 + kTile), mq = i1 - i0;
       int lo[kTile], hi[kTile];
-      const TileKeys keys = s.keys(lo, hi, i0, i1);  // keys [first, last) of those packed
+      const TileKeys keys = s.keys(lo, hi, i0, i1, b);  // keys [first, last) of those packed
       const int64_t f = keys.first;
       pack_rows(w.Q, s.hdp, base + i0 * s.qkv_row + s.q_col(g, r), s.qkv_row, mq, mq, s.hd);
       pack_rows(w.dO, s.hdp, dout + (int64_t(b) * s.T + i0) * s.out_row + int64_t(h) * s.hd,

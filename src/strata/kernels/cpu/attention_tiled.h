@@ -2,8 +2,10 @@
 // never stored; each query row keeps the log-sum-exp of its scaled scores, as the CUDA backend
 // does (kernels/cuda/attention.cu), and backward recomputes the probabilities tile by tile.
 // Same grouped qkv layout, heads h = g·rep + r, scores and masks (AttentionScores: scale, soft
-// cap, window) as kernels/cpu/attention.h; with a window, the key tiles outside every row's window
-// are neither computed nor masked, so the time grows as T·window. Everything inside runs in fp32
+// cap, window, documents) as kernels/cpu/attention.h; with a window, the key tiles outside every
+// row's window are neither computed nor masked, so the time grows as T·window; with documents,
+// the key tiles before the document of a query tile's first row are skipped alike, so packed
+// documents cost about what they would alone. Everything inside runs in fp32
 // for every storage type S (q, k, v are widened exactly; the scores and probabilities are never
 // rounded to S); the outputs are rounded to S once.
 //

@@ -1,8 +1,8 @@
 // The tiles and micro-kernels that the tiled attention kernels share (attention_tiled.cc, the
-// whole causal sequence; attention_ring.cc, one block of a ring), and the soft cap and window
-// helpers that the materialized kernel (attention.cc) uses too. Internal to those three files.
-// Every element a tile loop computes is the same fp32 chain of operations in either tiled file, so
-// a ring of one causal block gives the tiled kernel's forward bits.
+// whole causal sequence; attention_ring.cc, one block of a ring), and the soft cap, window and
+// document helpers that the materialized kernel (attention.cc) uses too. Internal to those three
+// files. Every element a tile loop computes is the same fp32 chain of operations in either tiled
+// file, so a ring of one causal block gives the tiled kernel's forward bits.
 #pragma once
 
 #include <immintrin.h>
@@ -142,32 +142,42 @@ inline float tanh_approx(float x) {
 }
 
 // The first of n keys, the one at row 0 at position kpos[0] (kpos nullptr: k, k + 1, …;
-// increasing), that a query at position qp sees through a window of `window` > 0 keys: the first
-// at a position above qp − window.
-inline int window_start(const int32_t* kpos, int64_t k, int n, int64_t qp, int window) {
-  const int64_t first = qp - window + 1;  // the earliest position the query sees
+// increasing), at a position >= first.
+inline int first_key_at(const int32_t* kpos, int64_t k, int n, int64_t first) {
   if (kpos == nullptr) return int(std::clamp<int64_t>(first - k, 0, n));
   return int(std::partition_point(kpos, kpos + n, [&](int32_t p) { return p < first; }) - kpos);
+}
+
+// The earliest position a query at position qp sees: inside its window (window > 0: above
+// qp − window) and its document (docs: the sequence's document starts by position,
+// AttentionScores::docs; nullptr: one document).
+inline int64_t earliest_key(int64_t qp, int window, const int32_t* docs) {
+  const int64_t first = window > 0 ? qp - window + 1 : 0;
+  return docs != nullptr ? std::max<int64_t>(first, docs[qp]) : first;
 }
 
 // Which of a block's nk keys the mq rows of a query tile see: the rows are query rows q, q + 1, …
 // at positions qpos[q + i] (qpos nullptr: q + i); the keys are key rows k, k + 1, … at positions
 // kpos[k + j] (nullptr: k + j). Row i sees keys j < min(nk, diag + i + 1) (the causal mask on rows;
-// diag >= nk: no mask) inside the window (window > 0). Returns [first, last): first a multiple of
-// kTile, last the end of the keys any row sees (first >= last: none); lo and hi (mq) then hold row
-// i's keys [lo, hi) counted from first (lo >= hi: none).
+// diag >= nk: no mask) inside the window (window > 0) and the row's document (docs, as
+// earliest_key). Returns [first, last): first a multiple of kTile, last the end of the keys any
+// row sees (first >= last: none); lo and hi (mq) then hold row i's keys [lo, hi) counted from
+// first (lo >= hi: none). The key tiles before `first` are those no row sees: the callers skip
+// them.
 struct TileKeys {
   int first, last;
 };
 inline TileKeys tile_keys(int* lo, int* hi, int mq, int nk, int diag, const int32_t* qpos,
-                          int64_t q, const int32_t* kpos, int64_t k, int window) {
+                          int64_t q, const int32_t* kpos, int64_t k, int window,
+                          const int32_t* docs) {
   int first = nk, last = 0;
   for (int i = 0; i < mq; ++i) {
     hi[i] = std::min(nk, diag + i + 1);
     lo[i] = 0;
-    if (window > 0) {
+    if (window > 0 || docs != nullptr) {
       const int64_t qp = qpos != nullptr ? qpos[q + i] : q + i;
-      lo[i] = window_start(kpos != nullptr ? kpos + k : nullptr, k, nk, qp, window);
+      lo[i] =
+          first_key_at(kpos != nullptr ? kpos + k : nullptr, k, nk, earliest_key(qp, window, docs));
     }
     if (lo[i] < hi[i]) first = std::min(first, lo[i]), last = std::max(last, hi[i]);
   }

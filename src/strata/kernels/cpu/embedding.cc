@@ -11,6 +11,13 @@ namespace strata::kernels {
 namespace {
 // Channels per backward task: 64 keeps a task's rows of dwte in whole cache lines for every G.
 constexpr int kChannelBlock = 64;
+
+// The position table's row of row n (position_forward).
+inline int64_t table_row(int64_t n, int T, int64_t pos0, const int32_t* pos,
+                         const int32_t* doc_begin, int64_t seq) {
+  const int64_t t = (pos0 + n) % T, p = pos != nullptr ? pos[t] : t;
+  return doc_begin != nullptr ? p - doc_begin[(pos0 + n) / T * seq + p] : p;
+}
 }  // namespace
 
 template <typename S>
@@ -26,12 +33,11 @@ void embedding_forward(S* out, const int32_t* tokens, const S* rows, int64_t row
 
 template <typename S>
 void position_forward(S* out, const S* wpe, int64_t N, int T, int C, int64_t pos0,
-                      const int32_t* pos) {
+                      const int32_t* pos, const int32_t* doc_begin, int64_t seq) {
 #pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
   for (int64_t n = 0; n < N; ++n) {
-    S* o = out + n * C;  // (C)
-    const int64_t t = (pos0 + n) % T;
-    const S* p = wpe + (pos != nullptr ? pos[t] : t) * C;  // (C)
+    S* o = out + n * C;                                                 // (C)
+    const S* p = wpe + table_row(n, T, pos0, pos, doc_begin, seq) * C;  // (C)
 #pragma omp simd
     for (int c = 0; c < C; ++c) o[c] = store<S>(load(o[c]) + load(p[c]));
   }
@@ -55,9 +61,51 @@ void embedding_backward(G* drows, int64_t row_begin, int64_t row_end, const S* d
   }
 }
 
+namespace {
+
+// With documents the rows of one table row are not every T-th: each channel block sums them by
+// table row into fp32 (R, kChannelBlock) in increasing n, then adds the sums of the rows some n
+// reached. The sums live in the kernel's workspace (not reentrant, as the other kernels'), with R
+// flags after them.
+template <typename S, typename G>
+void position_backward_documents(G* dwpe, const S* dout, int64_t N, int T, int C, int64_t pos0,
+                                 const int32_t* pos, const int32_t* doc_begin, int64_t seq) {
+  int64_t R = 0;  // the table rows reached lie in [0, R)
+  for (int64_t n = 0; n < N; ++n) R = std::max(R, table_row(n, T, pos0, pos, doc_begin, seq) + 1);
+  const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
+  static Buffer buf;
+  float* sums = reserve_floats(buf, (int64_t(nblocks) * kChannelBlock + 1) * R);
+  float* reached = sums + int64_t(nblocks) * kChannelBlock * R;  // (R): 1 where some n reaches
+  std::fill(sums, reached + R, 0.0f);
+  for (int64_t n = 0; n < N; ++n) reached[table_row(n, T, pos0, pos, doc_begin, seq)] = 1.0f;
+#pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
+  for (int blk = 0; blk < nblocks; ++blk) {
+    const int c0 = blk * kChannelBlock, c1 = std::min(C, c0 + kChannelBlock);
+    float* acc = sums + int64_t(blk) * kChannelBlock * R;  // (R, kChannelBlock)
+    for (int64_t n = 0; n < N; ++n) {
+      const S* d = dout + n * C;                                                    // (C)
+      float* a = acc + table_row(n, T, pos0, pos, doc_begin, seq) * kChannelBlock;  // (block)
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) a[c - c0] += load(d[c]);
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      if (reached[r] == 0.0f) continue;
+      G* g = dwpe + r * C;                       // (C)
+      const float* a = acc + r * kChannelBlock;  // (block)
+#pragma omp simd
+      for (int c = c0; c < c1; ++c) g[c] = store<G>(load(g[c]) + a[c - c0]);
+    }
+  }
+}
+
+}  // namespace
+
 template <typename S, typename G>
 void position_backward(G* dwpe, const S* dout, int64_t N, int T, int C, int64_t pos0,
-                       const int32_t* pos) {
+                       const int32_t* pos, const int32_t* doc_begin, int64_t seq) {
+  if (doc_begin != nullptr) {
+    return position_backward_documents(dwpe, dout, N, T, C, pos0, pos, doc_begin, seq);
+  }
   const int nblocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static) if (parallel : N * C >= kParallelMinWork)
   for (int blk = 0; blk < nblocks; ++blk) {
@@ -96,11 +144,13 @@ int64_t count_nonnegative(const int32_t* tokens, int64_t n) {
 #define INSTANTIATE_S(S)                                                                       \
   template void embedding_forward<S>(S*, const int32_t*, const S*, int64_t, int64_t, int, int, \
                                      int);                                                     \
-  template void position_forward<S>(S*, const S*, int64_t, int, int, int64_t, const int32_t*);
+  template void position_forward<S>(S*, const S*, int64_t, int, int, int64_t, const int32_t*,  \
+                                    const int32_t*, int64_t);
 #define INSTANTIATE_SG(S, G)                                                                       \
   template void embedding_backward<S, G>(G*, int64_t, int64_t, const S*, const int32_t*, int, int, \
                                          int);                                                     \
-  template void position_backward<S, G>(G*, const S*, int64_t, int, int, int64_t, const int32_t*);
+  template void position_backward<S, G>(G*, const S*, int64_t, int, int, int64_t, const int32_t*,  \
+                                        const int32_t*, int64_t);
 STRATA_FOR_EACH_S(INSTANTIATE_S)
 STRATA_FOR_EACH_SG(INSTANTIATE_SG)
 

@@ -3,7 +3,8 @@
 // qkv layout, heads h = g·rep + r, causal mask, and AttentionShape's score settings: s_ij =
 // scale·q_i·k_j (scale 1/sqrt(hd) unless given), soft-capped to cap·tanh(s_ij/cap) where softcap >
 // 0, and with a window w > 0 query i sees only keys j > i − w (the tiles wholly outside it are
-// skipped).
+// skipped); with documents (doc_begin) only keys j >= doc_begin[b·seq + i], the key tiles wholly
+// before a query tile's document, and the query tiles wholly after a key tile's, skipped alike.
 //
 // Forward: per (query tile, head), loop over the key/value tiles at or before the diagonal (and
 // inside the window) with an online softmax (running row max m and sum l), O = Σ_j P_ij v_j / l;
@@ -55,6 +56,10 @@ struct Heads {
   float softcap;     // > 0: scores cap·tanh(s/cap)
   int window;        // > 0: query i sees keys j > i − window
   bool vec;          // hd a multiple of 8 and 16-byte aligned views: 16-byte copies
+  // Documents, or nullptr: (B, seq) the position each row's document starts at (row i of batch
+  // row b sees keys j >= doc[b·seq + i]).
+  const int32_t* doc;
+  int seq;
 
   __device__ int64_t q(int b, int h) const {
     return int64_t(b) * T * qkv_row + int64_t(h / rep) * (rep + 2) * hd + int64_t(h % rep) * hd;
@@ -76,17 +81,38 @@ struct Heads {
     const float t = tanhf(x * scale / softcap);
     return 1.0f - t * t;
   }
-  // Key `key` is hidden from query `row`: after it, or outside its window.
-  __device__ bool hidden(int row, int key) const {
-    return key > row || (window > 0 && row - key >= window);
+  // Where the document of row `row` (< T) of batch row b starts: 0 without documents.
+  __device__ int begin(int b, int row) const {
+    return doc != nullptr ? doc[int64_t(b) * seq + row] : 0;
   }
-  // The first key tile (of `tile` rows) that a query tile starting at row q0 sees, and the last
-  // query tile (of nt) that sees a key tile starting at row k0.
-  __device__ int first_key_tile(int q0, int tile) const {
-    return window > 0 ? max(0, q0 - window + 1) / tile : 0;
+  // Key `key` is hidden from query `row`, whose document starts at `first`: after it, outside
+  // its window, or before its document.
+  __device__ bool hidden(int row, int key, int first) const {
+    return key > row || (window > 0 && row - key >= window) || key < first;
   }
-  __device__ int last_query_tile(int k0, int tile, int nt) const {
-    return window > 0 ? min(nt - 1, (k0 + tile - 1 + window - 1) / tile) : nt - 1;
+  // The first key tile (of `tile` rows) that a query tile of batch row b starting at row q0 sees,
+  // and the last query tile (of nt) that sees a key tile starting at row k0.
+  __device__ int first_key_tile(int b, int q0, int tile) const {
+    const int first = window > 0 ? max(0, q0 - window + 1) : 0;
+    return max(first, begin(b, q0)) / tile;
+  }
+  __device__ int last_query_tile(int b, int k0, int tile, int nt) const {
+    int last = window > 0 ? min(nt - 1, (k0 + tile - 1 + window - 1) / tile) : nt - 1;
+    if (doc == nullptr) return last;
+    // The last row whose document starts at or before the tile's last key: doc is
+    // non-decreasing and doc[i] <= i, so it lies in [k_last, T).
+    const int k_last = min(k0 + tile, T) - 1;
+    const int32_t* d = doc + int64_t(b) * seq;
+    int lo = k_last, hi = T - 1;
+    while (lo < hi) {
+      const int mid = lo + (hi - lo + 1) / 2;
+      if (d[mid] <= k_last) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return min(last, lo / tile);
   }
 };
 
@@ -102,7 +128,9 @@ Heads heads_of(const AttentionShape& s, bool vec) {
           scale * kLog2e,
           s.softcap,
           s.window,
-          vec};
+          vec,
+          s.doc_begin,
+          s.seq};
 }
 
 bool aligned16(const void* p) {
@@ -232,8 +260,11 @@ __device__ __forceinline__ void load_tile(S* tile, const S* src, int64_t ld, int
   }
 }
 
-// 64 fp32 row statistics (lse or delta) from rows [r0, r0 + 64) of stat (T); zeros past T.
-__device__ __forceinline__ void load_stats(float* dst, const float* stat, int r0, int T) {
+// 64 4-byte row values (fp32 lse or delta, int32 document starts) from rows [r0, r0 + 64) of
+// stat (T); zeros past T.
+template <typename V>
+__device__ __forceinline__ void load_stats(V* dst, const V* stat, int r0, int T) {
+  static_assert(sizeof(V) == 4, "cp_async4 copies 4-byte values");
   if (threadIdx.x < kTile) {
     const int r = r0 + threadIdx.x;
     cp_async4(dst + threadIdx.x, r < T ? stat + r : stat, r < T);
@@ -374,7 +405,13 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 
   // Without out (the lse only, for selective recompute) neither values nor P·V are needed.
   const bool with_out = out != nullptr;
-  const int j0 = hs.first_key_tile(q0, kTile);  // the first key tile inside the window
+  const int j0 = hs.first_key_tile(b, q0, kTile);  // the first inside the window and document
+  int first[2];  // where the documents of rows g and g + 8 of the warp start
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + acc_row(2 * r);
+    first[r] = row < hs.T ? hs.begin(b, row) : 0;
+  }
   load_tile<D>(sq, q, hs.qkv_row, q0, hs);
   load_tile<D>(sk + j0 % 2 * Tile<D>::elems, k, hs.qkv_row, j0 * kTile, hs);
   if (with_out) load_tile<D>(sv + j0 % 2 * Tile<D>::elems, v, hs.qkv_row, j0 * kTile, hs);
@@ -404,7 +441,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = j * kTile + acc_col(n, e), row = row0 + acc_row(e);
-        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window);
+        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window) ||
+                            key < first[e / 2];
         s[n][e] = masked ? -INFINITY : hs.score2(s[n][e]);
       }
     }
@@ -416,8 +454,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
       for (int n = 0; n < kBlocks; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // Without a window key 0 is never masked and the row max is finite from the first tile on;
-      // with one, a row may see no key of its first tiles: its terms are 0 until it does.
+      // Without a window or documents key 0 is never masked and the row max is finite from the
+      // first tile on; with them, a row may see no key of its first tiles: its terms are 0 until
+      // it does.
       const float base = mx == -INFINITY ? 0.0f : mx;
       corr[r] = exp2f(m[r] - base);
       m[r] = mx;
@@ -480,7 +519,7 @@ __global__ void __launch_bounds__(kThreads)
   const S* k = qkv + hs.k(b, h / hs.rep);
   const S* v = k + hs.hd;
 
-  const int j0 = hs.first_key_tile(q0, kTile);
+  const int j0 = hs.first_key_tile(b, q0, kTile);
   load_tile<D>(sq, qkv + hs.q(b, h), hs.qkv_row, q0, hs);
   load_tile<D>(sdo, dout + hs.o(b, h), hs.out_row, q0, hs);
   load_tile<D>(sk + j0 % 2 * Tile<D>::elems, k, hs.qkv_row, j0 * kTile, hs);
@@ -488,11 +527,15 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_commit();
 
   const float* row_lse = lse + hs.stat(b, h);
-  float lse2[2];  // rows g and g + 8 of the warp, base 2 (0 past T: those rows are not written)
+  // Rows g and g + 8 of the warp: lse in base 2 (0 past T: those rows are not written) and where
+  // their documents start.
+  float lse2[2];
+  int first[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + acc_row(2 * r);
     lse2[r] = row < hs.T ? row_lse[row] * kLog2e : 0.0f;
+    first[r] = row < hs.T ? hs.begin(b, row) : 0;
   }
   float acc[2] = {0.0f, 0.0f};  // this thread's part of D for rows g and g + 8
   for (int j = j0; j <= qt; ++j) {
@@ -512,7 +555,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = j * kTile + acc_col(n, e), row = row0 + acc_row(e);
-        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window);
+        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window) ||
+                            key < first[e / 2];
         const float p = masked ? 0.0f : exp2f(hs.score2(s[n][e]) - lse2[e / 2]);
         acc[e / 2] += p * dp[n][e];
       }
@@ -548,13 +592,14 @@ __global__ void __launch_bounds__(kThreads)
   S* sdo = sq + 2 * Tile<D>::elems;                                  // 2 × (64, D)
   float* slse = reinterpret_cast<float*>(sdo + 2 * Tile<D>::elems);  // 2 × (64)
   float* sdelta = slse + 2 * kTile;                                  // 2 × (64)
+  int* sfirst = reinterpret_cast<int*>(sdelta + 2 * kTile);          // 2 × (64) with documents
   const int g = blockIdx.x, b = blockIdx.y, kt = blockIdx.z;
   const int nt = gridDim.z;
   const int warp = threadIdx.x / 32;
   const int key0 = kt * kTile + warp * 16;  // this warp's first key
   // Steps: the group's query heads r in order, and for each the query tiles kt..last in order
-  // (last: nt − 1, or the last inside the window).
-  const int per_head = hs.last_query_tile(kt * kTile, kTile, nt) - kt + 1,
+  // (last: nt − 1, or the last inside the window and the documents).
+  const int per_head = hs.last_query_tile(b, kt * kTile, kTile, nt) - kt + 1,
             steps = hs.rep * per_head;
   const auto fetch = [&](int step) {
     const int hq = g * hs.rep + step / per_head, qt = kt + step % per_head, buf = step % 2;
@@ -562,6 +607,9 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<D>(sdo + buf * Tile<D>::elems, dout + hs.o(b, hq), hs.out_row, qt * kTile, hs);
     load_stats(slse + buf * kTile, lse + hs.stat(b, hq), qt * kTile, hs.T);
     load_stats(sdelta + buf * kTile, delta + hs.stat(b, hq), qt * kTile, hs.T);
+    if (hs.doc != nullptr) {
+      load_stats(sfirst + buf * kTile, hs.doc + int64_t(b) * hs.seq, qt * kTile, hs.T);
+    }
   };
 
   load_tile<D>(sk, qkv + hs.k(b, g), hs.qkv_row, kt * kTile, hs);
@@ -580,20 +628,22 @@ __global__ void __launch_bounds__(kThreads)
     const S* dos = sdo + buf * Tile<D>::elems;
     const float* ls = slse + buf * kTile;
     const float* dl = sdelta + buf * kTile;
+    const int* fs = sfirst + buf * kTile;
 
     // Transposed scores and output-gradient products: rows this warp's keys, columns queries.
     float p[kBlocks][4], ds[kBlocks][4];
     rows_times_tile_t<D>(p, sk, warp * 16, qs);
     rows_times_tile_t<D>(ds, sv, warp * 16, dos);
     // The diagonal tile has keys after queries; the last tile has queries past T; with a window,
-    // any tile may have queries past it.
-    const bool edge = qt == kt || qt == nt - 1 || hs.window > 0;
+    // any tile may have queries past it, and with documents queries of later documents.
+    const bool edge = qt == kt || qt == nt - 1 || hs.window > 0 || hs.doc != nullptr;
 #pragma unroll
     for (int n = 0; n < kBlocks; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = acc_col(n, e), query = qt * kTile + c;
-        const bool masked = edge && (hs.hidden(query, key0 + acc_row(e)) || query >= hs.T);
+        const int first = hs.doc != nullptr ? fs[c] : 0;
+        const bool masked = edge && (hs.hidden(query, key0 + acc_row(e), first) || query >= hs.T);
         const float x = p[n][e];
         p[n][e] = masked ? 0.0f : exp2f(hs.score2(x) - ls[c] * kLog2e);
         ds[n][e] = p[n][e] * (ds[n][e] - dl[c]);
@@ -630,20 +680,23 @@ __global__ void __launch_bounds__(kThreads)
   const S* k = qkv + hs.k(b, h / hs.rep);
   const S* v = k + hs.hd;
 
-  const int j0 = hs.first_key_tile(q0, kTile);
+  const int j0 = hs.first_key_tile(b, q0, kTile);
   load_tile<D>(sq, qkv + hs.q(b, h), hs.qkv_row, q0, hs);
   load_tile<D>(sdo, dout + hs.o(b, h), hs.out_row, q0, hs);
   load_tile<D>(sk + j0 % 2 * Tile<D>::elems, k, hs.qkv_row, j0 * kTile, hs);
   load_tile<D>(sv + j0 % 2 * Tile<D>::elems, v, hs.qkv_row, j0 * kTile, hs);
   cp_async_commit();
 
-  // Rows g and g + 8 of the warp: lse (base 2) and delta, 0 past T (those rows are not written).
+  // Rows g and g + 8 of the warp: lse (base 2) and delta, 0 past T (those rows are not written),
+  // and where their documents start.
   float lse2[2], dl[2];
+  int first[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + acc_row(2 * r);
     lse2[r] = row < hs.T ? lse[hs.stat(b, h) + row] * kLog2e : 0.0f;
     dl[r] = row < hs.T ? delta[hs.stat(b, h) + row] : 0.0f;
+    first[r] = row < hs.T ? hs.begin(b, row) : 0;
   }
   float dq[D / 8][4] = {};
   for (int j = j0; j <= qt; ++j) {
@@ -664,7 +717,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = j * kTile + acc_col(n, e), row = row0 + acc_row(e);
-        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window);
+        const bool masked = (j == qt && key > row) || (hs.window > 0 && row - key >= hs.window) ||
+                            key < first[e / 2];
         const float p = masked ? 0.0f : exp2f(hs.score2(s[n][e]) - lse2[e / 2]);
         ds[n][e] = p * (ds[n][e] - dl[e / 2]);
         if (hs.softcap > 0.0f) ds[n][e] *= hs.cap_slope(s[n][e]);
@@ -692,9 +746,10 @@ void tc_attention_backward(S* dqkv, const S* dout, const S* qkv, const float* ls
   const unsigned nt = tiles(hs.T, kTile);
   const dim3 per_head(unsigned(hs.heads), unsigned(B), nt);
   launch(tc_delta<S, D>, per_head, kThreads, 6 * Tile<D>::bytes, delta, dout, qkv, lse, hs);
+  // lse and delta of two query tiles, and their documents' starts where there are documents.
+  const size_t stats = (hs.doc != nullptr ? 6 : 4) * kTile * sizeof(float);
   launch(tc_dkdv<S, D>, dim3(unsigned(groups), unsigned(B), nt), kThreads,
-         6 * Tile<D>::bytes + 4 * kTile * sizeof(float), dqkv, dout, qkv, lse,
-         static_cast<const float*>(delta), hs);
+         6 * Tile<D>::bytes + stats, dqkv, dout, qkv, lse, static_cast<const float*>(delta), hs);
   launch(tc_dq<S, D>, per_head, kThreads, 6 * Tile<D>::bytes, dqkv, dout, qkv, lse,
          static_cast<const float*>(delta), hs);
 }
@@ -733,9 +788,13 @@ __global__ void __launch_bounds__(kSimtThreads)
   simt_load(sq, qkv + hs.q(b, h), hs.qkv_row, q0, hs);
 
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kCols] = {};
+  int first[kRowsPerWarp];  // where the warp's rows' documents start
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) m[i] = -INFINITY, l[i] = 0.0f;
-  for (int j = hs.first_key_tile(q0, kRows); j <= qt; ++j) {
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int row = q0 + warp + 8 * i;
+    m[i] = -INFINITY, l[i] = 0.0f, first[i] = row < hs.T ? hs.begin(b, row) : 0;
+  }
+  for (int j = hs.first_key_tile(b, q0, kRows); j <= qt; ++j) {
     __syncthreads();  // the previous tiles are read
     simt_load(sk, k, hs.qkv_row, j * kRows, hs);
     simt_load(sv, k + hs.hd, hs.qkv_row, j * kRows, hs);
@@ -749,11 +808,11 @@ __global__ void __launch_bounds__(kSimtThreads)
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int row = q0 + warp + 8 * i;
-      const bool masked = hs.hidden(row, j * kRows + lane);
+      const bool masked = hs.hidden(row, j * kRows + lane, first[i]);
       const float x = masked ? -INFINITY : hs.score(s[i]);
       const float mx = fmaxf(m[i], warp_max(x));
-      // Key 0 is never masked without a window (the max stays finite); with one, a row may see no
-      // key of its first tiles: its terms are 0 until it does.
+      // Key 0 is never masked without a window or documents (the max stays finite); with them, a
+      // row may see no key of its first tiles: its terms are 0 until it does.
       const float base = mx == -INFINITY ? 0.0f : mx;
       const float corr = expf(m[i] - base);
       const float p = masked ? 0.0f : expf(x - base);
@@ -805,15 +864,18 @@ __global__ void __launch_bounds__(kSimtThreads)
   simt_load(sq, qkv + hs.q(b, h), hs.qkv_row, q0, hs);
   simt_load(sdo, dout + hs.o(b, h), hs.out_row, q0, hs);
 
-  // Per row of the warp: lse, delta (0 past T: those rows are not written).
+  // Per row of the warp: lse, delta (0 past T: those rows are not written), where its document
+  // starts.
   float rl[kRowsPerWarp], rd[kRowsPerWarp], acc[kRowsPerWarp] = {}, dq[kRowsPerWarp][kCols] = {};
+  int first[kRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int row = q0 + warp + 8 * i;
     rl[i] = row < hs.T ? lse[hs.stat(b, h) + row] : 0.0f;
     rd[i] = row < hs.T && dqkv != nullptr ? delta[hs.stat(b, h) + row] : 0.0f;
+    first[i] = row < hs.T ? hs.begin(b, row) : 0;
   }
-  for (int j = hs.first_key_tile(q0, kRows); j <= qt; ++j) {
+  for (int j = hs.first_key_tile(b, q0, kRows); j <= qt; ++j) {
     __syncthreads();  // the previous tiles are read
     simt_load(sk, k, hs.qkv_row, j * kRows, hs);
     simt_load(sv, k + hs.hd, hs.qkv_row, j * kRows, hs);
@@ -830,7 +892,8 @@ __global__ void __launch_bounds__(kSimtThreads)
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int row = q0 + warp + 8 * i;
-      const float p = hs.hidden(row, j * kRows + lane) ? 0.0f : expf(hs.score(s[i]) - rl[i]);
+      const float p =
+          hs.hidden(row, j * kRows + lane, first[i]) ? 0.0f : expf(hs.score(s[i]) - rl[i]);
       if (dqkv == nullptr) {
         acc[i] += p * dp[i];
         continue;
@@ -886,7 +949,7 @@ __global__ void __launch_bounds__(kSimtThreads)
   simt_load(sv, qkv + hs.k(b, g) + hs.hd, hs.qkv_row, k0, hs);
 
   float dk[kRowsPerWarp][kCols] = {}, dv[kRowsPerWarp][kCols] = {};
-  const int qt_last = hs.last_query_tile(k0, kRows, nt);
+  const int qt_last = hs.last_query_tile(b, k0, kRows, nt);
   for (int r = 0; r < hs.rep; ++r) {
     const int hq = g * hs.rep + r;
     for (int qt = kt; qt <= qt_last; ++qt) {
@@ -910,10 +973,11 @@ __global__ void __launch_bounds__(kSimtThreads)
         }
       }
       const int query = q0 + lane;
+      const int first = query < hs.T ? hs.begin(b, query) : 0;
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; ++i) {
         const int key = k0 + warp + 8 * i;
-        const bool masked = hs.hidden(query, key) || query >= hs.T;
+        const bool masked = hs.hidden(query, key, first) || query >= hs.T;
         const float p = masked ? 0.0f : expf(hs.score(s[i]) - slse[lane]);
         float ds = p * (dp[i] - sdelta[lane]);
         if (hs.softcap > 0.0f) ds *= hs.cap_slope(s[i]);
@@ -961,6 +1025,10 @@ void check_shape(const char* op, const AttentionShape& s) {
   STRATA_CHECK(s.window == 0 || s.pos == nullptr, op,
                ": a window over positions other than 0..T-1 (context parallelism) runs on the CPU "
                "only");
+  STRATA_CHECK(s.doc_begin == nullptr || (s.pos == nullptr && s.seq >= s.T), op,
+               ": documents over positions other than 0..T-1 (context parallelism) run on the "
+               "CPU only, and need seq >= T (got seq=",
+               s.seq, ", T=", s.T, ")");
 }
 
 }  // namespace

@@ -78,8 +78,10 @@ void geglu_backward(Tensor dx, Tensor dy, Tensor x);
 void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin, int64_t row_end);
 void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
                         int64_t row_end);
-void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0);
-void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0);
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* doc_begin,
+                      int64_t seq);
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0, const int32_t* doc_begin,
+                       int64_t seq);
 
 // --- cross-entropy (cross_entropy.cu; the logits' soft cap: elementwise.cu) ----------------------
 void softcap_inplace(Tensor t, float cap);

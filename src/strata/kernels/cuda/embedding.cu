@@ -7,6 +7,9 @@
 // their sorted order is unique too (cub's radix sort over the key's bits): each row's positions
 // form one run, in increasing n. The block at a run's first key adds its rows of dout in that
 // order, rounding to G after each addition as the CPU does: bit for bit the CPU's result.
+//
+// position_backward with documents gathers each table row's rows of dout alike (key: the row's
+// position in its document, then n), summing a run in fp32 and adding it once, as the CPU does.
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -59,13 +62,22 @@ void with_unit(size_t bytes, F&& f) {
   }
 }
 
-// out (N, C) row n += wpe[(pos0 + n) % T] (C); a block per row, striding.
+// The position table's row of row n: t = (pos0 + n) % T, or with documents (doc (B, seq), or
+// nullptr) t − doc[b·seq + t] of sequence b = (pos0 + n) / T.
+__device__ __forceinline__ int64_t table_row(int64_t n, int64_t T, int64_t pos0, const int32_t* doc,
+                                             int64_t seq) {
+  const int64_t t = (pos0 + n) % T;
+  return doc != nullptr ? t - doc[(pos0 + n) / T * seq + t] : t;
+}
+
+// out (N, C) row n += wpe[table_row(n)] (C); a block per row, striding.
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
-    add_positions(S* out, const S* wpe, int64_t N, int64_t T, int64_t C, int64_t pos0) {
+    add_positions(S* out, const S* wpe, int64_t N, int64_t T, int64_t C, int64_t pos0,
+                  const int32_t* doc, int64_t seq) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     S* o = out + n * C;
-    const S* p = wpe + ((pos0 + n) % T) * C;
+    const S* p = wpe + table_row(n, T, pos0, doc, seq) * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = from_f<S>(to_f(o[c]) + to_f(p[c]));
   }
 }
@@ -84,6 +96,16 @@ __global__ void __launch_bounds__(kThreads)
   *g = from_f<G>(to_f(*g) + acc);
 }
 
+// keys (N) of the position table's rows with documents: table_row(n) << pbits | n.
+__global__ void __launch_bounds__(kThreads)
+    position_keys(uint64_t* keys, const int32_t* doc, int64_t N, int64_t T, int64_t seq,
+                  int64_t pos0, int pbits) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t n = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; n < N; n += stride) {
+    keys[n] = (uint64_t(table_row(n, T, pos0, doc, seq)) << pbits) | uint64_t(n);
+  }
+}
+
 // keys (N) as the file's comment says; R = row_end − row_begin.
 __global__ void __launch_bounds__(kThreads)
     token_keys(uint64_t* keys, const int32_t* tokens, int64_t N, int64_t row_begin, int64_t row_end,
@@ -97,10 +119,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // drows (R, C) += the runs of sorted (N): the block at a run's first key (striding over keys)
-// adds the run's dout (N, C) rows in key order. Grid (strided keys, ⌈C / kThreads⌉): a thread
-// per channel of a run. The block stages the run's positions kThreads at a time in shared memory,
-// so that its loads of dout overlap instead of waiting on each key in turn.
-template <typename S, typename G>
+// adds the run's dout (N, C) rows in key order, rounding to G after each addition, or with kOnce
+// summing them in fp32 and adding the sum once. Grid (strided keys, ⌈C / kThreads⌉): a thread per
+// channel of a run. The block stages the run's positions kThreads at a time in shared memory, so
+// that its loads of dout overlap instead of waiting on each key in turn.
+template <typename S, typename G, bool kOnce>
 __global__ void __launch_bounds__(kThreads)
     add_row_runs(G* drows, const S* dout, const uint64_t* sorted, int64_t N, int64_t R, int64_t C,
                  int pbits) {
@@ -112,7 +135,7 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t row = sorted[b] >> pbits;
     if (row >= uint64_t(R) || (b > 0 && (sorted[b - 1] >> pbits) == row)) continue;
     G* g = drows + int64_t(row) * C + c;
-    float acc = active ? to_f(*g) : 0.0f;
+    float acc = active && !kOnce ? to_f(*g) : 0.0f;
     for (int64_t j0 = b;; j0 += kThreads) {
       // The keys in the run form a prefix of [j0, j0 + kThreads): the keys are sorted.
       const int64_t j = j0 + threadIdx.x;
@@ -121,19 +144,41 @@ __global__ void __launch_bounds__(kThreads)
       const int len = __syncthreads_count(in_run);
       if (active) {
         for (int k = 0; k < len; ++k) {
-          acc = to_f(from_f<G>(acc + to_f(dout[positions[k] * C + c])));
+          if constexpr (kOnce) {
+            acc += to_f(dout[positions[k] * C + c]);
+          } else {
+            acc = to_f(from_f<G>(acc + to_f(dout[positions[k] * C + c])));
+          }
         }
       }
       __syncthreads();  // positions is rewritten next
       if (len < kThreads) break;
     }
-    if (active) *g = from_f<G>(acc);
+    if (active) *g = from_f<G>(kOnce ? to_f(*g) + acc : acc);
   }
 }
 
 size_t align_up(size_t bytes) {
   constexpr size_t kAlign = 256;
   return (bytes + kAlign - 1) / kAlign * kAlign;
+}
+
+// N keys of end_bit bits, written by make_keys(keys) on `stream`, sorted (cub's radix sort) into
+// runtime scratch, which holds them until the next use of the scratch.
+template <typename F>
+const uint64_t* sorted_keys(int64_t N, int end_bit, cudaStream_t stream, F&& make_keys) {
+  const size_t key_bytes = align_up(size_t(N) * sizeof(uint64_t));
+  size_t sort_bytes = 0;
+  STRATA_CUDA_CHECK(
+      cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
+                                     static_cast<uint64_t*>(nullptr), N, 0, end_bit, stream));
+  char* base = static_cast<char*>(scratch(2 * key_bytes + sort_bytes));
+  uint64_t* keys = reinterpret_cast<uint64_t*>(base);
+  uint64_t* sorted = reinterpret_cast<uint64_t*>(base + key_bytes);
+  make_keys(keys);
+  STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(base + 2 * key_bytes, sort_bytes, keys, sorted,
+                                                   N, 0, end_bit, stream));
+  return sorted;
 }
 
 }  // namespace
@@ -164,44 +209,56 @@ void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_be
   const int pbits = std::bit_width(uint64_t(N - 1));
   const int end_bit = pbits + std::bit_width(uint64_t(R));  // keys < (R + 1) << pbits
   const cudaStream_t stream = compute_stream();
-
-  const size_t key_bytes = align_up(size_t(N) * sizeof(uint64_t));
-  size_t sort_bytes = 0;
-  STRATA_CUDA_CHECK(
-      cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
-                                     static_cast<uint64_t*>(nullptr), N, 0, end_bit, stream));
-  char* base = static_cast<char*>(scratch(2 * key_bytes + sort_bytes));
-  uint64_t* keys = reinterpret_cast<uint64_t*>(base);
-  uint64_t* sorted = reinterpret_cast<uint64_t*>(base + key_bytes);
-
-  token_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(keys, dev<const int32_t>(tokens), N,
-                                                               row_begin, row_end, pbits);
-  STRATA_CUDA_LAUNCHED();
-  STRATA_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(base + 2 * key_bytes, sort_bytes, keys, sorted,
-                                                   N, 0, end_bit, stream));
+  const uint64_t* sorted = sorted_keys(N, end_bit, stream, [&](uint64_t* keys) {
+    token_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(keys, dev<const int32_t>(tokens),
+                                                                 N, row_begin, row_end, pbits);
+    STRATA_CUDA_LAUNCHED();
+  });
   with_types("embedding_backward", dout.dtype, drows.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
     const dim3 grid(row_blocks(N), blocks_for(C, kThreads));
-    add_row_runs<S, G>
+    add_row_runs<S, G, false>
         <<<grid, kThreads, 0, stream>>>(dev<G>(drows), dev<const S>(dout), sorted, N, R, C, pbits);
     STRATA_CUDA_LAUNCHED();
   });
 }
 
-void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0) {
+void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* doc_begin,
+                      int64_t seq) {
   const int64_t C = out.dim(-1), N = out.numel() / C;
   if (N == 0) return;
   with_type("position_forward", out.dtype, [&](auto s) {
     using S = decltype(s);
     add_positions<S><<<row_blocks(N), kThreads, 0, compute_stream()>>>(
-        dev<S>(out), dev<const S>(wpe), N, T, C, pos0);
+        dev<S>(out), dev<const S>(wpe), N, T, C, pos0, doc_begin, seq);
     STRATA_CUDA_LAUNCHED();
   });
 }
 
-void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0) {
+void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0, const int32_t* doc_begin,
+                       int64_t seq) {
   const int64_t C = dout.dim(-1), N = dout.numel() / C;
+  if (doc_begin != nullptr) {
+    if (N == 0) return;
+    const int pbits = std::bit_width(uint64_t(N - 1));
+    const int end_bit = pbits + std::bit_width(uint64_t(T));  // table rows < T
+    const cudaStream_t stream = compute_stream();
+    const uint64_t* sorted = sorted_keys(N, end_bit, stream, [&](uint64_t* keys) {
+      position_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(keys, doc_begin, N, T, seq,
+                                                                      pos0, pbits);
+      STRATA_CUDA_LAUNCHED();
+    });
+    with_types("position_backward", dout.dtype, dwpe.dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      const dim3 grid(row_blocks(N), blocks_for(C, kThreads));
+      add_row_runs<S, G, true>
+          <<<grid, kThreads, 0, stream>>>(dev<G>(dwpe), dev<const S>(dout), sorted, N, T, C, pbits);
+      STRATA_CUDA_LAUNCHED();
+    });
+    return;
+  }
   with_types("position_backward", dout.dtype, dwpe.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
