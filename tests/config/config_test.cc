@@ -1016,5 +1016,26 @@ TEST(Config, ReadmeConfigLoads) {
   EXPECT_EQ(c.gradient_accumulation_steps, 4);
 }
 
+TEST(Config, PackingAndDocumentMaskingWithMegatronsFlagsAsAliases) {
+  const Config plain = parse_config(kMinimal);
+  EXPECT_EQ(plain.data.packing, "auto");
+  EXPECT_FALSE(plain.data.document_mask);
+  EXPECT_FALSE(plain.data.pack(false));
+  EXPECT_TRUE(plain.data.pack(true));  // a loss mask: conversations are packed
+  for (const char* alias : {"reset_attention_mask", "reset_position_ids"}) {
+    const Config c = parse_config(with(kMinimal, {{"data", {{alias, true}}}}));
+    EXPECT_TRUE(c.data.document_mask) << alias;
+    EXPECT_TRUE(c.data.pack(false)) << alias;
+  }
+  const Config none =
+      parse_config(with(kMinimal, {{"data", {{"packing", "none"}, {"document_mask", true}}}}));
+  EXPECT_FALSE(none.data.pack(true));
+  EXPECT_TRUE(
+      parse_config(with(kMinimal, {{"data", {{"eod_mask_loss", true}}}})).data.eod_mask_loss);
+  EXPECT_TRUE(contains(error_of(with(kMinimal, {{"data", {{"packing", "best_fit"}}}})), "packing"));
+  EXPECT_TRUE(
+      contains(error_of(with(kMinimal, {{"data", {{"document_mask", "yes"}}}})), "document_mask"));
+}
+
 }  // namespace
 }  // namespace strata

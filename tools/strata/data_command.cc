@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "strata/core/check.h"
+#include "strata/data/conversations.h"
 #include "strata/data/hf_tokenizer.h"
 #include "strata/data/inspect.h"
 #include "strata/data/prepare.h"
@@ -18,7 +19,41 @@ struct PrepareArgs {
   std::vector<std::string> inputs;
   std::string output;
   data::PrepareOptions options;
+  std::string jsonl;
+  data::ConversationOptions chat;
+  bool llmc_asked = false;
 };
+
+void prepare_conversations(const PrepareArgs& a) {
+  STRATA_INPUT_CHECK(a.inputs.empty(),
+                     "give --input (text files) or --jsonl (conversations), not "
+                     "both");
+  STRATA_INPUT_CHECK(!a.llmc_asked,
+                     "--jsonl writes a Megatron dataset (its index keeps the "
+                     "conversations apart, which packing needs); drop --format llmc");
+  data::ConversationOptions o = a.chat;
+  o.tokenizer = a.options.tokenizer;
+  o.val_fraction = a.options.val_fraction;
+  const data::ConversationResult r = data::prepare_conversations(a.jsonl, a.output, o);
+  std::string written;
+  for (const std::string& f : r.outputs) written += (written.empty() ? "" : ", ") + f;
+  std::printf(
+      "%lld conversations, %lld train tokens (%lld trained, %.1f%%), %lld val "
+      "conversations, %lld val tokens -> %s\n",
+      static_cast<long long>(r.train_conversations + r.val_conversations),
+      static_cast<long long>(r.train_tokens), static_cast<long long>(r.trained_tokens),
+      r.train_tokens > 0 ? 100.0 * double(r.trained_tokens) / double(r.train_tokens) : 0.0,
+      static_cast<long long>(r.val_conversations), static_cast<long long>(r.val_tokens),
+      written.c_str());
+  std::printf("chat template from %s; trained: %s; vocabulary %lld ids, %s tokens\n",
+              r.template_source.c_str(),
+              o.train_on == "all" ? "every token" : "the assistant's turns",
+              static_cast<long long>(r.vocab_size), r.token_type.c_str());
+  if (o.seq_len > 0) {
+    std::printf("packed first-fit into %lld windows of %d: packing efficiency %.1f%%\n",
+                static_cast<long long>(r.windows), o.seq_len, 100.0 * r.packing_efficiency);
+  }
+}
 
 struct InspectArgs {
   std::string path;
@@ -44,12 +79,31 @@ void add_data_command(CLI::App& app) {
       "prepare",
       "Tokenize text files (byte-level, or with a Hugging Face tokenizer.json) into an "
       "llm.c or Megatron dataset");
-  p->add_option("--input,-i", prep->inputs, "text files or directories (recursive)")->required();
+  p->add_option("--input,-i", prep->inputs, "text files or directories (recursive)");
+  p->add_option("--jsonl", prep->jsonl,
+                "conversations, one JSON object a line ({\"messages\": [...]} or "
+                "{\"prompt\": ..., \"completion\": ...}), rendered with the chat template into "
+                "a Megatron dataset and its loss mask (PREFIX.lossmask); needs --tokenizer");
+  p->add_option("--chat-template", prep->chat.chat_template,
+                "a Jinja chat template file (default: chat_template.jinja beside the tokenizer, "
+                "else tokenizer_config.json's chat_template)");
+  p->add_option("--train-on", prep->chat.train_on,
+                "which tokens of a conversation are trained: assistant (its turns) or all")
+      ->check(CLI::IsMember({"assistant", "all"}));
+  p->add_option("--seq-len", prep->chat.seq_len,
+                "report how the conversations pack first-fit into windows of this length")
+      ->check(CLI::PositiveNumber);
   p->add_option("--output,-o", prep->output,
                 "output prefix: writes PREFIX_train and PREFIX_val datasets; into an existing "
                 "directory (or a path ending in /): DIR/train and DIR/val")
       ->required();
-  p->add_option("--format", prep->options.format, "llmc | megatron")
+  p->add_option_function<std::string>(
+       "--format",
+       [prep](const std::string& f) {
+         prep->options.format = f;
+         prep->llmc_asked = f == "llmc";
+       },
+       "llmc | megatron (--jsonl: megatron)")
       ->check(CLI::IsMember({"llmc", "megatron"}));
   p->add_option("--val-fraction", prep->options.val_fraction,
                 "fraction of the tokens (the end of the stream) held out for validation")
@@ -61,6 +115,9 @@ void add_data_command(CLI::App& app) {
               "end each document with the end-of-text token (Megatron's --append-eod) instead "
               "of opening it with it; with a BOS template, after the document");
   p->callback([prep] {
+    if (!prep->jsonl.empty()) return prepare_conversations(*prep);
+    STRATA_INPUT_CHECK(!prep->inputs.empty(),
+                       "data prepare needs --input (text files) or --jsonl (conversations)");
     data::PrepareResult r = data::prepare_text_dataset(prep->inputs, prep->output, prep->options);
     std::string written;
     for (const std::string& f : r.outputs) written += (written.empty() ? "" : ", ") + f;
@@ -104,6 +161,11 @@ void add_data_command(CLI::App& app) {
                   static_cast<long long>(s.documents), *s.delimiter);
     } else {
       std::printf("documents %lld (from the index)\n", static_cast<long long>(s.documents));
+    }
+    if (s.trained >= 0) {
+      std::printf("loss mask: %lld of the %lld tokens trained (%.1f%%)\n",
+                  static_cast<long long>(s.trained), static_cast<long long>(s.tokens),
+                  s.tokens > 0 ? 100.0 * double(s.trained) / double(s.tokens) : 0.0);
     }
     if (vocab_size > 0) {
       const bool fits = s.max_id < vocab_size;

@@ -42,6 +42,17 @@ struct DataConfig {
   std::string path;             // "" = the built-in demo corpus
   std::string format = "auto";  // "auto" | "llmc" | "megatron"
   std::string val_path;         // validation data; "" = the val split of path, if any (open_splits)
+  // Windows (data/sampler.h): "first_fit" packs whole documents into windows of seq_len,
+  // "none" cuts the token stream into consecutive windows, "auto" packs when document_mask is on
+  // or the data has a loss mask (conversations from data prepare --jsonl).
+  std::string packing = "auto";
+  // Documents in a window do not see each other: attention is block-diagonal and positions
+  // restart at each document (also set by Megatron's reset_attention_mask, reset_position_ids).
+  bool document_mask = false;
+  bool eod_mask_loss = false;  // Megatron's: a target that opens a document is not trained
+  bool pack(bool has_loss_mask) const {
+    return packing == "first_fit" || (packing == "auto" && (document_mask || has_loss_mask));
+  }
 };
 
 struct TrainConfig {

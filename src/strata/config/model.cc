@@ -473,6 +473,14 @@ void parse_layout_blocks(const Block& top, Config& c) {
   db.get_string("path", c.data.path);
   db.get_choice("format", c.data.format, {"auto", "llmc", "megatron"});
   db.get_string("val_path", c.data.val_path);
+  db.get_choice("packing", c.data.packing, {"auto", "first_fit", "none"});
+  db.get_bool("document_mask", c.data.document_mask);
+  db.get_bool("eod_mask_loss", c.data.eod_mask_loss);
+  // Megatron's pair, read as aliases: strata restarts positions and blocks attention together.
+  bool reset_attention = false, reset_positions = false;
+  db.get_bool("reset_attention_mask", reset_attention);
+  db.get_bool("reset_position_ids", reset_positions);
+  c.data.document_mask = c.data.document_mask || reset_attention || reset_positions;
 
   Block tb = top.child("train", keys_of("train"));
   tb.get_int("steps", c.train.steps, 1);

@@ -172,7 +172,14 @@ const Keys kModel = {"preset",
 const Keys kParallelism = {
     "tensor",    "pipeline",  "virtual_stages",   "schedule", "sequence_parallel", "order",
     "timeout_s", "partition", "partition_blocks", "context",  "context_impl"};
-const Keys kData = {"path", "format", "val_path"};
+const Keys kData = {"path",
+                    "format",
+                    "val_path",
+                    "packing",
+                    "document_mask",
+                    "eod_mask_loss",
+                    "reset_attention_mask",
+                    "reset_position_ids"};
 const Keys kTrain = {"steps",
                      "seed",
                      "run_dir",

@@ -51,6 +51,15 @@ DatasetSummary summarize_dataset(const std::string& path, const std::string& for
     first += part.tokens;
   }
   s.delimiter = delimiter;
+  if (ds->has_loss_mask()) {
+    s.trained = 0;
+    std::vector<uint8_t> mask;
+    for (int64_t b = 0; b < s.tokens; b += kChunk) {
+      mask.resize(size_t(std::min(kChunk, s.tokens - b)));
+      ds->read_mask(b, int64_t(mask.size()), mask.data());
+      s.trained += std::count(mask.begin(), mask.end(), uint8_t(1));
+    }
+  }
   return s;
 }
 

@@ -15,6 +15,7 @@ struct DatasetSummary {
   int64_t documents = 0;
   std::optional<int32_t> delimiter;  // the id counted in llm.c shards
   int64_t max_id = -1;
+  int64_t trained = -1;  // tokens a loss mask trains (data/loss_mask.h); -1 without a mask
 };
 
 // `delimiter`: the token that opens (or closes) each document; nullopt takes the first token of

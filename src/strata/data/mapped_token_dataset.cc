@@ -223,3 +223,35 @@ void MappedTokenDataset::read(int64_t begin, int64_t count, int32_t* out) const 
 }
 
 }  // namespace strata::data
+
+namespace strata::data {
+
+void TokenDataset::read_mask(int64_t begin, int64_t count, uint8_t* out) const {
+  STRATA_CHECK(begin >= 0 && count >= 0 && begin + count <= num_tokens(), "mask [", begin, ", ",
+               begin + count, ") outside the ", num_tokens(), " tokens of ", source());
+  std::fill(out, out + count, uint8_t(1));
+}
+
+void MappedTokenDataset::add_mask(int file_index, int64_t offset, int64_t first_token,
+                                  int64_t ntok) {
+  STRATA_CHECK(file_index >= 0 && size_t(file_index) < files_.size() && offset >= 0 &&
+                   offset + ntok <= files_[size_t(file_index)].size() && first_token >= 0 &&
+                   first_token + ntok <= num_tokens_ &&
+                   (masks_.empty() || masks_.back().first + masks_.back().ntok <= first_token),
+               "loss mask of tokens [", first_token, ", ", first_token + ntok, ") at byte ", offset,
+               " of file ", file_index, " does not fit ", source_);
+  if (ntok > 0) masks_.push_back({files_[size_t(file_index)].data() + offset, first_token, ntok});
+}
+
+void MappedTokenDataset::read_mask(int64_t begin, int64_t count, uint8_t* out) const {
+  TokenDataset::read_mask(begin, count, out);  // checks the range; unmasked tokens train
+  auto it = std::upper_bound(masks_.begin(), masks_.end(), begin,
+                             [](int64_t b, const MaskRun& m) { return b < m.first + m.ntok; });
+  for (; it != masks_.end() && it->first < begin + count; ++it) {
+    const int64_t lo = std::max(begin, it->first),
+                  hi = std::min(begin + count, it->first + it->ntok);
+    std::memcpy(out + (lo - begin), it->data + (lo - it->first), size_t(hi - lo));
+  }
+}
+
+}  // namespace strata::data

@@ -37,6 +37,17 @@ class MappedTokenDataset final : public TokenDataset {
 
   const std::vector<MappedFile>& files() const { return files_; }
 
+  // The next document starts at the current end of the sequence (before its add_segment).
+  void start_document() {
+    if (doc_starts_.empty() || doc_starts_.back() < num_tokens_) doc_starts_.push_back(num_tokens_);
+  }
+  // The loss mask of the tokens added since `first_token`: one byte per token at byte `offset`
+  // of mapped file `file_index` (data/loss_mask.h). Tokens no part gives a mask for are trained.
+  void add_mask(int file_index, int64_t offset, int64_t first_token, int64_t ntok);
+  const std::vector<int64_t>& document_starts() const override { return doc_starts_; }
+  bool has_loss_mask() const override { return !masks_.empty(); }
+  void read_mask(int64_t begin, int64_t count, uint8_t* out) const override;
+
   // What `strata data inspect` reports, noted by the format readers: per part (an llm.c shard or
   // a Megatron prefix) its format, token type and, for Megatron, the documents its index lists
   // (-1 for llm.c, whose shards record no documents).
@@ -65,6 +76,12 @@ class MappedTokenDataset final : public TokenDataset {
   std::vector<MappedFile> files_;
   std::vector<Segment> segments_;
   std::vector<Part> parts_;
+  std::vector<int64_t> doc_starts_;
+  struct MaskRun {
+    const uint8_t* data;
+    int64_t first, ntok;  // tokens [first, first+ntok) of the dataset
+  };
+  std::vector<MaskRun> masks_;  // ascending, not overlapping
   int64_t num_tokens_ = 0;
   mutable std::once_flag scanned_;
   mutable int64_t vocab_bound_ = 0;

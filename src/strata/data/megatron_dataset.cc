@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "strata/core/check.h"
+#include "strata/data/loss_mask.h"
 
 namespace strata::data {
 
@@ -158,9 +159,11 @@ void add_megatron_dataset(MappedTokenDataset& ds, const std::string& prefix) {
     STRATA_INPUT_CHECK(ptr <= bin_size && n * width <= bin_size - ptr, idx_path, ": sequence ", s,
                        " spans bytes [", ptr, ", ", ptr + n * width, ") but ", bin_path, " has ",
                        bin_size, " bytes; the .bin is truncated or does not belong to this .idx");
+    ds.start_document();
     ds.add_segment(bin_index, ptr, n, *type);
     tokens += n;
   }
+  add_loss_mask(ds, prefix, ds.num_tokens() - tokens, tokens);
   ds.note_part({"megatron", *type, tokens, docs > 0 ? int64_t(docs) - 1 : 0});
 }
 
@@ -222,6 +225,9 @@ void MegatronWriter::commit() {
     idx.write(&v, 8);
   }
   ::unlink(idx.path().c_str());
+  // A loss mask of an earlier dataset under this prefix must not pair with the new tokens; a new
+  // one (LossMaskWriter) is committed after the pair.
+  ::unlink((prefix_ + ".lossmask").c_str());
   bin_.commit();
   idx.commit();
 }

@@ -412,6 +412,13 @@ std::optional<int32_t> end_of_text_id(const HfTokenizer& tok) {
   return std::nullopt;
 }
 
+std::string prepare_output_stem(const std::string& out_path, const std::string& split) {
+  STRATA_INPUT_CHECK(!out_path.empty(), "empty output path; give e.g. data/mytext");
+  const bool into_dir = is_output_dir(out_path);
+  make_output_dir(out_path, into_dir);
+  return into_dir ? (fs::path(out_path) / split).string() : out_path + "_" + split;
+}
+
 PrepareResult prepare_text_dataset(const std::vector<std::string>& inputs,
                                    const std::string& out_path, const PrepareOptions& options) {
   return options.tokenizer.empty() ? prepare_bytes(inputs, out_path, options)

@@ -64,6 +64,10 @@ PrepareResult prepare_text_dataset(const std::vector<std::string>& inputs,
                                    const std::string& out_path, const std::string& format,
                                    double val_fraction);
 
+// Where a split goes: out_path + "_" + split, or out_path/split when out_path is an existing
+// directory or ends in '/' (as above); the directory is created (InputError when it cannot be).
+std::string prepare_output_stem(const std::string& out_path, const std::string& split);
+
 // The end-of-text token of a tokenizer: the first of <|end_of_text|> (Llama-3), <|endoftext|>
 // (GPT-2, Qwen2, SmolLM2), </s> (Llama-2, Mistral), <eos> (Gemma) that it has; nullopt if none.
 class HfTokenizer;

@@ -31,6 +31,19 @@ class TokenDataset {
   virtual int64_t vocab_bound() const = 0;
   // What the user asked for (the path as given), for messages.
   virtual const std::string& source() const = 0;
+
+  // Where each document starts, as token indices (ascending, the first 0), when the files record
+  // documents: a Megatron index's sequences, each one document. Empty when they do not (llm.c
+  // shards): the data is then one stream.
+  virtual const std::vector<int64_t>& document_starts() const {
+    static const std::vector<int64_t> none;
+    return none;
+  }
+  // The loss mask (data/loss_mask.h: x.lossmask beside a Megatron pair x, written by `data
+  // prepare --jsonl`): out[0..count) = 1 for each of tokens [begin, begin+count) that is trained
+  // as a target, 0 for one that is not. has_loss_mask() false: every token is trained.
+  virtual bool has_loss_mask() const { return false; }
+  virtual void read_mask(int64_t begin, int64_t count, uint8_t* out) const;
 };
 
 // format: "auto" | "llmc" | "megatron".

@@ -219,6 +219,10 @@ std::string progress_line(const StepMetrics& s, int64_t total_steps, double peak
       s.grad_norm, s.tokens_per_s, 100.0 * s.flops / s.seconds / 1e9 / peak_gflops,
       format_bytes(mem).c_str(), s.skipped ? " | skipped (overflow)" : "");
   std::string line = buf;
+  if (s.trained_tokens != s.tokens) {  // a loss mask, packing: the targets trained are fewer
+    std::snprintf(buf, sizeof buf, " | %.0f trained tok/s", s.trained_tokens_per_s);
+    line += buf;
+  }
   if (breakdown) {
     std::snprintf(buf, sizeof buf,
                   " | fwd %.3fs bwd %.3fs comm %.3fs gather %.3fs step %.3fs | wire %s",
@@ -309,6 +313,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   j["loss_scale"] = s.loss_scale;
   j["skipped"] = s.skipped;
   j["tokens"] = s.tokens;
+  j["trained_tokens"] = s.trained_tokens;
   j["step_time_s"] = s.seconds;
   j["forward_s"] = s.forward_s;
   j["backward_s"] = s.backward_s;
@@ -326,6 +331,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
         std::vector<double>(s.recompute_block_s.begin(), s.recompute_block_s.end());
   }
   j["tokens_per_s"] = s.tokens_per_s;
+  j["trained_tokens_per_s"] = s.trained_tokens_per_s;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;
   for (int c = 0; c < kNumMemCategories; ++c) {

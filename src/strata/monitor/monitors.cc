@@ -23,6 +23,7 @@ monitor::Scalars step_scalars(const StepMetrics& s, double peak_gflops,
     v.push_back({p + "val_ppl", std::exp(*val_loss)});
   }
   v.push_back({p + "tokens_per_s", s.tokens_per_s});
+  v.push_back({p + "trained_tokens_per_s", s.trained_tokens_per_s});
   if (peak_gflops > 0 && s.seconds > 0) {
     v.push_back({p + "mfu", s.flops / s.seconds / 1e9 / peak_gflops});
   }

@@ -13,17 +13,20 @@ namespace strata {
 
 struct StepMetrics {
   int64_t step = 0;   // optimizer steps attempted so far (1-based)
-  double loss = 0.0;  // mean loss over the global batch
+  double loss = 0.0;  // mean loss over the global batch's trained targets
   float lr = 0.0f;
   double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
   float loss_scale = 1.0f;
   bool skipped = false;  // the step was skipped: gradients overflowed
   int64_t tokens = 0;    // tokens in the global batch
+  // Its targets the loss counts: every one of raw text, fewer with a loss mask (conversations:
+  // the assistant's turns), packing's padding and document boundaries (data/sampler.h).
+  int64_t trained_tokens = 0;
   double seconds = 0.0;  // wall time of the step
   // Where the time went (DeepSpeed's wall_clock_breakdown): forward incl. loss, backward, and
   // the rest of the step (norm, clipping, optimizer, zeroing).
   double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
-  double tokens_per_s = 0.0;
+  double tokens_per_s = 0.0, trained_tokens_per_s = 0.0;
   double flops = 0.0;             // matmul FLOPs of the step (peers' convention)
   double comm_exposed_s = 0.0;    // time the step waited for gradient reductions
   double tp_comm_s = 0.0;         // time spent in tensor-parallel collectives (all exposed)

@@ -193,7 +193,7 @@ Tensor Executor::tp_part(const Tensor& t) const {
 }
 
 Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, float dloss,
-                             UnitHook* hook, int64_t step) {
+                             UnitHook* hook, int64_t step, const int32_t* doc_begin) {
   using clock = std::chrono::steady_clock;
   const int64_t mb = o_.micro_batch, T = o_.seq_len;
   const int gas = o_.micro_batches, last = last_chunk();
@@ -207,6 +207,7 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
     const int k = a.chunk, g = chunk_global_[size_t(k)];
     Transformer& c = *chunks_[size_t(k)];
     const int64_t at = a.micro * mb * T;
+    const int32_t* docs = doc_begin != nullptr ? doc_begin + at * o_.context.size : nullptr;
     const auto t0 = clock::now();
     faults_.delay(step, a);
     switch (a.op) {
@@ -234,7 +235,7 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
       case Op::Forward:
         out.loss_sum += c.forward(a.micro, g == 0 ? inputs + at : nullptr,
                                   g == 0 ? Tensor() : c.hidden_view(recv_act_[size_t(k)]),
-                                  g == last ? targets + at : nullptr, dloss, true, hook);
+                                  g == last ? targets + at : nullptr, dloss, true, hook, docs);
         out.forward_s += std::chrono::duration<double>(clock::now() - t0).count();
         break;
       case Op::Backward:
@@ -260,13 +261,15 @@ Executor::Pass Executor::run(const int32_t* inputs, const int32_t* targets, floa
 }
 
 double Executor::forward_only(const int32_t* inputs, const int32_t* targets, UnitHook* hook,
-                              const std::function<void()>& after_forward) {
+                              const std::function<void()>& after_forward,
+                              const int32_t* doc_begin) {
   const int64_t mb = o_.micro_batch, T = o_.seq_len;
   const int v = int(chunks_.size()), last = last_chunk();
   const DType pt = o_.param_dtype;
   double loss_sum = 0.0;
   for (int micro = 0; micro < o_.micro_batches; ++micro) {
     const int64_t at = micro * mb * T;
+    const int32_t* docs = doc_begin != nullptr ? doc_begin + at * o_.context.size : nullptr;
     for (int k = 0; k < v; ++k) {
       const int g = global_chunk(k, o_.stage, o_.stages);
       Transformer& c = *chunks_[size_t(k)];
@@ -280,7 +283,7 @@ double Executor::forward_only(const int32_t* inputs, const int32_t* targets, Uni
         if (part.data != in.data || part.numel() != in.numel()) tp_.all_gather(in, part);
       }
       loss_sum += c.forward(micro, g == 0 ? inputs + at : nullptr, in,
-                            g == last ? targets + at : nullptr, 0.0f, false, hook);
+                            g == last ? targets + at : nullptr, 0.0f, false, hook, docs);
       if (after_forward) after_forward();
       if (g < last) {
         const Tensor out = tp_part(c.output(micro));

@@ -92,15 +92,18 @@ class Executor {
   // Runs this stage's actions for the step numbered `step` (1-based, for the fault injector):
   // inputs, targets (micro_batches × micro_batch, seq_len); each micro-batch's dlogits carry
   // dloss. hook (nullptr: none) places the units and hears of each micro-batch's backward.
-  Pass run(const int32_t* inputs, const int32_t* targets, float dloss, UnitHook* hook,
-           int64_t step);
+  // doc_begin (micro_batches × micro_batch, seq_len·context.size), or nullptr: document masking's
+  // starts of every whole sequence (Transformer::forward).
+  Pass run(const int32_t* inputs, const int32_t* targets, float dloss, UnitHook* hook, int64_t step,
+           const int32_t* doc_begin = nullptr);
   // The micro-batches forward only (evaluation): per micro-batch, this stage's chunks in global
   // order, each after receiving its input from the previous chunk's stage and before sending its
   // output to the next (sends never block: a stage runs ahead by at most its chunks, within the
   // ring the training schedule bounds); after_forward (when set) runs after each chunk's forward.
   // Returns the summed token losses (the last stage's; 0 elsewhere).
   double forward_only(const int32_t* inputs, const int32_t* targets, UnitHook* hook,
-                      const std::function<void()>& after_forward);
+                      const std::function<void()>& after_forward,
+                      const int32_t* doc_begin = nullptr);
 
   // Elements of the vocabulary units at the start of the flat buffer that another stage holds
   // too (tied embeddings, on the first and the last stage), 0 where none.

@@ -252,11 +252,11 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
     s.bytes[size_t(a.host_checkpoints ? MemCategory::HostCheckpoints
                                       : MemCategory::CheckpointedActivations)] += a.checkpoints;
   }
-  // The step's token ids and targets (the engine's, host memory), and under context parallelism
-  // this rank's rows of them.
+  // The step's token ids, targets and, with document masking, document starts (the engine's,
+  // host memory), and under context parallelism this rank's rows of the first two.
   const size_t sequences = size_t(c.micro_batch * c.accumulation);
   s.bytes[size_t(MemCategory::Activations)] +=
-      2 * sequences * size_t(cfg.model.seq_len) * sizeof(int32_t);
+      (cfg.data.document_mask ? 3 : 2) * sequences * size_t(cfg.model.seq_len) * sizeof(int32_t);
   if (c.cp > 1) {
     s.bytes[size_t(MemCategory::Activations)] +=
         2 * sequences * size_t(cfg.model.seq_len / c.cp) * sizeof(int32_t);

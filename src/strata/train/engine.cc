@@ -162,7 +162,8 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   const DType pt = cfg_.param_dtype();
   const DType gt = grad_dtype_ = cfg_.grad_dtype();
   if (dataset != nullptr) {
-    sampler_ = std::make_unique<data::Sampler>(*dataset, m.seq_len, cfg_.train.seed);
+    sampler_ = std::make_unique<data::Sampler>(*dataset, m.seq_len, cfg_.train.seed,
+                                               sampler_options(cfg_.data, *dataset));
     sampler_->check_vocab(m.vocab);
   }
 
@@ -235,6 +236,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   const size_t batch_bytes = local_samples * size_t(m.seq_len) * sizeof(int32_t);
   inputs_ = Buffer::host(MemCategory::Activations, batch_bytes);  // the sampler writes them
   targets_ = Buffer::host(MemCategory::Activations, batch_bytes);
+  if (cfg_.data.document_mask) doc_begin_ = Buffer::host(MemCategory::Activations, batch_bytes);
   if (cp_comm_ != nullptr) {  // this rank's rows of them
     context_pos_ = eo.context.positions(m.seq_len);
     context_inputs_ = Buffer::host(MemCategory::Activations, batch_bytes / size_t(cp_size_));
@@ -330,8 +332,14 @@ StepMetrics Engine::train_batch() {
   int32_t* tg = targets_.as<int32_t>();
   const int64_t first =
       data::Sampler::first_sample_of(consumed_samples_, data_rank_, data_size_, gbs);
-  sampler_->get_batch(first, gbs / data_size_, in, tg);
-  return train_batch_on(in, tg);
+  int32_t* docs = doc_begin_.as<int32_t>();
+  sampler_->get_batch(first, gbs / data_size_, in, tg, docs);
+  // The loss is the mean over the global batch's trained targets, whichever rank holds them.
+  return train_batch_on(in, tg, docs, sampler_->trained_tokens(consumed_samples_, gbs));
+}
+
+data::SamplerOptions sampler_options(const DataConfig& d, const data::TokenDataset& dataset) {
+  return {d.pack(dataset.has_loss_mask()), d.document_mask, d.eod_mask_loss};
 }
 
 std::pair<const int32_t*, const int32_t*> Engine::context_rows(const int32_t* inputs,
@@ -351,16 +359,23 @@ std::pair<const int32_t*, const int32_t*> Engine::context_rows(const int32_t* in
 }
 
 StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets) {
+  return train_batch_on(inputs, targets, nullptr, cfg_.train_batch_size * cfg_.model.seq_len);
+}
+
+StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets,
+                                   const int32_t* doc_begin, int64_t trained_tokens) {
   const Probe probe = begin_probe();
-  const int64_t gbs = cfg_.train_batch_size, T = cfg_.model.seq_len;
-  // Every target of a sampled window counts, so the global batch holds gbs·T loss terms; each
-  // micro-batch's dlogits carry 1/(gbs·T), making the accumulated gradient the global mean's.
-  const float dloss = scaler_.scale() / float(gbs * T);
+  const int64_t gbs = cfg_.train_batch_size;
+  // Each micro-batch's dlogits carry 1/(the global batch's trained targets), making the
+  // accumulated gradient that of their mean. A batch with none trains nothing.
+  trained_tokens_ = trained_tokens;
+  const float dloss = trained_tokens > 0 ? scaler_.scale() / float(trained_tokens) : 0.0f;
   // The schedule: every forward and backward of the step, gradients accumulated (and, under data
   // parallelism, reduced as their units finish).
   begin_gradients();
   const auto [rows_in, rows_tg] = context_rows(inputs, targets);
-  const pipeline::Executor::Pass pass = pipe_->run(rows_in, rows_tg, dloss, sync_.get(), step_ + 1);
+  const pipeline::Executor::Pass pass =
+      pipe_->run(rows_in, rows_tg, dloss, sync_.get(), step_ + 1, doc_begin);
   enter_phase(KillPhase::Reduce, step_ + 1, "gradient reduction");
   const Reduced reduced = reduce_gradients(pass.loss_sum);
   consumed_samples_ += gbs;
@@ -438,7 +453,8 @@ StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::P
   s.recompute_block_s = recompute_block_s_;
   const int64_t tokens = cfg_.train_batch_size * cfg_.model.seq_len;
   s.step = step_;
-  s.loss = reduced.loss_sum / double(tokens);
+  s.loss = trained_tokens_ > 0 ? reduced.loss_sum / double(trained_tokens_) : 0.0;
+  s.trained_tokens = trained_tokens_;
   s.lr = update.lr;
   s.grad_norm = update.clip.grad_norm;
   s.loss_scale = update.loss_scale;
@@ -456,6 +472,7 @@ StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::P
   s.comm_bytes = wire_bytes() - probe.bytes0;
   s.cross_group_bytes = (replica_comm_ ? replica_comm_->wire_bytes() : 0) - probe.cross0;
   s.tokens_per_s = double(s.tokens) / s.seconds;
+  s.trained_tokens_per_s = double(s.trained_tokens) / s.seconds;
   s.flops = flops_per_token_ * double(s.tokens);
   for (int c = 0; c < kNumMemCategories; ++c) {
     s.peak_bytes[size_t(c)] = MemoryTracker::instance().peak(MemCategory(c));

@@ -36,6 +36,12 @@ namespace comm {
 class Communicator;
 }  // namespace comm
 class ZeroSync;
+namespace data {
+struct SamplerOptions;
+}  // namespace data
+
+// The sampler's options for a run's data (data.packing, data.document_mask, data.eod_mask_loss).
+data::SamplerOptions sampler_options(const DataConfig& d, const data::TokenDataset& dataset);
 
 // The checks the engine runs on a layout before it builds anything, from the sizes alone, so
 // that the planner (planner/search.h) refuses exactly what train refuses. ZeRO is in effect
@@ -73,12 +79,19 @@ class Engine {
   // One optimizer step over the next global batch of the dataset.
   StepMetrics train_batch();
   // One optimizer step over this rank's part of a global batch: inputs, targets
-  // (micro-batch × accumulation steps, seq_len) — the whole global batch at dp = 1.
+  // (micro-batch × accumulation steps, seq_len) — the whole global batch at dp = 1. The loss is
+  // the mean over train_batch_size · seq_len targets (a target of -1 adds nothing to the sum).
   StepMetrics train_batch_on(const int32_t* inputs, const int32_t* targets);
+  // The same with document masking's starts (local samples × seq_len, or nullptr) and the loss's
+  // denominator: the trained targets (not -1) of the whole global batch, every rank's.
+  StepMetrics train_batch_on(const int32_t* inputs, const int32_t* targets,
+                             const int32_t* doc_begin, int64_t trained_tokens);
 
   const ModelSpec& spec() const { return spec_; }
   const Config& config() const { return cfg_; }
   int64_t consumed_samples() const { return consumed_samples_; }
+  // The training data's windows (nullptr without a dataset).
+  const data::Sampler* sampler() const { return sampler_.get(); }
   // The current parameters (param dtype), flat in ModelSpec order. nullptr under ZeRO stage 3,
   // which holds no whole copy: gather_params() assembles one (a collective). Under tensor
   // parallelism, this rank's slices (ModelSpec::params say which).
@@ -135,7 +148,7 @@ class Engine {
 
   // Validation (Megatron's evaluate; engine_eval.cc). set_validation takes the held-out set
   // (which must outlive the engine): InputError when it has fewer than seq_len + 1 tokens or an
-  // id >= model.vocab. evaluate() returns the mean loss over every target token of `iters`
+  // id >= model.vocab. evaluate() returns the mean loss over the trained targets of `iters`
   // batches of train_batch_size, read in order, not in the training permutation: batch i holds
   // windows [i·GBS, (i+1)·GBS) of the set (seq_len + 1 tokens at w·seq_len, data/sampler.h),
   // modulo its windows (val_windows()). Each data-parallel rank forwards its slice as
@@ -158,7 +171,9 @@ class Engine {
   std::vector<double> recompute_block_s_;  // the last step's recompute seconds per block (profile)
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
-  Buffer inputs_, targets_;  // this rank's token ids of a global batch (local samples, seq_len)
+  Buffer inputs_, targets_;     // this rank's token ids of a global batch (local samples, seq_len)
+  Buffer doc_begin_;            // their document starts (data.document_mask; else empty)
+  int64_t trained_tokens_ = 0;  // the step's global batch's trained targets
   comm::Communicator* dp_ = nullptr;  // dp × cp under context parallelism
   int dp_rank_ = 0, dp_size_ = 1;
   // Context parallelism: the group, this rank's place in it, the data-parallel rank and size

@@ -1,6 +1,6 @@
-// Engine::evaluate: the validation loss, forward only, through the same chunks, tensor slices,
-// pipeline transfers and ZeRO gathers as a training step, so every layout gives the loss of one
-// process (DESIGN.md §1).
+// Engine::evaluate: the validation loss (the mean over the trained targets), forward only, through
+// the same chunks, tensor slices, pipeline transfers and ZeRO gathers as a training step, so every
+// layout gives the loss of one process (DESIGN.md §1).
 #include "strata/comm/flight_recorder.h"
 #include "strata/core/check.h"
 #include "strata/data/sampler.h"
@@ -11,7 +11,8 @@
 namespace strata {
 
 void Engine::set_validation(const data::TokenDataset& val) {
-  val_sampler_ = std::make_unique<data::Sampler>(val, cfg_.model.seq_len, cfg_.train.seed);
+  val_sampler_ = std::make_unique<data::Sampler>(val, cfg_.model.seq_len, cfg_.train.seed,
+                                                 sampler_options(cfg_.data, val));
   const int64_t bound = val.vocab_bound();
   STRATA_INPUT_CHECK(bound <= cfg_.model.vocab, "validation data ", val.source(), " has token id ",
                      bound - 1, " but model.vocab is ", cfg_.model.vocab,
@@ -37,18 +38,23 @@ double Engine::evaluate(int64_t iters) {
   std::function<void()> drop;
   if (sync_ && shard_ != nullptr && cfg_.zero.stage == 3) drop = [this] { sync_->drop_gathered(); };
   if (sync_) sync_->begin_eval();
+  int32_t* docs = doc_begin_.as<int32_t>();
   double loss_sum = 0.0;
+  int64_t trained = 0;  // the targets of every rank's windows, as a step counts them
   for (int64_t i = 0; i < iters; ++i) {
+    for (int64_t w = i * gbs; w < (i + 1) * gbs; ++w)
+      trained += val_sampler_->window_trained(w % windows);
     const int64_t first = data::Sampler::first_sample_of(i * gbs, data_rank_, data_size_, gbs);
     for (int64_t b = 0; b < local; ++b) {
-      val_sampler_->get_window((first + b) % windows, in + b * T, tg + b * T);
+      val_sampler_->get_window((first + b) % windows, in + b * T, tg + b * T,
+                               docs != nullptr ? docs + b * T : nullptr);
     }
     const auto [rows_in, rows_tg] = context_rows(in, tg);
-    loss_sum += pipe_->forward_only(rows_in, rows_tg, sync_.get(), drop);
+    loss_sum += pipe_->forward_only(rows_in, rows_tg, sync_.get(), drop, docs);
   }
   // As a step's loss: the last stage's sum over the pipeline, then over data parallelism.
   const float sum = float(sum_over_pp_dp(loss_sum));
-  return double(sum) / double(iters * gbs * T);
+  return trained > 0 ? double(sum) / double(trained) : 0.0;
 }
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "strata/core/atomic_file.h"
+#include "strata/data/sampler.h"
 
 namespace strata {
 
@@ -26,6 +27,28 @@ std::string list_files(const std::vector<std::string>& files) {
 
 void print_data(const data::DataSplits& d, const Config& cfg, const Engine& engine) {
   std::printf("data: train on %s\n", list_files(d.train_files).c_str());
+  const data::Sampler& s = *engine.sampler();
+  const int64_t n = s.num_windows(), T = s.seq_len();
+  int64_t trained = 0;
+  for (int64_t w = 0; w < n; ++w) trained += s.window_trained(w);
+  if (s.options().pack) {
+    std::printf(
+        "data: packed %lld documents (pieces) first-fit into %lld windows of %lld: "
+        "packing efficiency %.1f%%\n",
+        static_cast<long long>(s.packed_pieces()), static_cast<long long>(n),
+        static_cast<long long>(T), 100.0 * s.packing_efficiency());
+  }
+  if (trained != n * T) {
+    std::printf("data: %lld of the windows' %lld targets are trained (%.1f%%)%s\n",
+                static_cast<long long>(trained), static_cast<long long>(n * T),
+                100.0 * double(trained) / double(n * T),
+                d.train->has_loss_mask() ? ", as the loss mask says" : "");
+  }
+  if (cfg.data.document_mask) {
+    std::printf(
+        "data: document masking: documents in a window do not see each other, positions "
+        "restart at each\n");
+  }
   if (!d.ignored_files.empty()) {
     std::printf("data: ignored (named neither train nor val): %s\n",
                 list_files(d.ignored_files).c_str());
