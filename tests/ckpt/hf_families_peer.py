@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """The transformers side of tests/ckpt/hf_families_test.sh (run in the peer venv).
 
-    hf_families_peer.py make DIR FAMILY   a tiny random model of FAMILY made by transformers (fp32,
-                                          eager attention, norm weights randomised, sliding windows
-                                          shorter than the sequence), saved as DIR/hf/{config.json,
-                                          model.safetensors}; DIR/data.bin, an llm.c shard of
-                                          exactly GBS windows of T+1 tokens (so that every strata
-                                          step trains on all of them, in whatever order); and
-                                          DIR/tokens.bin, their inputs as int32; and
-                                          DIR/reference.json: transformers' logits of those
-                                          windows and its losses over STEPS steps of AdamW with
-                                          gradient clipping on them
-    hf_families_peer.py logits DIR OUT    the logits transformers computes with the model in DIR
-                                          (a strata export) for the windows of data.bin, written
-                                          as float32 to OUT
+    hf_families_peer.py make DIR FAMILY...
+                                          for each FAMILY, a tiny random model made by
+                                          transformers (fp32, eager attention, norm weights
+                                          randomised, sliding windows shorter than the sequence),
+                                          saved as DIR/FAMILY/hf/{config.json, model.safetensors};
+                                          DIR/FAMILY/data.bin, an llm.c shard of exactly GBS
+                                          windows of T+1 tokens (so that every strata step trains
+                                          on all of them, in whatever order); DIR/FAMILY/tokens.bin,
+                                          their inputs as int32; and DIR/FAMILY/reference.json:
+                                          transformers' logits of those windows and its losses over
+                                          STEPS steps of AdamW with gradient clipping on them
+    hf_families_peer.py logits DIR FAMILY...
+                                          for each FAMILY, the logits transformers computes with
+                                          the model in DIR/FAMILY/export (a strata export) for the
+                                          windows of its data.bin, written as float32 to
+                                          DIR/FAMILY/ref1.bin
+One process does every family: PyTorch's import is paid once.
 """
 import json
 import os
@@ -154,7 +158,10 @@ def logits(model_dir, out):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "make":
-        make(sys.argv[2], sys.argv[3])
-    else:
-        logits(sys.argv[2], sys.argv[3])
+    for family in sys.argv[3:]:
+        d = os.path.join(sys.argv[2], family)
+        if sys.argv[1] == "make":
+            os.makedirs(d, exist_ok=True)
+            make(d, family)
+        else:
+            logits(os.path.join(d, "export"), os.path.join(d, "ref1.bin"))

@@ -6,21 +6,18 @@
                                      saved as DIR/hf/; DIR/conversations.jsonl, conversations with
                                      and without system prompts, of one to three turns, and
                                      prompt/completion pairs
-    hf_sft_peer.py ids DIR DATA      checks that strata's DATA/train and DATA/val (Megatron
-                                     .bin/.idx/.lossmask) hold, per conversation, the ids of
-                                     apply_chat_template(tokenize=True), trained on its assistant
-                                     turns
-    hf_sft_peer.py train DIR DATA T STEPS
-                                     packs DATA/train first-fit into windows of T (written here
-                                     from the files, not by strata) and trains the model STEPS steps
-                                     of AdamW on all of them at once, as transformers trains on a
-                                     flattened batch (DataCollatorWithFlattening: position ids that
-                                     restart at each document, no attention mask; labels -100
-                                     where DATA/train.lossmask says 0 and at each document's first
-                                     token); prints the losses, and the validation loss after
-                                     them as strata computes it (DATA/val packed, GBS windows
-                                     modulo its windows), as JSON
-    hf_sft_peer.py loss DIR DATA T   the same windows' loss under the model in DIR (an export)
+    hf_sft_peer.py check DIR DATA T STEPS WINDOWS RUN EXPORT
+                                     checks strata's work against transformers:
+        - DATA/train and DATA/val (Megatron .bin/.idx/.lossmask) hold, per conversation, the ids
+          of apply_chat_template(tokenize=True), trained on its assistant turns;
+        - DATA/train packed first-fit into windows of T (written here from the files, not by
+          strata) gives WINDOWS windows, the count strata printed;
+        - transformers trained STEPS steps of AdamW on all of them at once, as it trains on a
+          flattened batch (DataCollatorWithFlattening: position ids that restart at each
+          document, no attention mask; labels -100 where DATA/train.lossmask says 0 and at each
+          document's first token), has the losses of RUN/metrics.jsonl (1e-5), and after them the
+          validation loss strata computed (DATA/val packed, GBS windows modulo its windows);
+        - the model in EXPORT (strata's, exported) has transformers' trained model's loss.
 """
 import json
 import os
@@ -201,6 +198,7 @@ def load(model_dir):
 
 
 def train(out, data, T, steps):
+    """transformers' losses over the steps, its loss after them, and its validation loss."""
     batch = pack(read_split(data), T)
     model = load(os.path.join(out, "hf"))
     decay = [p for p in model.parameters() if p.ndim >= 2]
@@ -223,23 +221,45 @@ def train(out, data, T, steps):
     with torch.no_grad():
         final = loss_of(model, batch).item()
         val_loss = loss_of(model, val, torch.arange(len(batch[0])) % len(val[0])).item()
-    print(json.dumps({"windows": len(batch[0]), "losses": losses, "final": final,
-                      "val_loss": val_loss}))
+    return len(batch[0]), losses, final, val_loss
 
 
-def loss(model_dir, data, T):
-    model = load(model_dir).eval()
+def close(what, got, want):
+    err = abs(got - want) / abs(want)
+    assert err <= 1e-5, f"{what}: {got} against transformers' {want}"
+    return err
+
+
+def check(out, data, T, steps, windows, run, export):
+    check_ids(out, data)
+    n, theirs, final, val_loss = train(out, data, T, steps)
+    assert n == windows, f"strata packed {windows} windows, first-fit here gives {n}"
+    rows = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))
+            if '"loss"' in line]
+    ours = [r["loss"] for r in rows]
+    assert len(ours) == len(theirs), (ours, theirs)
+    err = max(close(f"step {i + 1}", a, b) for i, (a, b) in enumerate(zip(ours, theirs)))
+    trained = {r["trained_tokens"] for r in rows}
+    assert len(trained) == 1 and all(r["trained_tokens"] < r["tokens"] for r in rows), rows[0]
+    assert all(r["trained_tokens_per_s"] < r["tokens_per_s"] for r in rows), rows[0]
+    print(f"  {len(ours)} steps on {n} packed windows, {trained.pop()} trained tokens a step: "
+          f"losses {ours[0]:.6f} .. {ours[-1]:.6f}, max relative difference {err:.2e}")
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(val) == 1, rows
+    verr = close("validation loss", val[0], val_loss)
+    print(f"  validation loss over the trained tokens {val[0]:.6f}, transformers {val_loss:.6f}: "
+          f"relative difference {verr:.2e}")
+    model = load(export).eval()
     with torch.no_grad():
-        print(f"{loss_of(model, pack(read_split(data), T)).item():.9f}")
+        got = loss_of(model, pack(read_split(data), T)).item()
+    eerr = close("the export's loss", got, final)
+    print(f"  the export in transformers: loss {got:.6f}, transformers' own trained model "
+          f"{final:.6f}: relative difference {eerr:.2e}")
 
 
 if __name__ == "__main__":
-    cmd = sys.argv[1]
-    if cmd == "make":
+    if sys.argv[1] == "make":
         make(sys.argv[2])
-    elif cmd == "ids":
-        check_ids(sys.argv[2], sys.argv[3])
-    elif cmd == "train":
-        train(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
-        loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        check(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]),
+              sys.argv[7], sys.argv[8])

@@ -29,11 +29,8 @@ T=64 steps=10
   { cat "$work/import.log"; exit 1; }
 "$strata" data prepare --jsonl "$work/conversations.jsonl" --tokenizer "$work/hf" \
   --output "$work/data/" --val-fraction 0.15 --seq-len $T | tee "$work/prepare.log"
-"$py" "$here/hf_sft_peer.py" ids "$work" "$work/data"
-ref=$("$py" "$here/hf_sft_peer.py" train "$work" "$work/data" $T $steps)
-windows=$("$py" -c "import json, sys; print(json.loads(sys.argv[1])['windows'])" "$ref")
-grep -q "packed first-fit into $windows windows of $T" "$work/prepare.log" ||
-  { echo "strata packs into other windows than $windows"; exit 1; }
+windows=$(sed -n "s/^packed first-fit into \([0-9]*\) windows of $T.*/\1/p" "$work/prepare.log")
+[ -n "$windows" ] || { echo "data prepare --seq-len printed no packing"; exit 1; }
 
 # Every window in each step: the global batch is the whole epoch, in whatever order.
 cat >"$work/sft.json" <<JSON
@@ -48,31 +45,7 @@ JSON
 "$strata" launch -n 2 --threads 1 -- train --config "$work/sft.json" --resume "$work/base" \
   </dev/null >"$work/train.log" 2>&1 || { cat "$work/train.log"; exit 1; }
 grep -E '^data: ' "$work/train.log"
-"$py" - "$work" "$ref" <<'PY'
-import json, sys
-work, ref = sys.argv[1], json.loads(sys.argv[2])
-rows = [json.loads(l) for l in open(f"{work}/run/metrics.jsonl") if '"loss"' in l]
-ours, theirs = [r["loss"] for r in rows], ref["losses"]
-assert len(ours) == len(theirs), (ours, theirs)
-err = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-trained = {r["trained_tokens"] for r in rows}
-assert len(trained) == 1 and all(r["trained_tokens"] < r["tokens"] for r in rows), rows[0]
-assert all(r["trained_tokens_per_s"] < r["tokens_per_s"] for r in rows), rows[0]
-print(f"  {len(ours)} steps on {ref['windows']} packed windows, {trained.pop()} trained tokens a "
-      f"step: losses {ours[0]:.6f} .. {ours[-1]:.6f}, max relative difference {err:.2e}")
-assert err <= 1e-5, f"losses differ: {ours} vs {theirs}"
-val = [r["val_loss"] for r in rows if "val_loss" in r]
-assert len(val) == 1, rows
-verr = abs(val[0] - ref["val_loss"]) / ref["val_loss"]
-print(f"  validation loss over the trained tokens {val[0]:.6f}, transformers {ref['val_loss']:.6f}: "
-      f"relative difference {verr:.2e}")
-assert verr <= 1e-5, "validation losses differ"
-PY
 "$strata" ckpt export "$work/ckpt" --format hf -o "$work/export" >/dev/null
-got=$("$py" "$here/hf_sft_peer.py" loss "$work/export" "$work/data" $T)
-"$py" -c "
-import json, sys
-got, want = float(sys.argv[1]), json.loads(sys.argv[2])['final']
-print(f'  the export in transformers: loss {got:.6f}, transformers\' own trained model {want:.6f}')
-assert abs(got - want) <= 1e-5 * abs(want), 'the exported model differs'" "$got" "$ref"
+"$py" "$here/hf_sft_peer.py" check "$work" "$work/data" $T $steps "$windows" "$work/run" \
+  "$work/export"
 echo "instruction fine-tuning against transformers: ok"
