@@ -34,7 +34,7 @@ Sampler::Sampler(const TokenDataset& dataset, int seq_len, uint64_t seed, Sample
   }
   half_bits_ = 1;
   while (half_bits_ < 32 && (uint64_t(1) << (2 * half_bits_)) < uint64_t(N_)) ++half_bits_;
-  if (options.pack || documents || dataset.has_loss_mask()) {
+  if (documents || dataset.has_loss_mask()) {
     // Each window's trained targets, for the loss's denominator (trained_tokens) without reading
     // the batch's other samples.
     trained_.assign(size_t(N_), 0);
