@@ -10,7 +10,7 @@
 namespace strata::data::jinja {
 namespace {
 
-// jinja2's filter names; those marked false are known to jinja2 but not implemented here.
+// jinja2's filter names; those marked false are known to jinja2 but refused here (an InputError).
 const std::vector<std::pair<std::string, bool>>& filter_table() {
   static const std::vector<std::pair<std::string, bool>> table = {
       {"abs", true},        {"attr", true},       {"batch", true},       {"capitalize", true},

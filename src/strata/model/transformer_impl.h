@@ -112,9 +112,9 @@ struct Slot {
   // pass of the micro-batch where `documents` (select_documents).
   int32_t* doc_begin = nullptr;
   bool documents = false;
-  void* encoded = nullptr;                        // (Ns, C) the chunk's input hidden states
-  std::vector<BlockActs> blocks;                  // the chunk's blocks
-  void* lnf = nullptr;                            // (Ns, C)
+  void* encoded = nullptr;        // (Ns, C) the chunk's input hidden states
+  std::vector<BlockActs> blocks;  // the chunk's blocks
+  void* lnf = nullptr;            // (Ns, C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;
   void* logits = nullptr;   // (N, Vl): logits; dlogits, in place, once the backward has run
   float* losses = nullptr;  // (N)

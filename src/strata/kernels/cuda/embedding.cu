@@ -202,26 +202,38 @@ void embedding_forward(Tensor out, Tensor tokens, Tensor rows, int64_t row_begin
   });
 }
 
-void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
-                        int64_t row_end) {
-  const int64_t N = tokens.numel(), R = row_end - row_begin, C = drows.numel() / R;
+// drows (R, C) += dout's rows (N, C) summed per table row: make_keys(keys, pbits) writes each
+// row n's key (its table row << pbits | n; table row R for rows outside the table), which are
+// sorted so that each table row's run is summed in fp32 and added once (kOnce: runs are whole,
+// as add_row_runs says).
+template <bool kOnce, typename MakeKeys>
+void add_rows_by_key(const char* op, Tensor drows, Tensor dout, int64_t N, int64_t R, int64_t C,
+                     MakeKeys&& make_keys) {
   if (N == 0) return;
   const int pbits = std::bit_width(uint64_t(N - 1));
   const int end_bit = pbits + std::bit_width(uint64_t(R));  // keys < (R + 1) << pbits
   const cudaStream_t stream = compute_stream();
-  const uint64_t* sorted = sorted_keys(N, end_bit, stream, [&](uint64_t* keys) {
-    token_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(keys, dev<const int32_t>(tokens),
-                                                                 N, row_begin, row_end, pbits);
-    STRATA_CUDA_LAUNCHED();
-  });
-  with_types("embedding_backward", dout.dtype, drows.dtype, [&](auto s, auto g) {
+  const uint64_t* sorted =
+      sorted_keys(N, end_bit, stream, [&](uint64_t* keys) { make_keys(keys, pbits, stream); });
+  with_types(op, dout.dtype, drows.dtype, [&](auto s, auto g) {
     using S = decltype(s);
     using G = decltype(g);
     const dim3 grid(row_blocks(N), blocks_for(C, kThreads));
-    add_row_runs<S, G, false>
+    add_row_runs<S, G, kOnce>
         <<<grid, kThreads, 0, stream>>>(dev<G>(drows), dev<const S>(dout), sorted, N, R, C, pbits);
     STRATA_CUDA_LAUNCHED();
   });
+}
+
+void embedding_backward(Tensor drows, Tensor dout, Tensor tokens, int64_t row_begin,
+                        int64_t row_end) {
+  const int64_t N = tokens.numel(), R = row_end - row_begin, C = drows.numel() / R;
+  add_rows_by_key<false>("embedding_backward", drows, dout, N, R, C,
+                         [&](uint64_t* keys, int pbits, cudaStream_t stream) {
+                           token_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(
+                               keys, dev<const int32_t>(tokens), N, row_begin, row_end, pbits);
+                           STRATA_CUDA_LAUNCHED();
+                         });
 }
 
 void position_forward(Tensor out, Tensor wpe, int64_t T, int64_t pos0, const int32_t* doc_begin,
@@ -240,23 +252,12 @@ void position_backward(Tensor dwpe, Tensor dout, int64_t T, int64_t pos0, const 
                        int64_t seq) {
   const int64_t C = dout.dim(-1), N = dout.numel() / C;
   if (doc_begin != nullptr) {
-    if (N == 0) return;
-    const int pbits = std::bit_width(uint64_t(N - 1));
-    const int end_bit = pbits + std::bit_width(uint64_t(T));  // table rows < T
-    const cudaStream_t stream = compute_stream();
-    const uint64_t* sorted = sorted_keys(N, end_bit, stream, [&](uint64_t* keys) {
-      position_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(keys, doc_begin, N, T, seq,
-                                                                      pos0, pbits);
-      STRATA_CUDA_LAUNCHED();
-    });
-    with_types("position_backward", dout.dtype, dwpe.dtype, [&](auto s, auto g) {
-      using S = decltype(s);
-      using G = decltype(g);
-      const dim3 grid(row_blocks(N), blocks_for(C, kThreads));
-      add_row_runs<S, G, true>
-          <<<grid, kThreads, 0, stream>>>(dev<G>(dwpe), dev<const S>(dout), sorted, N, T, C, pbits);
-      STRATA_CUDA_LAUNCHED();
-    });
+    add_rows_by_key<true>("position_backward", dwpe, dout, N, T, C,
+                          [&](uint64_t* keys, int pbits, cudaStream_t stream) {
+                            position_keys<<<blocks_for(N, kThreads), kThreads, 0, stream>>>(
+                                keys, doc_begin, N, T, seq, pos0, pbits);
+                            STRATA_CUDA_LAUNCHED();
+                          });
     return;
   }
   with_types("position_backward", dout.dtype, dwpe.dtype, [&](auto s, auto g) {
