@@ -77,6 +77,28 @@ def config(family):
     if family == "olmo2":  # post norms, q/k norms over whole projections
         return transformers.Olmo2Config(**common, rope_theta=5e5, attention_bias=False,
                                         tie_word_embeddings=False)
+    # The mixtures of experts, with transformers' balancing loss (output_router_logits) at a
+    # coefficient large enough to show in the losses.
+    moe = dict(output_router_logits=True, router_aux_loss_coef=0.05)
+    if family == "mixtral":  # renormalised top 2 of 4 experts on every layer
+        return transformers.MixtralConfig(**common, **moe, num_local_experts=4,
+                                          num_experts_per_tok=2, sliding_window=None,
+                                          tie_word_embeddings=False, rope_theta=1e6)
+    if family == "qwen2_moe":  # top 2 of 4, not renormalised, a gated shared expert, q/k/v
+        # biases, a dense middle layer
+        c = dict(common, num_hidden_layers=3)
+        return transformers.Qwen2MoeConfig(**c, **moe, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=64,
+                                           norm_topk_prob=False, mlp_only_layers=[1],
+                                           use_sliding_window=False, tie_word_embeddings=True,
+                                           rope_theta=1e6)
+    if family == "qwen3_moe":  # renormalised top 3 of 8, per-head q/k norms
+        return transformers.Qwen3MoeConfig(**common, **moe, head_dim=24, num_experts=8,
+                                           num_experts_per_tok=3, moe_intermediate_size=32,
+                                           norm_topk_prob=True, attention_bias=False,
+                                           use_sliding_window=False, tie_word_embeddings=False,
+                                           rope_theta=1e6)
     raise SystemExit(f"unknown family {family}")
 
 
@@ -94,9 +116,23 @@ def write_llmc(path, tokens):
 
 
 def loss_of(model, batch):
-    logits = model(batch[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+    cfg = model.config
+    moe = getattr(cfg, "output_router_logits", False)
+    out = model(batch[:, :-1], output_router_logits=moe) if moe else model(batch[:, :-1])
+    logits = out.logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              batch[:, 1:].reshape(-1))
+    if moe:
+        # transformers' balancing loss (its layers pooled) over each sequence, averaged over the
+        # batch's sequences: strata's statistic, which no micro-batch split or layout changes.
+        from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+        experts = getattr(cfg, "num_local_experts", None) or cfg.num_experts
+        B, T = batch.shape[0], batch.shape[1] - 1
+        per_layer = [r.view(B, T, -1) for r in out.router_logits]
+        aux = sum(load_balancing_loss_func(tuple(r[b] for r in per_layer), experts,
+                                           cfg.num_experts_per_tok) for b in range(B)) / B
+        loss = loss + cfg.router_aux_loss_coef * aux
+    return loss
 
 
 def make(out, family):

@@ -132,6 +132,8 @@ const Implemented kImplemented[] = {
     {"model.layer_types", "the layers the window applies to"},
     {"model.rope_layers", "the layers that apply RoPE (SmolLM3)"},
     {"model.rope_scaling", "rope_table: RoPE's frequencies (linear, llama3, yarn)"},
+    {"model.moe",
+     "transformer_moe.cc: a mixture of experts in the MLPs (router, experts, balancing)"},
     {"model.norm_placement", "the Transformer: pre, sandwich (Gemma) or post (OLMo 2) norms"},
     {"model.norm_offset", "the RMSNorms' gain (offset + w): Gemma's 1 + w"},
     {"model.mlp_act", "the gated MLP's activation: swiglu or geglu"},

@@ -88,6 +88,29 @@ constexpr Rule kRules[] = {
     {"gemma2", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
     {"gemma2", R::Norm2W, {"model.layers.{i}.pre_feedforward_layernorm.weight"}, false},
     {"gemma2", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
+    // The mixtures of experts: "{e}" stands for the expert, each expert's rows a part of their
+    // own (gate, up; down), one expert after another.
+    {"mixtral", R::RouterW, {"model.layers.{i}.block_sparse_moe.gate.weight"}, false},
+    {"mixtral",
+     R::ExpertGateUpW,
+     {"model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight",
+      "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight"},
+     false},
+    {"mixtral", R::ExpertDownW, {"model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight"}, false},
+    {"qwen_moe", R::RouterW, {"model.layers.{i}.mlp.gate.weight"}, false},
+    {"qwen_moe",
+     R::ExpertGateUpW,
+     {"model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+      "model.layers.{i}.mlp.experts.{e}.up_proj.weight"},
+     false},
+    {"qwen_moe", R::ExpertDownW, {"model.layers.{i}.mlp.experts.{e}.down_proj.weight"}, false},
+    {"qwen_moe",
+     R::SharedFcW,
+     {"model.layers.{i}.mlp.shared_expert.gate_proj.weight",
+      "model.layers.{i}.mlp.shared_expert.up_proj.weight"},
+     false},
+    {"qwen_moe", R::SharedFc2W, {"model.layers.{i}.mlp.shared_expert.down_proj.weight"}, false},
+    {"qwen_moe", R::SharedGateW, {"model.layers.{i}.mlp.shared_expert_gate.weight"}, false},
     // OLMo 2's norms follow each sublayer.
     {"olmo2", R::PostAttnNormW, {"model.layers.{i}.post_attention_layernorm.weight"}, false},
     {"olmo2", R::PostMlpNormW, {"model.layers.{i}.post_feedforward_layernorm.weight"}, false},
@@ -96,9 +119,10 @@ constexpr Rule kRules[] = {
 // The rules' naming a family's checkpoints use: GPT-2's; Phi-3's, Gemma 3's and OLMo 2's (each
 // Llama's but a few); or Llama's (every other RoPE family).
 std::string_view naming(const std::string& family) {
-  for (const char* own : {"gpt2", "phi3", "gemma2", "gemma3", "olmo2"}) {
+  for (const char* own : {"gpt2", "phi3", "gemma2", "gemma3", "olmo2", "mixtral"}) {
     if (family == own) return own;
   }
+  if (family == "qwen2_moe" || family == "qwen3_moe") return "qwen_moe";
   return "llama";
 }
 
@@ -107,18 +131,26 @@ std::string_view base_prefix(const std::string& family) {
   return family == "gpt2" ? "transformer." : "model.";
 }
 
-std::string with_layer(std::string_view pattern, int layer) {
+std::string with_layer(std::string_view pattern, int layer, int expert = -1) {
   std::string s(pattern);
   const size_t at = s.find("{i}");
   if (at != std::string::npos) s.replace(at, 3, std::to_string(layer));
+  const size_t e = s.find("{e}");
+  if (e != std::string::npos) s.replace(e, 3, std::to_string(expert));
   return s;
 }
 
-// Rows of p's canonical tensor in each Hugging Face part of `rule`.
-std::vector<int64_t> part_rows(const ParamSpec& p, const Rule& rule) {
+// The experts a rule's parts repeat for ("{e}" in its names): the model's, else one.
+int64_t experts_of(const Rule& rule, const ModelConfig& m) {
+  return rule.parts[0].find("{e}") != std::string_view::npos ? m.moe.experts : 1;
+}
+
+// Rows of p's canonical tensor in each Hugging Face part of `rule` (of one expert's rows where
+// the parts are per expert).
+std::vector<int64_t> part_rows(const ParamSpec& p, const Rule& rule, int64_t experts) {
   const size_t n = size_t(std::count_if(rule.parts.begin(), rule.parts.end(),
                                         [](std::string_view s) { return !s.empty(); }));
-  if (n == 1) return {p.global_shape[0]};
+  if (n == 1) return {p.global_shape[0] / experts};
   if (p.fused == Fused::Qkv && n == 3) {
     const int64_t heads = p.fused_dims[0], kvh = p.fused_dims[1], hd = p.fused_dims[2];
     return {heads * hd, kvh * hd, kvh * hd};
@@ -277,12 +309,14 @@ std::vector<HfTensor> hf_tensors(const ModelSpec& spec) {
     }
     STRATA_CHECK(rule != nullptr, "parameter ", p.name, " of a ", family,
                  " model has no Hugging Face counterpart");
-    const std::vector<int64_t> rows = part_rows(p, *rule);
+    const int64_t experts = experts_of(*rule, spec.config);
+    const std::vector<int64_t> rows = part_rows(p, *rule, experts);
     const int64_t cols = cols_of(p);
     int64_t begin = 0;
-    for (size_t k = 0; k < rows.size(); ++k) {
+    for (size_t j = 0; j < rows.size() * size_t(experts); ++j) {
+      const size_t k = j % rows.size();
       HfTensor t;
-      t.name = with_layer(rule->parts[k], p.layer);
+      t.name = with_layer(rule->parts[k], p.layer, int(j / rows.size()));
       t.param = int(i);
       t.row_begin = begin, t.rows = rows[k];
       t.transposed = rule->conv1d && p.global_shape.size() == 2;

@@ -41,11 +41,18 @@ struct HfFamily {
   const char* architecture;
 };
 constexpr HfFamily kHfFamilies[] = {
-    {"llama", "llama", "LlamaForCausalLM"},    {"mistral", "mistral", "MistralForCausalLM"},
-    {"qwen2", "qwen2", "Qwen2ForCausalLM"},    {"qwen3", "qwen3", "Qwen3ForCausalLM"},
-    {"phi3", "phi3", "Phi3ForCausalLM"},       {"smollm3", "smollm3", "SmolLM3ForCausalLM"},
-    {"gemma2", "gemma2", "Gemma2ForCausalLM"}, {"gemma3", "gemma3_text", "Gemma3ForCausalLM"},
+    {"llama", "llama", "LlamaForCausalLM"},
+    {"mistral", "mistral", "MistralForCausalLM"},
+    {"qwen2", "qwen2", "Qwen2ForCausalLM"},
+    {"qwen3", "qwen3", "Qwen3ForCausalLM"},
+    {"phi3", "phi3", "Phi3ForCausalLM"},
+    {"smollm3", "smollm3", "SmolLM3ForCausalLM"},
+    {"gemma2", "gemma2", "Gemma2ForCausalLM"},
+    {"gemma3", "gemma3_text", "Gemma3ForCausalLM"},
     {"olmo2", "olmo2", "Olmo2ForCausalLM"},
+    {"mixtral", "mixtral", "MixtralForCausalLM"},
+    {"qwen2_moe", "qwen2_moe", "Qwen2MoeForCausalLM"},
+    {"qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM"},
 };
 
 // The family that a config.json's model_type names: its own name but Gemma 3's text model.
@@ -75,6 +82,29 @@ json rope_scaling_json(const RopeScaling& r) {
     if (r.attention_factor > 0) j["attention_factor"] = decimal(r.attention_factor);
   }
   return j;
+}
+
+// A mixture of experts' fields, as transformers names them for the family. transformers adds
+// its balancing loss (pooled over the layers) only with output_router_logits, which an export sets
+// when the model trains with one.
+void moe_config(const ModelConfig& m, json& j) {
+  const MoeConfig& e = m.moe;
+  j["num_experts_per_tok"] = e.top_k;
+  const bool aux = e.aux_loss == "pooled" && e.router_aux_loss_coef > 0;
+  j["output_router_logits"] = aux;
+  j["router_aux_loss_coef"] = decimal(aux ? e.router_aux_loss_coef : 0.0f);
+  if (m.family == "mixtral") {
+    j["num_local_experts"] = e.experts;
+    j["intermediate_size"] = e.ffn_hidden;  // Mixtral's experts are its MLPs
+    j["router_jitter_noise"] = 0.0;
+    return;
+  }
+  j["num_experts"] = e.experts;
+  j["moe_intermediate_size"] = e.ffn_hidden;
+  j["norm_topk_prob"] = e.norm_topk_prob;
+  j["decoder_sparse_step"] = e.decoder_sparse_step;
+  j["mlp_only_layers"] = e.mlp_only_layers;
+  if (m.family == "qwen2_moe") j["shared_expert_intermediate_size"] = e.shared_ffn_hidden;
 }
 
 // The RoPE families' config.json fields (Llama's, and what each family adds).
@@ -107,9 +137,13 @@ void rope_family_config(const ModelConfig& m, json& j) {
   if (m.family == "mistral" || m.family == "phi3") {
     j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
   }
-  if (m.family == "qwen2" || m.family == "qwen3") {
+  const bool qwen_moe = m.family == "qwen2_moe" || m.family == "qwen3_moe";
+  if (m.family == "mixtral")
+    j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
+  if (m.family == "qwen2" || m.family == "qwen3" || qwen_moe) {
     j.erase("attention_bias");
-    if (m.family == "qwen3") j["attention_bias"] = false;
+    if (m.family == "qwen3" || m.family == "qwen3_moe") j["attention_bias"] = false;
+    if (m.family == "qwen2_moe") j["qkv_bias"] = m.qkv_bias;
     j["use_sliding_window"] = m.sliding_window > 0;
     j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
     j["max_window_layers"] = m.layers;
@@ -124,6 +158,7 @@ void rope_family_config(const ModelConfig& m, json& j) {
       j["max_window_layers"] = first;
     }
   }
+  if (m.moe.experts > 0) moe_config(m, j);
   if (m.family == "phi3") {
     j["resid_pdrop"] = 0.0;
     j["embd_pdrop"] = 0.0;
@@ -283,10 +318,11 @@ void read_rope(const json& j, const std::string& path, ModelConfig& m) {
 // the family's rule (Mistral and Phi-3: every layer slides when sliding_window is set; Qwen2/3:
 // the layers from max_window_layers on, when use_sliding_window).
 void read_sliding(const json& j, const std::string& path, const std::string& type, ModelConfig& m) {
-  const bool qwen = type == "qwen2" || type == "qwen3";
-  const bool used =
-      qwen ? field<bool>(j, path, "use_sliding_window", false)
-           : type == "mistral" || type == "phi3" || type == "gemma2" || type == "gemma3";
+  const bool qwen =
+      type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe";
+  const bool used = qwen ? field<bool>(j, path, "use_sliding_window", false)
+                         : type == "mistral" || type == "mixtral" || type == "phi3" ||
+                               type == "gemma2" || type == "gemma3";
   const int window = field<int>(j, path, "sliding_window", 0);
   if (!used || window == 0) return;
   m.sliding_window = window;
@@ -313,6 +349,49 @@ void read_sliding(const json& j, const std::string& path, const std::string& typ
   const auto sliding = std::count(m.layer_sliding.begin(), m.layer_sliding.end(), char(1));
   if (!m.layer_sliding.empty() && sliding == 0) m.sliding_window = 0;
   if (sliding == 0 || sliding == int64_t(m.layer_sliding.size())) m.layer_sliding.clear();
+}
+
+// Mixtral's, Qwen2-MoE's and Qwen3-MoE's experts (model_config.h MoeConfig). The balancing loss
+// is the one transformers adds: with output_router_logits, router_aux_loss_coef; else none.
+void read_moe(const json& j, const std::string& path, const std::string& type, ModelConfig& m) {
+  MoeConfig& e = m.moe;
+  const bool mixtral = type == "mixtral";
+  e.experts = field<int>(j, path, mixtral ? "num_local_experts" : "num_experts");
+  e.top_k = field<int>(j, path, "num_experts_per_tok");
+  e.ffn_hidden = mixtral ? m.ffn_hidden : field<int>(j, path, "moe_intermediate_size");
+  e.norm_topk_prob = mixtral || field<bool>(j, path, "norm_topk_prob", false);
+  STRATA_INPUT_CHECK(e.experts > 0 && e.top_k > 0 && e.top_k <= e.experts && e.ffn_hidden > 0, path,
+                     ": ", e.experts, " experts of ", e.ffn_hidden, " units, ", e.top_k,
+                     " per token: each must be > 0, and num_experts_per_tok at most the experts");
+  if (type == "qwen2_moe") {
+    e.shared_ffn_hidden = field<int>(j, path, "shared_expert_intermediate_size");
+    e.shared_gate = true;
+    STRATA_INPUT_CHECK(e.shared_ffn_hidden > 0, path,
+                       ": \"shared_expert_intermediate_size\" must be > 0");
+  }
+  if (!mixtral) {
+    e.decoder_sparse_step = field<int>(j, path, "decoder_sparse_step", 1);
+    STRATA_INPUT_CHECK(e.decoder_sparse_step > 0, path, ": \"decoder_sparse_step\" must be > 0");
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+      const json& v = j["mlp_only_layers"];
+      STRATA_INPUT_CHECK(v.is_array(), path, ": \"mlp_only_layers\" must be a list of layers");
+      for (const json& l : v) {
+        STRATA_INPUT_CHECK(
+            l.is_number_integer() && l.get<int64_t>() >= 0 && l.get<int64_t>() < m.layers, path,
+            ": \"mlp_only_layers\" holds ", l.dump(), "; layers are 0 to ", m.layers - 1);
+        e.mlp_only_layers.push_back(l.get<int>());
+      }
+    }
+  }
+  if (mixtral) {
+    require(j, path, "router_jitter_noise", 0.0, 0.0,
+            "strata routes without jitter (router_jitter_noise 0)");
+  }
+  const bool aux = field<bool>(j, path, "output_router_logits", false);
+  e.router_aux_loss_coef =
+      aux ? float(field<double>(j, path, "router_aux_loss_coef", 0.001)) : 0.0f;
+  STRATA_INPUT_CHECK(std::isfinite(e.router_aux_loss_coef) && e.router_aux_loss_coef >= 0, path,
+                     ": \"router_aux_loss_coef\" must be a finite number >= 0");
 }
 
 ModelConfig gpt2_config(const json& j, const std::string& path) {
@@ -354,8 +433,11 @@ ModelConfig rope_family_model(const json& j, const std::string& path, const std:
   const bool gemma = type == "gemma2" || type == "gemma3";
   // Absent: the transformers class's default, which only SmolLM3's and Gemma's tie.
   m.tied_embeddings = field<bool>(j, path, "tie_word_embeddings", type == "smollm3" || gemma);
-  m.qkv_bias = type == "qwen2";
-  m.qk_norm = type == "qwen3" || type == "gemma3" ? "head" : type == "olmo2" ? "whole" : "none";
+  m.qkv_bias = type == "qwen2" || (type == "qwen2_moe" && field<bool>(j, path, "qkv_bias", true));
+  m.qk_norm = type == "qwen3" || type == "qwen3_moe" || type == "gemma3" ? "head"
+              : type == "olmo2"                                          ? "whole"
+                                                                         : "none";
+  if (type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe") read_moe(j, path, type, m);
   m.norm_placement = gemma ? "sandwich" : type == "olmo2" ? "post" : "pre";
   if (gemma) {  // (1 + w) norms, GeGLU, scaled embeddings and scores; soft-caps (2), RoPE bases (3)
     m.norm_offset = 1.0f;
@@ -392,7 +474,7 @@ ModelConfig rope_family_model(const json& j, const std::string& path, const std:
     require<std::string>(j, path, "hidden_act", "silu", "silu",
                          "its MLP is SwiGLU (silu); a GELU-gated MLP is Gemma's");
   }
-  if (type != "qwen2") {
+  if (type != "qwen2" && type != "qwen2_moe") {
     require(j, path, "attention_bias", false, false,
             "its attention projections have no biases (Qwen2's q/k/v biases come with "
             "model_type qwen2)");

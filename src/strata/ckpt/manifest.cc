@@ -98,6 +98,11 @@ ModelConfig parse_model(const Reader& r, const json& o) {
     if (!std::isfinite(v)) r.fail(f + "." + key, "is not a finite number");
     return v;
   };
+  auto finite_in = [&](const json& in, const char* key, const std::string& field) {
+    const float v = float(r.number(in, key, field));
+    if (!std::isfinite(v) || v < 0) r.fail(field + "." + key, "is not a finite number >= 0");
+    return v;
+  };
   m.norm_eps = finite("norm_eps");
   if (o.contains("rope_theta")) m.rope_theta = finite("rope_theta");
   m.init_std = finite("init_std");
@@ -166,6 +171,32 @@ ModelConfig parse_model(const Reader& r, const json& o) {
     s.beta_fast = float(r.number(rs, "beta_fast", g));
     s.beta_slow = float(r.number(rs, "beta_slow", g));
     s.attention_factor = float(r.number(rs, "attention_factor", g));
+  }
+  if (o.contains("moe")) {  // a mixture of experts (model_config.h MoeConfig)
+    const json& e = o["moe"];
+    const std::string g = f + ".moe";
+    MoeConfig& x = m.moe;
+    x.experts = int(r.integer(e, "experts", g, 1, 1 << 20));
+    x.top_k = int(r.integer(e, "top_k", g, 1, x.experts));
+    x.ffn_hidden = int(r.integer(e, "ffn_hidden", g, 1, 1 << 28));
+    x.shared_ffn_hidden = int(r.integer(e, "shared_ffn_hidden", g, 0, 1 << 28));
+    x.shared_gate = r.boolean(e, "shared_gate", g);
+    x.norm_topk_prob = r.boolean(e, "norm_topk_prob", g);
+    x.router = r.string(e, "router", g);
+    if (x.router != "softmax") r.fail(g + ".router", "is not softmax");
+    x.decoder_sparse_step = int(r.integer(e, "decoder_sparse_step", g, 1, 1 << 20));
+    for (const json& l : r.array(e, "mlp_only_layers", g)) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= m.layers) {
+        r.fail(g + ".mlp_only_layers", "holds something other than a layer index");
+      }
+      x.mlp_only_layers.push_back(l.get<int>());
+    }
+    x.aux_loss = r.string(e, "aux_loss", g);
+    if (x.aux_loss != "pooled" && x.aux_loss != "per_layer") {
+      r.fail(g + ".aux_loss", "is not pooled or per_layer");
+    }
+    x.router_aux_loss_coef = finite_in(e, "router_aux_loss_coef", g);
+    x.z_loss_coef = finite_in(e, "z_loss_coef", g);
   }
   return m;
 }
@@ -377,7 +408,9 @@ std::string model_difference(const ModelConfig& saved, const ModelConfig& here) 
         diff("rope_layers", model_block_json(saved).value("rope_layers", json()).dump(),
              model_block_json(here).value("rope_layers", json()).dump()),
         diff("rope_scaling", model_block_json(saved).value("rope_scaling", json()).dump(),
-             model_block_json(here).value("rope_scaling", json()).dump())}) {
+             model_block_json(here).value("rope_scaling", json()).dump()),
+        diff("moe", model_block_json(saved).value("moe", json()).dump(),
+             model_block_json(here).value("moe", json()).dump())}) {
     if (!d.empty()) return d;
   }
   return "";

@@ -89,6 +89,15 @@ std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parall
     return concat("model.ffn_hidden=", m.ffn_hidden, " is not divisible by parallelism.tensor=", t,
                   ": the MLP's hidden units are split across the tensor-parallel ranks");
   }
+  const std::pair<const char*, int> expert_sizes[] = {
+      {"model.moe.ffn_hidden", m.moe.experts > 0 ? m.moe.ffn_hidden : 0},
+      {"model.moe.shared_ffn_hidden", m.moe.shared_ffn_hidden}};
+  for (const auto& [key, n] : expert_sizes) {
+    if (n % t != 0) {
+      return concat(key, "=", n, " is not divisible by parallelism.tensor=", t,
+                    ": each expert's hidden units are split across the tensor-parallel ranks");
+    }
+  }
   // (B·T) % t without forming B·T, which a huge micro batch would overflow; T is this rank's
   // part of each sequence under context parallelism.
   const int T = m.seq_len % context == 0 ? m.seq_len / context : m.seq_len;
@@ -105,6 +114,51 @@ std::string tensor_split_error(const ModelConfig& m, int t, bool sequence_parall
         t / std::gcd(t, T), " or set parallelism.sequence_parallel to false");
   }
   return "";
+}
+
+bool moe_family(const std::string& family) {
+  return family == "mixtral" || family == "qwen2_moe" || family == "qwen3_moe";
+}
+
+// The moe block's rules (model_config.h MoeConfig); the routed experts' ffn_hidden defaults to
+// the dense MLP's (Mixtral has one size for both).
+void finalize_moe(ModelConfig& m) {
+  MoeConfig& e = m.moe;
+  if (e.experts == 0) {
+    STRATA_INPUT_CHECK(!moe_family(m.family), "model.family \"", m.family,
+                       "\" is a mixture of experts: give model.moe.experts (the routed experts "
+                       "per MoE layer) and model.moe.top_k (the experts each token goes to)");
+    return;
+  }
+  STRATA_INPUT_CHECK(!m.gpt2_block(),
+                     "model.moe describes SwiGLU experts, which family gpt2 (a GELU MLP with "
+                     "biases) does not have: use a RoPE family such as \"mixtral\" or "
+                     "\"qwen3_moe\"");
+  STRATA_INPUT_CHECK(e.top_k >= 1 && e.top_k <= e.experts, "model.moe.top_k=", e.top_k,
+                     " must be between 1 and model.moe.experts=", e.experts,
+                     ": each token goes to top_k distinct experts");
+  STRATA_INPUT_CHECK(m.mlp_act == "silu", "model.moe's experts are SwiGLU MLPs; model.mlp_act \"",
+                     m.mlp_act, "\" is not supported with them: remove model.mlp_act");
+  STRATA_INPUT_CHECK(m.norm_placement == "pre",
+                     "model.moe follows pre norms only; "
+                     "model.norm_placement \"",
+                     m.norm_placement, "\" is not supported with it");
+  if (e.ffn_hidden == 0) e.ffn_hidden = m.ffn_hidden;
+  STRATA_INPUT_CHECK(e.shared_ffn_hidden > 0 || !e.shared_gate,
+                     "model.moe.shared_gate gates the shared expert, but "
+                     "model.moe.shared_ffn_hidden is 0 (none): give its size or set "
+                     "shared_gate to false");
+  for (int l : e.mlp_only_layers) {
+    STRATA_INPUT_CHECK(l >= 0 && l < m.layers, "model.moe.mlp_only_layers names layer ", l,
+                       ", but the model has layers 0 to ", m.layers - 1);
+  }
+  STRATA_INPUT_CHECK(m.moe_layers() > 0,
+                     "model.moe makes no layer a mixture of experts: "
+                     "decoder_sparse_step=",
+                     e.decoder_sparse_step,
+                     " and mlp_only_layers leave "
+                     "every one of the ",
+                     m.layers, " layers dense; remove model.moe or lower them");
 }
 
 }  // namespace
@@ -124,10 +178,14 @@ ModelConfig model_preset(const std::string& name) {
 void family_defaults(ModelConfig& m) {
   const bool gemma = m.family == "gemma2" || m.family == "gemma3";
   m.tied_embeddings = m.family == "gpt2" || gemma;
-  m.qkv_bias = m.family == "qwen2";
-  m.qk_norm = m.family == "qwen3" || m.family == "gemma3" ? "head"
-              : m.family == "olmo2"                       ? "whole"
-                                                          : "none";
+  m.qkv_bias = m.family == "qwen2" || m.family == "qwen2_moe";
+  // The MoE families' experts: Mixtral renormalises the top-k probabilities, Qwen does not
+  // (transformers' defaults); Qwen2-MoE gates its shared expert. Their sizes are the moe block's.
+  m.moe.norm_topk_prob = m.family == "mixtral";
+  m.moe.shared_gate = m.family == "qwen2_moe";
+  m.qk_norm = m.family == "qwen3" || m.family == "qwen3_moe" || m.family == "gemma3" ? "head"
+              : m.family == "olmo2"                                                  ? "whole"
+                                                                                     : "none";
   m.norm_placement = gemma ? "sandwich" : m.family == "olmo2" ? "post" : "pre";
   m.norm_offset = gemma ? 1.0f : 0.0f;
   m.mlp_act = gemma ? "gelu_tanh" : "silu";
@@ -226,6 +284,7 @@ void finalize_model(ModelConfig& m) {
                          "attention_factor >= 0 (0: 0.1 ln(factor) + 1)");
     }
   }
+  finalize_moe(m);
   STRATA_INPUT_CHECK(std::isfinite(m.norm_eps) && m.norm_eps > 0,
                      "model.norm_eps must be a finite number > 0, got ", m.norm_eps);
   STRATA_INPUT_CHECK(std::isfinite(m.rope_theta) && m.rope_theta > 0,
@@ -289,6 +348,40 @@ void check_tensor_split(const Config& c, int64_t micro_batch) {
   STRATA_INPUT_FAIL(error, "; valid values of parallelism.tensor: ", valid);
 }
 
+// model.moe (model_config.h MoeConfig).
+void parse_moe(const Block& b, ModelConfig& m) {
+  Block e = b.child("moe", {"experts", "top_k", "ffn_hidden", "shared_ffn_hidden", "shared_gate",
+                            "norm_topk_prob", "router", "decoder_sparse_step", "mlp_only_layers",
+                            "aux_loss", "router_aux_loss_coef", "z_loss_coef"});
+  if (!e.present()) return;
+  MoeConfig& o = m.moe;
+  if (!e.get_int("experts", o.experts, 1)) {
+    if (!e.has("experts")) b.fail("moe", "an object with \"experts\" (the routed experts)");
+  }
+  if (!e.get_int("top_k", o.top_k, 1) && !e.has("top_k")) {
+    b.fail("moe", "an object with \"top_k\" (the experts each token goes to)");
+  }
+  e.get_int("ffn_hidden", o.ffn_hidden, 1);
+  e.get_int("shared_ffn_hidden", o.shared_ffn_hidden, 0);
+  e.get_bool("shared_gate", o.shared_gate);
+  e.get_bool("norm_topk_prob", o.norm_topk_prob);
+  e.get_choice("router", o.router, {"softmax"});
+  e.get_int("decoder_sparse_step", o.decoder_sparse_step, 1);
+  if (e.has("mlp_only_layers")) {
+    const json& v = e.at("mlp_only_layers");
+    o.mlp_only_layers.clear();
+    for (const json& l : v.is_array() ? v : json::array({nullptr})) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() > 1000000) {
+        e.fail("mlp_only_layers", "a list of layer indices whose MLP stays dense");
+      }
+      o.mlp_only_layers.push_back(l.get<int>());
+    }
+  }
+  e.get_choice("aux_loss", o.aux_loss, {"pooled", "per_layer"});
+  e.get_number("router_aux_loss_coef", o.router_aux_loss_coef, 0.0, HUGE_VAL, false);
+  e.get_number("z_loss_coef", o.z_loss_coef, 0.0, HUGE_VAL, false);
+}
+
 // The model block's description of the block beyond the shape (model_config.h).
 void parse_block_description(const Block& b, ModelConfig& m) {
   b.get_bool("qkv_bias", m.qkv_bias);
@@ -325,6 +418,7 @@ void parse_block_description(const Block& b, ModelConfig& m) {
       m.layer_rope.push_back(t == 1);
     }
   }
+  parse_moe(b, m);
   Block r = b.child("rope_scaling", {"type", "factor", "low_freq_factor", "high_freq_factor",
                                      "original_max_position_embeddings", "beta_fast", "beta_slow",
                                      "attention_factor"});
@@ -454,6 +548,15 @@ void parse_layout_blocks(const Block& top, Config& c) {
                       " Transformer blocks; each chunk needs at least one: lower "
                       "parallelism.pipeline or virtual_stages");
   }
+  if (m.moe.experts > 0 && m.moe.aux_loss == "pooled" && m.moe.router_aux_loss_coef > 0 &&
+      chunks > 1) {
+    STRATA_INPUT_FAIL(
+        "model.moe.aux_loss \"pooled\" pools every MoE layer's routing of a "
+        "sequence into one balancing loss, which a model split into ",
+        chunks,
+        " pipeline chunks does not see in one place: use model.moe.aux_loss "
+        "\"per_layer\" (Megatron's), or parallelism.pipeline 1");
+  }
   if (p.virtual_stages > 1 && p.pipeline == 1) {
     STRATA_INPUT_FAIL("parallelism.virtual_stages=", p.virtual_stages,
                       " needs parallelism.pipeline > 1 (virtual stages are chunks of each "
@@ -496,6 +599,12 @@ void parse_layout_blocks(const Block& top, Config& c) {
                       " runs on the CPU backend only: the CUDA backend has no context-parallel "
                       "attention yet; set train.device \"cpu\" or parallelism.context=1 (tensor "
                       "parallelism with sequence_parallel also splits the sequence)");
+  }
+  if (c.train.device == "cuda" && m.moe.experts > 0) {
+    STRATA_INPUT_FAIL(
+        "model.moe (a mixture of experts) runs on the CPU backend only: the CUDA "
+        "backend has no routing or grouped expert kernels yet; set train.device "
+        "\"cpu\"");
   }
   if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {
     tb.fail("run_dir", "a non-empty directory path");

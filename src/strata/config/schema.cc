@@ -168,7 +168,8 @@ const Keys kModel = {"preset",
                      "query_pre_attn_scalar",
                      "attn_logit_softcapping",
                      "final_logit_softcapping",
-                     "rope_local_theta"};
+                     "rope_local_theta",
+                     "moe"};
 const Keys kParallelism = {
     "tensor",    "pipeline",  "virtual_stages",   "schedule", "sequence_parallel", "order",
     "timeout_s", "partition", "partition_blocks", "context",  "context_impl"};

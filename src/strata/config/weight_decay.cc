@@ -32,6 +32,12 @@ const char* weight_decay_group(ParamRole role) {
     case ParamRole::FcW:
     case ParamRole::Fc2W:
     case ParamRole::OutputW:
+    case ParamRole::RouterW:
+    case ParamRole::ExpertGateUpW:
+    case ParamRole::ExpertDownW:
+    case ParamRole::SharedFcW:
+    case ParamRole::SharedFc2W:
+    case ParamRole::SharedGateW:
       return "weight";
   }
   return "weight";

@@ -332,6 +332,58 @@ struct SgdArgs {
 // buf: the momentum buffer (optional without momentum).
 void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArgs& a);
 
+// --- mixture of experts
+// --------------------------------------------------------------------------- A MoE layer
+// (model/model_config.h MoeConfig) routes each of N token rows to top_k of E experts, runs each
+// expert on the rows routed to it (grouped, by the plan) and sums their outputs back. The CPU
+// backend only: a view on a GPU is refused.
+struct MoeRoute {
+  int experts = 0, top_k = 0;
+  bool norm_topk_prob = true;
+};
+// probs (N, E) = softmax(logits (N, E)); lse (N) = each row's logsumexp; top (N, k) int32: the
+// top_k experts by probability, descending (equal ones: the lower expert first); gates (N, k):
+// their probabilities, renormalised to sum to 1 with norm_topk_prob. fp32 throughout.
+void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
+                       const MoeRoute& r);
+// The dispatch plan of top (N, k): counts (E) the rows routed to each expert; rows (N·k) the
+// token of each row sorted by expert (by token, then choice, within one); pos (N, k) where
+// token n's j-th choice is among them. int32 throughout.
+void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, int experts);
+// Per sequence of T rows (N/T of them): stats (B, 2, E) fp32 = the choices of each expert, then
+// the sum of each expert's probability over the sequence's rows.
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);
+// dlogits (N, E) fp32: the router logits' gradient from dgates (N, k), the gates' (for
+// norm_topk_prob through the renormalisation), plus coef (B, E), optional, added to the gradient
+// of the probabilities of every row of sequence b (the balancing loss's), plus the z-loss's
+// z·lse² per row (z: its weight per row; 0: none).
+void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
+                        Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r);
+// out (R, C) row r = x (N, C) row rows[r].
+void gather_rows(Tensor out, Tensor x, Tensor rows);
+// out (N, C) row n = Σ_j w[n, j] · y[pos[n, j]] (w (N, k) fp32; absent: 1), summed in fp32 in j
+// order and rounded once.
+void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w);
+// The combine's backward: dy[pos[n, j]] = w[n, j] · dout[n]; dw (N, k) fp32 = <dout[n], y[pos]>.
+void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor pos, Tensor w);
+// A sigmoid-gated branch: g (N) fp32 holds the gate's logits, replaced by sigmoid(g); out (N, C)
+// += g[n] · s[n].
+void moe_gate_forward(Tensor out, Tensor s, Tensor g);
+// Its backward: ds = g[n] · dout[n]; dg (N) fp32, the gradient of the gate's logit,
+// = <dout[n], s[n]> · g[n]·(1 − g[n]) (linear in dout: partial sums sum).
+void moe_gate_backward(Tensor ds, Tensor dg, Tensor dout, Tensor s, Tensor g);
+// Grouped linear layers: x's rows in consecutive groups of counts[g] rows (host memory, summing
+// to its rows), group g through weight g, rows [g·N, (g+1)·N) of w (G·N, K). One call per
+// projection, however many groups are empty.
+// y (R, N) = x_g (R_g, K) · w_gᵀ per group.
+void grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t* counts, int groups);
+// dx (R, K) = dy_g · w_g per group (dx written).
+void grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t* counts,
+                                   int groups);
+// dw_g (N, K) += dy_gᵀ · x_g per group.
+void grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t* counts,
+                                    int groups);
+
 // --- tokens --------------------------------------------------------------------------------------
 // Checks every token of inputs in [0, V) (an InputError naming the first that is not) and returns
 // the number of targets >= 0. Either may be empty (nothing checked / 0).

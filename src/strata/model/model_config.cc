@@ -5,8 +5,9 @@
 namespace strata {
 
 const std::vector<std::string>& model_families() {
-  static const std::vector<std::string> f = {"gpt2", "llama",   "mistral", "qwen2",  "qwen3",
-                                             "phi3", "smollm3", "gemma2",  "gemma3", "olmo2"};
+  static const std::vector<std::string> f = {"gpt2",    "llama",     "mistral",  "qwen2",  "qwen3",
+                                             "phi3",    "smollm3",   "gemma2",   "gemma3", "olmo2",
+                                             "mixtral", "qwen2_moe", "qwen3_moe"};
   return f;
 }
 
@@ -39,6 +40,21 @@ nlohmann::json model_block_json(const ModelConfig& m) {
     nlohmann::json rope = nlohmann::json::array();
     for (char c : m.layer_rope) rope.push_back(c ? 1 : 0);
     j["rope_layers"] = rope;
+  }
+  const MoeConfig& e = m.moe;
+  if (e.experts > 0) {
+    j["moe"] = {{"experts", e.experts},
+                {"top_k", e.top_k},
+                {"ffn_hidden", e.ffn_hidden},
+                {"shared_ffn_hidden", e.shared_ffn_hidden},
+                {"shared_gate", e.shared_gate},
+                {"norm_topk_prob", e.norm_topk_prob},
+                {"router", e.router},
+                {"decoder_sparse_step", e.decoder_sparse_step},
+                {"mlp_only_layers", e.mlp_only_layers},
+                {"aux_loss", e.aux_loss},
+                {"router_aux_loss_coef", e.router_aux_loss_coef},
+                {"z_loss_coef", e.z_loss_coef}};
   }
   const RopeScaling& r = m.rope_scaling;
   if (r.type != "none") {

@@ -25,10 +25,41 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
+// A mixture of experts in the MLP of some layers (the `moe` object of the model block): each
+// token's router logits (fp32, Linear(hidden → experts) without bias) pick top_k of `experts`
+// SwiGLU experts of ffn_hidden units each; the MLP's output is their outputs weighted by the
+// router's probabilities (softmax over every expert, the top_k renormalised to sum 1 where
+// norm_topk_prob: Mixtral; as they are otherwise: Qwen2/3-MoE), plus an optional shared expert
+// every token passes through, scaled by a sigmoid gate (Qwen2-MoE). Dropless: every expert takes
+// every token routed to it.
+//
+// Balancing (../shared/reference/moe.md §1, §4), added to the loss with router_aux_loss_coef, over
+// each sequence's tokens and averaged over the global batch's sequences, so that neither the
+// micro-batch split nor the layout changes it: "pooled" is transformers' load_balancing_loss_func
+// (every MoE layer's rows pooled: E·Σ_e f_e·P_e, balanced value top_k), "per_layer" Megatron's
+// aux_loss (each layer's E/k·Σ_e f_e·P_e, balanced value 1, summed over the layers). z_loss_coef:
+// Megatron's router z-loss, coef·mean over tokens of logsumexp(logits)², summed over the layers.
+struct MoeConfig {
+  int experts = 0;  // 0: every MLP is dense
+  int top_k = 0;
+  int ffn_hidden = 0;         // each expert's hidden units (transformers' moe_intermediate_size)
+  int shared_ffn_hidden = 0;  // the shared expert's (0: none)
+  bool shared_gate = false;   // the shared expert's output times sigmoid(x·w_gate)
+  bool norm_topk_prob = true;
+  std::string router = "softmax";
+  // The MoE layers: every decoder_sparse_step-th ((layer + 1) % step == 0), but mlp_only_layers.
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
+  std::string aux_loss = "pooled";  // "pooled" | "per_layer"
+  float router_aux_loss_coef = 0.0f;
+  float z_loss_coef = 0.0f;
+  bool operator==(const MoeConfig&) const = default;
+};
+
 struct ModelConfig {
   std::string preset;  // "" when given by fields; else the preset's name
   // "gpt2" | "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "smollm3" | "gemma2" | "gemma3" |
-  // "olmo2":
+  // "olmo2" | "mixtral" | "qwen2_moe" | "qwen3_moe":
   // the defaults of the
   // fields below, and the Hugging Face model_type an export writes.
   std::string family = "gpt2";
@@ -73,7 +104,20 @@ struct ModelConfig {
   // Layers that apply RoPE (empty: every layer; SmolLM3 leaves it out on every fourth).
   std::vector<char> layer_rope;
   RopeScaling rope_scaling;
+  MoeConfig moe;
 
+  bool moe_layer(int layer) const {
+    if (moe.experts == 0 || (layer + 1) % moe.decoder_sparse_step != 0) return false;
+    for (int l : moe.mlp_only_layers) {
+      if (l == layer) return false;
+    }
+    return true;
+  }
+  int moe_layers() const {
+    int n = 0;
+    for (int l = 0; l < layers; ++l) n += moe_layer(l);
+    return n;
+  }
   int hd() const { return head_dim > 0 ? head_dim : heads > 0 ? hidden / heads : 0; }
   bool pre_norm() const { return norm_placement != "post"; }
   bool post_norm() const { return norm_placement != "pre"; }

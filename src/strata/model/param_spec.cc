@@ -188,7 +188,13 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
   const int64_t norms = (pre ? C : 0) + (post ? C : 0);
   const int64_t attn = gpt2 ? 2 * C + ql * C + ql + C * hl + C
                             : norms + ql * C + (m.qkv_bias ? ql : 0) + qk_gains + C * hl;
-  const int64_t mlp = gpt2 ? 2 * C + fl * C + fl + C * tp.ffn + C : norms + fl * C + C * tp.ffn;
+  const int64_t dense_mlp =
+      gpt2 ? 2 * C + fl * C + fl + C * tp.ffn + C : norms + fl * C + C * tp.ffn;
+  const MoeConfig& moe = m.moe;
+  const int64_t E = moe.experts, Fe = moe.ffn_hidden, Fs = moe.shared_ffn_hidden;
+  const int64_t fe = Fe / tp.size, fs = Fs / tp.size;  // this rank's units of each
+  const int64_t moe_mlp = norms + E * C + E * 3 * fe * C + 3 * fs * C + (moe.shared_gate ? C : 0);
+  const int64_t mlp = std::max(dense_mlp, E > 0 ? moe_mlp : 0);
   const int64_t rows = vocab_rows(std::max(attn, mlp), C, align);
   const Split qkv_rows = qkv_split(m, tp), fc_rows = rows_split(fch, tp);
   const Split proj_cols = cols_split(m.heads * hd, tp), fc2_cols = cols_split(F, tp);
@@ -243,8 +249,29 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       if (post) b.add(p + "post_attention_norm.weight", {C}, R::PostAttnNormW, gain, 0.0f, l);
       b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
       if (pre) b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, gain, 0.0f, l);
-      b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, R::FcW, I::Normal, s, l, fc_rows);
-      b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, I::Normal, s_resid, l, fc2_cols);
+      if (m.moe_layer(l)) {
+        // Each expert's gate|up rows split over tp as a dense MLP's: E ranges of 2F/tp rows.
+        Split experts{0, {}, E * 2 * fe};
+        for (int64_t e = 0; e < E; ++e)
+          experts.ranges.push_back({e * 2 * Fe + tp.rank * 2 * fe, 2 * fe, 1});
+        b.add(p + "mlp.gate.weight", {E, C}, R::RouterW, I::Normal, s, l);
+        b.add(p + "mlp.experts.gate_up_proj.weight", {E * 2 * Fe, C}, R::ExpertGateUpW, I::Normal,
+              s, l, experts);
+        b.add(p + "mlp.experts.down_proj.weight", {E * C, Fe}, R::ExpertDownW, I::Normal, s_resid,
+              l, cols_split(Fe, tp));
+        if (Fs > 0) {
+          b.add(p + "mlp.shared_expert.gate_up_proj.weight", {2 * Fs, C}, R::SharedFcW, I::Normal,
+                s, l, rows_split(2 * Fs, tp));
+          b.add(p + "mlp.shared_expert.down_proj.weight", {C, Fs}, R::SharedFc2W, I::Normal,
+                s_resid, l, cols_split(Fs, tp));
+          if (moe.shared_gate) {
+            b.add(p + "mlp.shared_expert_gate.weight", {1, C}, R::SharedGateW, I::Normal, s, l);
+          }
+        }
+      } else {
+        b.add(p + "mlp.gate_up_proj.weight", {2 * F, C}, R::FcW, I::Normal, s, l, fc_rows);
+        b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, I::Normal, s_resid, l, fc2_cols);
+      }
       if (post) b.add(p + "post_mlp_norm.weight", {C}, R::PostMlpNormW, gain, 0.0f, l);
     }
   }
@@ -265,6 +292,10 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       p.fused = Fused::Qkv, p.fused_dims = {m.heads, kvh, hd};
     } else if (p.role == ParamRole::FcW && !gpt2) {
       p.fused = Fused::GateUp, p.fused_dims = {F, 0, 0};
+    } else if (p.role == ParamRole::ExpertGateUpW) {
+      p.fused = Fused::GateUp, p.fused_dims = {Fe, E, 0};
+    } else if (p.role == ParamRole::SharedFcW) {
+      p.fused = Fused::GateUp, p.fused_dims = {Fs, 0, 0};
     }
   }
   return std::move(b.spec);
@@ -316,8 +347,9 @@ int64_t canonical_row(const ParamSpec& p, int64_t row) {
     if (slot == rep) return (heads + g) * hd + d;        // key head g
     return (heads + kvh + g) * hd + d;                   // value head g
   }
-  if (p.fused == Fused::GateUp) {
-    return row % 2 == 0 ? row / 2 : p.fused_dims[0] + row / 2;  // gate f | up f
+  if (p.fused == Fused::GateUp) {  // gate f | up f, expert after expert
+    const int64_t F = p.fused_dims[0], base = row / (2 * F) * 2 * F, j = row % (2 * F);
+    return base + (j % 2 == 0 ? j / 2 : F + j / 2);
   }
   return row;
 }
@@ -399,7 +431,11 @@ std::vector<ReplicatedRange> replicated_ranges(const ModelSpec& spec) {
 
 double train_flops_per_token(const ModelSpec& spec) {
   const ModelConfig& m = spec.config;
-  return 6.0 * double(spec.global_param_numel) +
+  // A token passes through top_k of a MoE layer's experts: the others' weights do no work for it.
+  const MoeConfig& e = m.moe;
+  const double idle = double(m.moe_layers()) * double(e.experts - e.top_k) * 3.0 *
+                      double(e.ffn_hidden) * double(m.hidden);
+  return 6.0 * (double(spec.global_param_numel) - idle) +
          12.0 * m.layers * double(m.heads) * m.hd() * double(m.seq_len);
 }
 

@@ -19,7 +19,8 @@
 //     head (hd rows each). With kv_heads >= tp a rank holds kv_heads/tp whole groups; with fewer
 //     it holds heads/tp query heads of one group plus that group's key and value heads, which
 //     tp/kv_heads ranks then hold alike (their gradients are summed over those ranks).
-//   llama's gate|up rows interleave: row 2f is gate f, row 2f+1 is up f.
+//   llama's gate|up rows interleave: row 2f is gate f, row 2f+1 is up f; so do each expert's, the
+//     experts' blocks of 2F rows one after another, each split over tp as a dense MLP's is.
 // Initial values are drawn at the element's index in the canonical (Hugging Face) layout — QKV as
 // [all queries | all keys | all values], gate|up as [gate | up] — so neither the fused layout nor
 // tp changes a weight.
@@ -61,8 +62,15 @@ enum class ParamRole : uint8_t {
   KNormW,         // the key heads': (hd) or (kv_heads·hd)
   PostAttnNormW,  // (C) the norm of the attention's output (norm_placement sandwich, post)
   PostMlpNormW,   // (C) the norm of the MLP's output
+  // A mixture-of-experts MLP (model_config.h MoeConfig; E experts of F units, a shared one of Fs):
+  RouterW,        // (E, C)
+  ExpertGateUpW,  // (E·2F, C) each expert's gate|up rows interleaved, expert after expert
+  ExpertDownW,    // (E·C, F) each expert's down projection, expert after expert
+  SharedFcW,      // (2Fs, C) the shared expert's gate|up, interleaved
+  SharedFc2W,     // (C, Fs)
+  SharedGateW,    // (1, C) the shared expert's sigmoid gate
 };
-constexpr int kNumParamRoles = int(ParamRole::PostMlpNormW) + 1;
+constexpr int kNumParamRoles = int(ParamRole::SharedGateW) + 1;
 
 // The fused weights whose rows are not in the canonical order (see above).
 enum class Fused : uint8_t { None, Qkv, GateUp };
@@ -86,7 +94,8 @@ struct ParamSpec {
   std::vector<TpRange> ranges;
   int replicas = 1;  // split_axis -1: the ranks holding the whole tensor (the tp size)
   Fused fused = Fused::None;
-  std::array<int64_t, 3> fused_dims{};  // Qkv: heads, kv_heads, hd; GateUp: ffn_hidden
+  std::array<int64_t, 3> fused_dims{};  // Qkv: heads, kv_heads, hd; GateUp: ffn_hidden, experts
+                                        // (0: one MLP's)
   bool held = true;  // false: on another pipeline stage (no elements in this flat buffer)
   ParamRole role = ParamRole::TokenEmbedding;
   int layer = -1;  // block parameters: the layer
@@ -180,7 +189,8 @@ std::vector<ReplicatedRange> replicated_ranges(const ModelSpec& spec);
 
 // Matmul FLOPs of one training step (forward + backward) per token of the whole model (all tp
 // ranks), the peers' convention: 6·N + 12·L·C·T with N all parameters (padding excluded) (as
-// ../peers counts, so MFU figures compare).
+// ../peers counts, so MFU figures compare); of a mixture of experts, those a token passes through
+// (the router, top_k of each MoE layer's experts and the shared expert: its active parameters).
 double train_flops_per_token(const ModelSpec& spec);
 
 }  // namespace strata

@@ -84,6 +84,18 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
       core_att_shape_.softcap = cfg_.attn_logit_softcapping;
     }
   }
+  if (cfg_.moe.experts > 0) {
+    const MoeConfig& m = cfg_.moe;
+    moe_ = true;
+    STRATA_CHECK(dev_ == Device::CPU, "a mixture of experts runs on the CPU backend only");
+    STRATA_CHECK(!cfg_.post_norm(), "a mixture of experts after pre norms only");
+    E_ = m.experts, K_ = m.top_k;
+    Fel_ = m.ffn_hidden / tp_->size(), Fsl_ = m.shared_ffn_hidden / tp_->size();
+    NK_ = N_ * K_;
+    route_ = {E_, K_, m.norm_topk_prob};
+    counts32_.assign(size_t(E_), 0);
+    coef_host_.assign(size_t(B_) * E_, 0.0f);
+  }
   att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tp_layout_.heads * T_}
                       : ops::attention_saved(dev_, pt_, core_att_shape_);
   places();
@@ -192,6 +204,8 @@ void TransformerImpl::layout() {
   const int64_t att_n = att_saved_.numel;
   const size_t att_e = dtype_size(att_saved_.dtype);
   const bool selective = chunk_.recompute.selective;
+  // The MLP's widths: the dense layers', or the shared expert's where wider.
+  const int64_t Fmax = std::max(Fl_, Fsl_), FCHmax = std::max(FCHl_, 2 * Fsl_);
   bool any = false;
   for (char c : ckpt_) any |= c != 0;
   // What a block keeps per slot besides QKV, probabilities, pre-activation and output.
@@ -204,7 +218,7 @@ void TransformerImpl::layout() {
     a.ln2 = act(Ns * C, ps);
     a.ln2_mean = static_cast<float*>(act(Ns, f4));
     a.ln2_rstd = static_cast<float*>(act(Ns, f4));
-    a.fch_act = act(N * Fl_, ps);
+    a.fch_act = act(N * Fmax, ps);
     if (qk_norm_) {
       a.qkv_in = act(N * QKVl_, ps);
       a.qk_rstd =
@@ -217,10 +231,34 @@ void TransformerImpl::layout() {
       a.mlp_out_rstd = static_cast<float*>(act(Ns, f4));
     }
   };
+  // A MoE block's own (BlockActs), after what carve gives every block.
+  auto carve_moe = [&](BlockActs& a) {
+    const int64_t E = E_, k = K_, NK = NK_;
+    a.router_probs = static_cast<float*>(act(N * E, f4));
+    a.router_lse = static_cast<float*>(act(N, f4));
+    a.moe_top = static_cast<int32_t*>(act(N * k, 4));
+    a.moe_gates = static_cast<float*>(act(N * k, f4));
+    a.moe_counts = static_cast<int32_t*>(act(E, 4));
+    a.moe_pos = static_cast<int32_t*>(act(N * k, 4));
+    a.moe_rows = static_cast<int32_t*>(act(NK, 4));
+    a.xp = act(NK * C, ps);
+    a.efch = act(NK * 2 * Fel_, ps);
+    a.eact = act(NK * Fel_, ps);
+    a.ey = act(NK * C, ps);
+    if (Fsl_ > 0) a.sout = act(N * C, ps);
+    if (cfg_.moe.shared_gate) a.sgate = static_cast<float*>(act(N, f4));
+  };
+  auto moe_block = [&](int b) { return moe_ && cfg_.moe_layer(l0_ + b); };
   // The recompute set: one block's activations, shared by every fully recomputed block (and the
   // attention probabilities by every block under selective recompute).
   rc_ = BlockActs{};
-  if (any) carve(rc_), rc_.qkv = act(N * QKVl_, ps), rc_.fch = act(N * FCHl_, ps);
+  if (any) carve(rc_), rc_.qkv = act(N * QKVl_, ps), rc_.fch = act(N * FCHmax, ps);
+  for (int b = 0; b < nb; ++b) {
+    if (ckpt_[size_t(b)] && moe_block(b)) {
+      carve_moe(rc_);
+      break;
+    }
+  }
   if (any || selective) rc_.att = act(att_n, att_e);
   if (shard_) {
     for (void*& w : whole_) w = act(shard_elems_ * tp_->size(), ps);
@@ -242,7 +280,7 @@ void TransformerImpl::layout() {
         continue;
       }
       in.blocks[b] = {act(N * QKVl_, ps), selective ? rc_.att : act(att_n, att_e),
-                      act(N * FCHl_, ps)};
+                      act(N * FCHmax, ps)};
     }
   }
   slots_.resize(size_t(chunk_.slots));
@@ -259,8 +297,14 @@ void TransformerImpl::layout() {
         a = rc_;
       } else {
         carve(a);
+        if (moe_block(int(b))) carve_moe(a);
       }
       a.res3 = input_at(s, int(b) + 1);
+    }
+    if (moe_) {
+      s.expert_counts.assign(size_t(nb), std::vector<int64_t>(size_t(E_), 0));
+      s.moe_stats.assign(size_t(nb), std::vector<float>(size_t(B_) * 2 * E_, 0.0f));
+      s.moe_lse.assign(size_t(nb), std::vector<float>(cfg_.moe.z_loss_coef > 0 ? size_t(N) : 0));
     }
     if (has_head_) {
       s.lnf = act(Ns * C, ps);
@@ -277,11 +321,21 @@ void TransformerImpl::layout() {
              act(N * QKVl_, ps),
              act(Ns * C, ps),
              act(N * C, ps),
-             act(N * FCHl_, ps),
+             act(N * FCHmax, ps),
              act(Ns * C, ps),
              nullptr,
              nullptr,
+             nullptr,
+             nullptr,
+             nullptr,
+             nullptr,
              nullptr};
+        if (moe_block(int(&b - s.stash.data()))) {
+          b.dey = act(NK_ * C, ps);
+          b.defch = act(NK_ * 2 * Fel_, ps);
+          b.dlogits = static_cast<float*>(act(N * E_, f4));
+          if (cfg_.moe.shared_gate) b.dsgate = static_cast<float*>(act(N, f4));
+        }
         if (qk_norm_) b.dqk_gains = act(qk_gains(), dtype_size(gt_));
         if (cfg_.post_norm()) b.dpost_attn = act(Ns * C, ps), b.dpost_mlp = act(Ns * C, ps);
       }
@@ -291,8 +345,20 @@ void TransformerImpl::layout() {
   }
   dres_ = wk(Ns * C, ps);
   dc_ = wk(Ns * C, ps);
-  d_wide_out_ = wk(N * std::max(QKVl_, FCHl_), ps);
-  d_proj_in_ = wk(N * std::max(Fl_, Hl_), ps);
+  d_wide_out_ = wk(N * std::max(QKVl_, FCHmax), ps);
+  d_proj_in_ = wk(N * std::max(Fmax, Hl_), ps);
+  if (moe_) {
+    moe_part_ = wk(N * C, ps);
+    dxp_ = wk(NK_ * C, ps);
+    deact_ = wk(NK_ * Fel_, ps);
+    dey_ = wk(NK_ * C, ps);
+    defch_ = wk(NK_ * 2 * Fel_, ps);
+    if (Fsl_ > 0) dshared_ = wk(N * C, ps);
+    dgw_ = static_cast<float*>(wk(NK_ + N, f4));
+    dlogits_ = static_cast<float*>(wk(N * E_, f4));
+    moe_coef_ = static_cast<float*>(wk(int64_t(B_) * E_, f4));
+    moe_stats_ = static_cast<float*>(wk(int64_t(B_) * 2 * E_, f4));
+  }
   if (qk_norm_) d_qk_ = wk(N * QKVl_, ps);
   if (cfg_.qk_norm == "whole") qk_sums_ = static_cast<float*>(wk(2 * N, f4));
   if (cfg_.post_norm()) d_post_ = wk(Ns * C, ps);
@@ -338,7 +404,8 @@ void TransformerImpl::layout() {
   }
   // The row-parallel output gradients are dres itself but under sequence parallelism, where they
   // are gathered into part_.
-  fused_ = {part_, d_wide_out_, dc_, part_, d_wide_out_, dc_, nullptr, nullptr, nullptr};
+  fused_ = {part_,   d_wide_out_, dc_,     part_,   d_wide_out_, dc_,    nullptr,
+            nullptr, nullptr,     nullptr, nullptr, nullptr,     nullptr};
 }
 
 Slot& TransformerImpl::slot_of(int mb) {
@@ -562,6 +629,7 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
   s.mb = mb;
   s.eval = !train;
   s.input_done = false;
+  s.aux_scale = aux_scale_;
   if (hook) hook->begin_pass(UnitHook::Pass::Forward);
   if (has_embed_) embed_forward(s, hook);
   keep_shard(s, l0_ - 1);
@@ -573,6 +641,7 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
     if (full) sync_boundary();
     keep_shard(s, l);
   }
+  if (moe_ && train) aux_sum_ += moe_aux_loss(s);
   if (!has_head_) return 0.0;
   return head_forward(s, block_input(s, l1_), dloss, train, hook);
 }

@@ -176,6 +176,15 @@ class Transformer {
   // resized to the model's blocks) when given; returns their sum.
   virtual double take_recompute_seconds(std::vector<double>* per_block = nullptr) = 0;
   virtual bool defers_weight() const = 0;
+  // Mixture of experts (model_config.h MoeConfig): the balancing and z-losses' gradient weight
+  // per sequence (the loss scale over the global batch's sequences), which each training forward
+  // keeps for its backward.
+  virtual void set_aux_scale(float per_sequence) = 0;
+  // Their value over the training forwards since the last call: weighted by their coefficients,
+  // summed over the sequences (the balancing losses on the first rank of a context-parallel group
+  // only, the z-loss over this rank's rows): summed over the pipeline and data-parallel ranks and
+  // divided by the global batch's sequences, the step's addition to the mean token loss.
+  virtual double take_aux_loss() = 0;
 
   // One micro-batch through the whole chunk list of one process (pp = 1): forward, then
   // backward. Convenience for the single-chunk model.

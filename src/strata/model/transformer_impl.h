@@ -80,6 +80,18 @@ struct BlockActs {
   void* fch;      // (N, FCHl) gpt2 pre-GELU; llama gate|up interleaved
   void* fch_act;  // (N, Fl)
   void* res3;     // (Ns, C)  block output
+  // A MoE MLP (transformer_moe.cc; nullptr elsewhere), k = top_k, E experts, Fe (Fs) this rank's
+  // units of an expert (of the shared expert): the router's fp32 probabilities (N, E) and each
+  // row's logsumexp (N); the choices (N, k) int32 and their gates (N, k) fp32; the plan: counts
+  // (E), pos (N, k), rows (N·k) int32; the experts' input rows (N·k, C), gate|up (N·k, 2Fe),
+  // activation (N·k, Fe) and output (N·k, C). The shared expert's gate|up and activation are
+  // fch and fch_act (2Fs and Fs wide), its output sout (N, C); its gate sgate (N) fp32.
+  float* router_probs;
+  float* router_lse;
+  int32_t *moe_top, *moe_counts, *moe_pos, *moe_rows;
+  float* moe_gates;
+  void *xp, *efch, *eact, *ey, *sout;
+  float* sgate;
 };
 
 // The output gradients a deferred weight-gradient backward needs, per block.
@@ -93,6 +105,11 @@ struct BlockStash {
   void* dqk_gains;   // the q/k norms' gains' gradients, grad dtype (qk_norm only)
   void* dpost_attn;  // (Ns, C) the post norms' output gradients (post norms only)
   void* dpost_mlp;
+  // A MoE MLP: the experts' output and gate|up gradients (N·k, C) and (N·k, 2Fe), the router
+  // logits' (N, E) and the shared gate's logits' (N), fp32; dfc2 holds the shared expert's
+  // output gradient, dfch its gate|up's.
+  void *dey, *defch;
+  float *dlogits, *dsgate;
 };
 
 // What only the input-gradient backward reads, per block: QKV (N, QKVl), the attention
@@ -128,6 +145,12 @@ struct Slot {
   // Partitioned checkpoints: per block, this rank's shard of the block's input (nullptr where
   // the input is kept whole).
   std::vector<void*> shard;
+  // MoE blocks, on the host (sized at construction): the rows routed to each expert (E), the
+  // balancing statistics (B, 2, E) (moe_balance_stats, summed over the context group) and the
+  // router rows' logsumexp (N, for the z-loss); and the balancing gradient's weight per sequence.
+  std::vector<std::vector<int64_t>> expert_counts;
+  std::vector<std::vector<float>> moe_stats, moe_lse;
+  float aux_scale = 0;
 };
 
 class TransformerImpl final : public Transformer {
@@ -154,6 +177,12 @@ class TransformerImpl final : public Transformer {
     return s;
   }
   double take_recompute_seconds(std::vector<double>* per_block) override;
+  void set_aux_scale(float per_sequence) override { aux_scale_ = per_sequence; }
+  double take_aux_loss() override {
+    const double a = aux_sum_;
+    aux_sum_ = 0.0;
+    return a;
+  }
 
  private:
   void places();
@@ -200,6 +229,18 @@ class TransformerImpl final : public Transformer {
   void attn_forward(Slot& s, int l, const void* x, UnitHook* hook);
   // project: through the last projection and residual into res3 (a recompute stops before).
   void mlp_forward(Slot& s, int l, UnitHook* hook, bool project = true);
+  // A MoE MLP (transformer_moe.cc), from its norm's output: forward into res3 (project) or, for
+  // a recompute, what the backward reads only; backward into dln (the norm output's gradient);
+  // the deferred weight half.
+  void moe_forward(Slot& s, int l, void* P, bool project);
+  void moe_backward(Slot& s, int l, void* P, void* G, const BlockStash& st, void* dln, bool fuse);
+  void moe_weight(Slot& s, int l, void* G, const BlockStash& st);
+  void moe_replicated_weight(int l, void* G, Tensor dlogits, Tensor dsgate, Tensor x);
+  std::pair<int64_t, int64_t> moe_weight_rows() const;
+  std::pair<int64_t, int64_t> moe_input_rows() const;
+  double moe_aux_loss(const Slot& s) const;
+  Tensor moe_coef(const Slot& s, int l);
+  bool balanced() const { return moe_ && cfg_.moe.router_aux_loss_coef > 0; }
   // Activation checkpointing (transformer.cc).
   bool full_recompute(int l) const { return ckpt_[size_t(l - l0_)] != 0; }
   // After block l's forward (or the embedding's, l = l0 - 1): the next block's checkpoint shard.
@@ -401,6 +442,23 @@ class TransformerImpl final : public Transformer {
   void* scratch_ = nullptr;  // (largest unit) gradients of partial parameters, grad dtype
   // Fused-mode output gradients (defer_weight off): one set reused by every block.
   BlockStash fused_;
+  // A mixture of experts (cfg_.moe): E experts, top_k, this rank's units of each expert and of
+  // the shared expert, and the N·k rows the experts take. Workspace: a partial output (N, C)
+  // (a recompute's, or the row-parallel sum's under SP); the experts' input, activation, output
+  // and gate|up gradients; the shared expert's output gradient (N, C); the gates' and the shared
+  // gate's gradients (N·k + N) fp32, the router logits' (N, E) fp32, the balancing gradient
+  // (B, E) and statistics (B, 2, E) fp32 (and their host copies).
+  bool moe_ = false;
+  int E_ = 0, K_ = 0;
+  int64_t Fel_ = 0, Fsl_ = 0, NK_ = 0;
+  ops::MoeRoute route_;
+  float aux_scale_ = 0.0f;  // set_aux_scale
+  double aux_sum_ = 0.0;    // take_aux_loss
+  void *moe_part_ = nullptr, *dxp_ = nullptr, *deact_ = nullptr, *dey_ = nullptr;
+  void *defch_ = nullptr, *dshared_ = nullptr;
+  float *dgw_ = nullptr, *dlogits_ = nullptr, *moe_coef_ = nullptr, *moe_stats_ = nullptr;
+  std::vector<int32_t> counts32_;
+  std::vector<float> coef_host_;
 };
 
 }  // namespace strata::model_detail

@@ -332,6 +332,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   }
   j["tokens_per_s"] = s.tokens_per_s;
   j["trained_tokens_per_s"] = s.trained_tokens_per_s;
+  if (s.moe_aux_loss >= 0) j["moe_aux_loss"] = s.moe_aux_loss;
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;
   for (int c = 0; c < kNumMemCategories; ++c) {

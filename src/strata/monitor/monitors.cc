@@ -18,6 +18,7 @@ monitor::Scalars step_scalars(const StepMetrics& s, double peak_gflops,
                         {p + "lr", s.lr},
                         {p + "loss_scale", s.loss_scale},
                         {p + "grad_norm", s.grad_norm}};
+  if (s.moe_aux_loss >= 0) v.push_back({p + "moe_aux_loss", s.moe_aux_loss});
   if (val_loss) {
     v.push_back({p + "val_loss", *val_loss});
     v.push_back({p + "val_ppl", std::exp(*val_loss)});

@@ -14,6 +14,9 @@ namespace strata {
 struct StepMetrics {
   int64_t step = 0;   // optimizer steps attempted so far (1-based)
   double loss = 0.0;  // mean loss over the global batch's trained targets
+  // A mixture of experts' balancing and z-losses, weighted (in loss), mean over the sequences;
+  // -1 for a dense model.
+  double moe_aux_loss = -1.0;
   float lr = 0.0f;
   double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
   float loss_scale = 1.0f;

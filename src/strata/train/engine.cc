@@ -373,6 +373,10 @@ StepMetrics Engine::train_batch_on(const int32_t* inputs, const int32_t* targets
   // The schedule: every forward and backward of the step, gradients accumulated (and, under data
   // parallelism, reduced as their units finish).
   begin_gradients();
+  // A mixture of experts' balancing losses: a mean over the global batch's sequences.
+  if (cfg_.model.moe.experts > 0) {
+    for (auto& c : pipe_->chunks()) c->set_aux_scale(scaler_.scale() / float(gbs));
+  }
   const auto [rows_in, rows_tg] = context_rows(inputs, targets);
   const pipeline::Executor::Pass pass =
       pipe_->run(rows_in, rows_tg, dloss, sync_.get(), step_ + 1, doc_begin);
@@ -401,6 +405,12 @@ Engine::Reduced Engine::reduce_gradients(double local_loss_sum) {
   const auto w0 = std::chrono::steady_clock::now();
   sum_tied_embeddings();
   r.loss_sum = sum_over_pp_dp(local_loss_sum);  // only the last stage has the loss
+  if (cfg_.model.moe.experts > 0) {             // the balancing losses, in token-loss units
+    double aux = 0.0;
+    for (auto& c : pipe_->chunks()) aux += c->take_aux_loss();
+    r.aux_loss = sum_over_pp_dp(aux) / double(cfg_.train_batch_size);
+    r.loss_sum += r.aux_loss * double(trained_tokens_);
+  }
   if (pp_comm_ != nullptr) {
     r.stage_sum_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   }
@@ -455,6 +465,7 @@ StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::P
   s.step = step_;
   s.loss = trained_tokens_ > 0 ? reduced.loss_sum / double(trained_tokens_) : 0.0;
   s.trained_tokens = trained_tokens_;
+  if (cfg_.model.moe.experts > 0) s.moe_aux_loss = reduced.aux_loss;
   s.lr = update.lr;
   s.grad_norm = update.clip.grad_norm;
   s.loss_scale = update.loss_scale;

@@ -204,6 +204,7 @@ class Engine {
     double comm_exposed_s = 0, gather_exposed_s = 0;  // ZeRO's waits for reductions and gathers
     double stage_sum_s = 0;  // waiting for the other stages in the sums over the pipeline
     double loss_sum = 0;     // the global batch's summed loss
+    double aux_loss = 0;     // a mixture of experts' balancing and z-losses (in loss_sum)
   };
   Reduced reduce_gradients(double local_loss_sum);
   struct Update {

@@ -1,0 +1,35 @@
+// A mixture of experts' routing, dispatch and combine (ops.h documents each). S: the storage type
+// of activations; the router's values are fp32.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::kernels {
+
+template <typename S>
+void gather_rows(S* out, const S* x, const int32_t* rows, int64_t R, int64_t C);
+
+void moe_route_forward(float* probs, float* lse, int32_t* top, float* gates, const float* logits,
+                       int64_t N, int E, int k, bool norm_topk);
+void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, int64_t N, int E,
+              int k);
+void moe_balance_stats(float* stats, const float* probs, const int32_t* top, int64_t N, int E,
+                       int k, int64_t T);
+void moe_route_backward(float* dlogits, const float* dgates, const float* probs, const float* lse,
+                        const int32_t* top, const float* gates, const float* coef, int64_t N, int E,
+                        int k, bool norm_topk, int64_t T, float z);
+
+template <typename S>
+void moe_combine(S* out, const S* y, const int32_t* pos, const float* w, int64_t N, int k,
+                 int64_t C);
+template <typename S>
+void moe_combine_backward(S* dy, float* dw, const S* dout, const S* y, const int32_t* pos,
+                          const float* w, int64_t N, int k, int64_t C);
+
+template <typename S>
+void moe_gate_forward(S* out, const S* s, float* g, int64_t N, int64_t C);
+template <typename S>
+void moe_gate_backward(S* ds, float* dg, const S* dout, const S* s, const float* g, int64_t N,
+                       int64_t C);
+
+}  // namespace strata::kernels

@@ -1,0 +1,282 @@
+// ops.h: a mixture of experts' routing, dispatch, combine and grouped linear layers (the
+// dispatch: dispatch.h).
+#include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/moe.h"
+#include "strata/kernels/dispatch.h"
+#include "strata/kernels/ops.h"
+
+namespace strata::ops {
+
+using namespace dispatch;
+
+namespace {
+
+// The routing ops have CPU kernels only (the config refuses a MoE model on the CUDA backend).
+void cpu_only(const char* op, const Call& access) {
+  STRATA_CHECK(access.dry || !access.cuda, op,
+               ": a mixture of experts runs on the CPU backend only");
+}
+
+void expect_i32(const char* op, const char* name, const Tensor& t) {
+  STRATA_CHECK(t.dtype == DType::I32, op, ": ", name, " must be int32, got ", dtype_name(t.dtype));
+}
+
+// Rows [row, row + rows) of a (_, width) view.
+Tensor rows_view(const Tensor& t, int64_t row, int64_t rows, int64_t width) {
+  return Tensor(static_cast<char*>(t.data) + size_t(row * width) * dtype_size(t.dtype), t.dtype,
+                {rows, width}, t.device);
+}
+
+}  // namespace
+
+void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
+                       const MoeRoute& r) {
+  constexpr const char* op = "moe_route_forward";
+  const Call access = on_device(op, {probs, lse, top, gates, logits});
+  cpu_only(op, access);
+  if (access.dry) return;
+  STRATA_CHECK(r.top_k >= 1 && r.top_k <= r.experts, op, ": top_k ", r.top_k, " of ", r.experts,
+               " experts");
+  const int64_t N = rows_of(op, "logits", logits, r.experts);
+  for (const Tensor* t : {&probs, &lse, &gates, &logits}) expect_f32(op, "a router view", *t);
+  expect_i32(op, "top", top);
+  expect_numel(op, "probs", probs, N * r.experts);
+  expect_numel(op, "lse", lse, N);
+  expect_numel(op, "top", top, N * r.top_k);
+  expect_numel(op, "gates", gates, N * r.top_k);
+  kernels::moe_route_forward(p<float>(probs), p<float>(lse), p<int32_t>(top), p<float>(gates),
+                             p<const float>(logits), N, r.experts, r.top_k, r.norm_topk_prob);
+}
+
+void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, int experts) {
+  constexpr const char* op = "moe_plan";
+  const Call access = on_device(op, {counts, pos, rows, top});
+  cpu_only(op, access);
+  if (access.dry) return;
+  for (const Tensor* t : {&counts, &pos, &rows, &top}) expect_i32(op, "a plan view", *t);
+  expect_numel(op, "counts", counts, experts);
+  expect_numel(op, "pos", pos, top.numel());
+  expect_numel(op, "rows", rows, top.numel());
+  const int64_t k = top.ndim == 2 ? top.dim(1) : 1;
+  const int64_t N = rows_of(op, "top", top, k);
+  const int32_t* t = p<const int32_t>(top);
+  for (int64_t i = 0; i < N * k; ++i) {
+    STRATA_CHECK(t[i] >= 0 && t[i] < experts, op, ": expert ", t[i], " of ", experts);
+  }
+  kernels::moe_plan(p<int32_t>(counts), p<int32_t>(pos), p<int32_t>(rows), t, N, experts, int(k));
+}
+
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
+  constexpr const char* op = "moe_balance_stats";
+  const Call access = on_device(op, {stats, probs, top});
+  cpu_only(op, access);
+  if (access.dry) return;
+  const int64_t E = last_dim(op, "probs", probs), N = rows_of(op, "probs", probs, E);
+  const int64_t k = top.numel() / N;
+  STRATA_CHECK(T > 0 && N % T == 0 && top.numel() == N * k, op, ": ", N,
+               " rows are not whole sequences of ", T);
+  expect_f32(op, "stats", stats);
+  expect_f32(op, "probs", probs);
+  expect_i32(op, "top", top);
+  expect_numel(op, "stats", stats, N / T * 2 * E);
+  kernels::moe_balance_stats(p<float>(stats), p<const float>(probs), p<const int32_t>(top), N,
+                             int(E), int(k), T);
+}
+
+void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
+                        Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r) {
+  constexpr const char* op = "moe_route_backward";
+  const Call access = on_device(op, {dlogits, dgates, probs, lse, top, gates, coef});
+  cpu_only(op, access);
+  if (access.dry) return;
+  const int64_t N = rows_of(op, "probs", probs, r.experts);
+  for (const Tensor* t : {&dlogits, &dgates, &probs, &lse, &gates, &coef}) {
+    expect_f32(op, "a router view", *t);
+  }
+  expect_i32(op, "top", top);
+  expect_numel(op, "dlogits", dlogits, N * r.experts);
+  expect_numel(op, "dgates", dgates, N * r.top_k);
+  expect_numel(op, "top", top, N * r.top_k);
+  STRATA_CHECK(T > 0 && N % T == 0, op, ": ", N, " rows are not whole sequences of ", T);
+  expect_numel(op, "coef", coef, N / T * r.experts);
+  kernels::moe_route_backward(p<float>(dlogits), p<const float>(dgates), p<const float>(probs),
+                              p<const float>(lse), p<const int32_t>(top), p<const float>(gates),
+                              p<const float>(coef), N, r.experts, r.top_k, r.norm_topk_prob, T, z);
+}
+
+void gather_rows(Tensor out, Tensor x, Tensor rows) {
+  constexpr const char* op = "gather_rows";
+  const Call access = on_device(op, {out, x, rows});
+  cpu_only(op, access);
+  if (access.dry) return;
+  same_dtype(op, {out, x});
+  expect_i32(op, "rows", rows);
+  const int64_t C = last_dim(op, "x", x), N = rows_of(op, "x", x, C), R = rows.numel();
+  expect_numel(op, "out", out, R * C);
+  const int32_t* r = p<const int32_t>(rows);
+  for (int64_t i = 0; i < R; ++i) {
+    STRATA_CHECK(r[i] >= 0 && r[i] < N, op, ": row ", r[i], " of ", N);
+  }
+  with_s(op, x.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::gather_rows(p<S>(out), p<const S>(x), r, R, C);
+  });
+}
+
+namespace {
+
+// (N, k, C) of a combine: out (N, C), y (R, C) with R = N·k rows, pos (N, k).
+struct Combine {
+  int64_t N, k, C;
+};
+Combine combine_size(const char* op, const Tensor& out, const Tensor& y, const Tensor& pos,
+                     const Tensor& w) {
+  const int64_t C = last_dim(op, "out", out), N = rows_of(op, "out", out, C);
+  const int64_t k = pos.numel() / N;
+  STRATA_CHECK(k >= 1 && pos.numel() == N * k, op, ": pos ", pos.shape_str(), " for ", N, " rows");
+  expect_i32(op, "pos", pos);
+  expect_numel(op, "y", y, N * k * C);
+  expect_f32(op, "w", w);
+  expect_numel(op, "w", w, N * k);
+  const int32_t* at = p<const int32_t>(pos);
+  for (int64_t i = 0; i < N * k; ++i) {
+    STRATA_CHECK(at[i] >= 0 && at[i] < N * k, op, ": position ", at[i], " of ", N * k);
+  }
+  return {N, k, C};
+}
+
+}  // namespace
+
+void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w) {
+  constexpr const char* op = "moe_combine";
+  const Call access = on_device(op, {out, y, pos, w});
+  cpu_only(op, access);
+  if (access.dry) return;
+  same_dtype(op, {out, y});
+  const auto [N, k, C] = combine_size(op, out, y, pos, w);
+  with_s(op, y.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::moe_combine(p<S>(out), p<const S>(y), p<const int32_t>(pos), p<const float>(w), N,
+                         int(k), C);
+  });
+}
+
+void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor pos, Tensor w) {
+  constexpr const char* op = "moe_combine_backward";
+  const Call access = on_device(op, {dy, dw, dout, y, pos, w});
+  cpu_only(op, access);
+  if (access.dry) return;
+  same_dtype(op, {dy, dout, y});
+  STRATA_CHECK(w.data != nullptr && dw.data != nullptr, op, ": needs the weights and dw");
+  const auto [N, k, C] = combine_size(op, dout, y, pos, w);
+  expect_numel(op, "dy", dy, N * k * C);
+  expect_f32(op, "dw", dw);
+  expect_numel(op, "dw", dw, N * k);
+  with_s(op, y.dtype, [&](auto s) {
+    using S = decltype(s);
+    kernels::moe_combine_backward(p<S>(dy), p<float>(dw), p<const S>(dout), p<const S>(y),
+                                  p<const int32_t>(pos), p<const float>(w), N, int(k), C);
+  });
+}
+
+void moe_gate_forward(Tensor out, Tensor s, Tensor g) {
+  constexpr const char* op = "moe_gate_forward";
+  const Call access = on_device(op, {out, s, g});
+  cpu_only(op, access);
+  if (access.dry) return;
+  same_dtype(op, {out, s});
+  expect_f32(op, "g", g);
+  const int64_t C = last_dim(op, "s", s), N = rows_of(op, "s", s, C);
+  expect_numel(op, "out", out, N * C);
+  expect_numel(op, "g", g, N);
+  with_s(op, s.dtype, [&](auto v) {
+    using S = decltype(v);
+    kernels::moe_gate_forward(p<S>(out), p<const S>(s), p<float>(g), N, C);
+  });
+}
+
+void moe_gate_backward(Tensor ds, Tensor dg, Tensor dout, Tensor s, Tensor g) {
+  constexpr const char* op = "moe_gate_backward";
+  const Call access = on_device(op, {ds, dg, dout, s, g});
+  cpu_only(op, access);
+  if (access.dry) return;
+  same_dtype(op, {ds, dout, s});
+  expect_f32(op, "g", g);
+  expect_f32(op, "dg", dg);
+  const int64_t C = last_dim(op, "s", s), N = rows_of(op, "s", s, C);
+  for (const Tensor* t : {&ds, &dout}) expect_numel(op, "a row view", *t, N * C);
+  expect_numel(op, "g", g, N);
+  expect_numel(op, "dg", dg, N);
+  with_s(op, s.dtype, [&](auto v) {
+    using S = decltype(v);
+    kernels::moe_gate_backward(p<S>(ds), p<float>(dg), p<const S>(dout), p<const S>(s),
+                               p<const float>(g), N, C);
+  });
+}
+
+namespace {
+
+// The groups' rows: counts (host) summing to `rows`.
+void check_groups(const char* op, const int64_t* counts, int groups, int64_t rows) {
+  int64_t sum = 0;
+  for (int g = 0; g < groups; ++g) {
+    STRATA_CHECK(counts[g] >= 0, op, ": group ", g, " has ", counts[g], " rows");
+    sum += counts[g];
+  }
+  STRATA_CHECK(sum == rows, op, ": the groups hold ", sum, " rows, the views ", rows);
+}
+
+}  // namespace
+
+// Each group is one gemm (ops::gemm, on the views' device): a group without rows is skipped.
+void grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t* counts, int groups) {
+  constexpr const char* op = "grouped_linear_forward";
+  if (dry_runs > 0) return;
+  const int64_t K = last_dim(op, "weight", w), N = rows_of(op, "weight", w, K) / groups;
+  const int64_t R = rows_of(op, "x", x, K);
+  check_groups(op, counts, groups, R);
+  expect_numel(op, "y", y, R * N);
+  Gemm g;
+  g.N = N, g.K = K, g.trans_b = true, g.lda = K, g.ldb = K, g.ldc = N;
+  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
+    if (counts[e] == 0) continue;
+    g.M = counts[e];
+    gemm(rows_view(y, r, g.M, N), rows_view(x, r, g.M, K), rows_view(w, e * N, N, K), g);
+  }
+}
+
+void grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t* counts,
+                                   int groups) {
+  constexpr const char* op = "grouped_linear_backward_input";
+  if (dry_runs > 0) return;
+  const int64_t K = last_dim(op, "weight", w), N = rows_of(op, "weight", w, K) / groups;
+  const int64_t R = rows_of(op, "dy", dy, N);
+  check_groups(op, counts, groups, R);
+  expect_numel(op, "dx", dx, R * K);
+  Gemm g;
+  g.N = K, g.K = N, g.lda = N, g.ldb = K, g.ldc = K;
+  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
+    if (counts[e] == 0) continue;
+    g.M = counts[e];
+    gemm(rows_view(dx, r, g.M, K), rows_view(dy, r, g.M, N), rows_view(w, e * N, N, K), g);
+  }
+}
+
+void grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t* counts,
+                                    int groups) {
+  constexpr const char* op = "grouped_linear_backward_weight";
+  if (dry_runs > 0) return;
+  const int64_t K = last_dim(op, "dw", dw), N = rows_of(op, "dw", dw, K) / groups;
+  const int64_t R = rows_of(op, "x", x, K);
+  check_groups(op, counts, groups, R);
+  expect_numel(op, "dy", dy, R * N);
+  Gemm g;
+  g.M = N, g.N = K, g.trans_a = true, g.lda = N, g.ldb = K, g.ldc = K, g.accumulate = true;
+  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
+    if (counts[e] == 0) continue;
+    g.K = counts[e];
+    gemm(rows_view(dw, e * N, N, K), rows_view(dy, r, g.K, N), rows_view(x, r, g.K, K), g);
+  }
+}
+
+}  // namespace strata::ops

@@ -1,0 +1,201 @@
+// A mixture of experts never changes the math of a layout (DESIGN.md §1): a MoE model (routed
+// experts with a gated shared expert, a dense layer among the MoE ones, Megatron's per-layer
+// balancing loss and the z-loss; transformers' pooled loss where no pipeline splits the layers)
+// gives, after each of 50 steps, the single-process loss and gradient norm within 1e-5, and the
+// same validation loss, under data parallelism with accumulation, ZeRO-1/2/3, tensor
+// parallelism with and without sequence parallelism, pipelines (1F1B, zero-bubble, interleaved),
+// context parallelism (Ulysses, ring) and activation recomputation (full, selective). Runs under
+// mpirun with 2 and 4 ranks (tests/CMakeLists.txt); each rank computes the single-process
+// reference itself. The model's match with transformers' Mixtral, Qwen2-MoE and Qwen3-MoE is
+// tests/ckpt/hf_families_test.sh's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/comm/communicator.h"
+#include "strata/comm/topology.h"
+#include "strata/config/config.h"
+#include "strata/core/rng.h"
+#include "strata/data/megatron_dataset.h"
+#include "strata/data/token_dataset.h"
+#include "strata/train/engine.h"
+#include "tests/mpi_world.h"
+
+namespace strata {
+namespace {
+
+using test::world_rank;
+using test::world_size;
+
+constexpr int kSteps = 50, kEvalIters = 2, kGlobalBatch = 8, kVocab = 64;
+
+struct Trace {
+  std::vector<double> losses, grad_norms, aux;
+  double val_loss = 0;
+};
+
+class MoeLayouts : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    prefix_ = test::shared_temp_path("strata_moe_");
+    if (world_rank() == 0) {
+      const uint64_t key = rng_key(5, "moe_layouts");
+      data::MegatronWriter w(prefix_, data::TokenType::U16);
+      std::vector<int32_t> ids(4096);
+      for (size_t i = 0; i < ids.size(); ++i) {
+        ids[i] = int32_t(rng_uniform(key, i) * kVocab) % kVocab;
+      }
+      w.add_document(ids.data(), int64_t(ids.size()));
+      w.commit();
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    data_ = data::open_dataset(prefix_, "megatron");
+  }
+  static void TearDownTestSuite() {
+    data_.reset();
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (world_rank() == 0) {
+      for (const char* ext : {".bin", ".idx"}) std::filesystem::remove(prefix_ + ext);
+    }
+  }
+
+  static nlohmann::json config(const std::string& aux_loss) {
+    const nlohmann::json moe = {{"experts", 4},         {"top_k", 2},
+                                {"ffn_hidden", 32},     {"shared_ffn_hidden", 32},
+                                {"shared_gate", true},  {"mlp_only_layers", {1}},
+                                {"aux_loss", aux_loss}, {"router_aux_loss_coef", 0.05},
+                                {"z_loss_coef", 0.01}};
+    return {{"train_batch_size", kGlobalBatch},
+            {"steps_per_print", 0},
+            {"gradient_clipping", 1.0},
+            {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}, {"weight_decay", 0.1}}}}},
+            {"model",
+             {{"family", "mixtral"},
+              {"layers", 4},
+              {"hidden", 32},
+              {"heads", 4},
+              {"kv_heads", 2},
+              {"ffn_hidden", 48},
+              {"vocab", kVocab},
+              {"seq_len", 16},
+              {"moe", moe}}}};
+  }
+
+  // parallelism null: one process, one micro-batch.
+  static Trace run(nlohmann::json j, const nlohmann::json& parallelism, int micro) {
+    std::unique_ptr<comm::ProcessGroups> groups;
+    int dp = 1;
+    if (!parallelism.is_null()) {
+      const int tp = parallelism.value("tensor", 1), pp = parallelism.value("pipeline", 1),
+                cp = parallelism.value("context", 1);
+      j["parallelism"] = parallelism;
+      const comm::RankGrid grid(world_size(), tp, pp, "tp-dp-pp", cp);
+      groups = std::make_unique<comm::ProcessGroups>(grid, MPI_COMM_WORLD);
+      dp = grid.dp();
+    }
+    j["train_micro_batch_size_per_gpu"] = kGlobalBatch / (dp * micro);
+    j["gradient_accumulation_steps"] = micro;
+    Config cfg = parse_config(j);
+    resolve_batch(cfg, dp);
+    Engine engine(cfg, data_.get(), groups ? &groups->dp_cp() : nullptr,
+                  groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr,
+                  groups ? &groups->cp() : nullptr);
+    engine.set_validation(*data_);
+    Trace r;
+    for (int i = 0; i < kSteps; ++i) {
+      const StepMetrics s = engine.train_batch();
+      r.losses.push_back(s.loss);
+      r.grad_norms.push_back(s.grad_norm);
+      r.aux.push_back(s.moe_aux_loss);
+    }
+    r.val_loss = engine.evaluate(kEvalIters);
+    return r;
+  }
+
+  static void expect_same(const Trace& got, const Trace& ref, const std::string& what) {
+    for (int i = 0; i < kSteps; ++i) {
+      const size_t k = size_t(i);
+      EXPECT_NEAR(got.losses[k], ref.losses[k], 1e-5 * ref.losses[k]) << what << " step " << i + 1;
+      EXPECT_NEAR(got.grad_norms[k], ref.grad_norms[k], 1e-5 * ref.grad_norms[k])
+          << what << " step " << i + 1;
+      EXPECT_NEAR(got.aux[k], ref.aux[k], 1e-5 * ref.aux[k]) << what << " step " << i + 1;
+    }
+    EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss) << what;
+  }
+
+  static std::string prefix_;
+  static std::unique_ptr<data::TokenDataset> data_;
+};
+
+std::string MoeLayouts::prefix_;
+std::unique_ptr<data::TokenDataset> MoeLayouts::data_;
+
+struct Layout {
+  nlohmann::json parallelism, zero, recompute;
+  int micro;
+};
+
+std::string describe(const Layout& l) {
+  return "world " + std::to_string(world_size()) + " " + l.parallelism.dump() + " " +
+         l.zero.dump() + " " + l.recompute.dump() + " micro " + std::to_string(l.micro);
+}
+
+nlohmann::json with_layout(nlohmann::json j, const Layout& l) {
+  j["zero_optimization"] = l.zero;
+  if (!l.recompute.is_null()) j["activation_checkpointing"] = l.recompute;
+  return j;
+}
+
+TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
+  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
+  const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
+  const nlohmann::json selective = {{"recompute_granularity", "selective"}};
+  const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
+  // Every layout over the per-layer loss; those without a pipeline over the pooled one too.
+  std::vector<Layout> layouts = {
+      {{{"tensor", 1}}, z0, nullptr, 2},  // dp = world, with accumulation
+      {{{"tensor", 1}}, zero3, full, 1},
+      {{{"tensor", 2}}, z1, nullptr, 2},
+      {{{"tensor", 2}, {"sequence_parallel", true}}, z2, selective, 1},
+      {{{"pipeline", 2}, {"schedule", "1f1b"}}, z0, full, 4},
+      {{{"pipeline", 2}, {"schedule", "zero_bubble"}}, z1, nullptr, 4},
+      {{{"context", 2}, {"context_impl", "ulysses"}}, z0, nullptr, 2},
+      {{{"context", 2}, {"context_impl", "ring"}}, z2, nullptr, 1},
+  };
+  if (world_size() == 4) {
+    layouts.push_back({{{"tensor", 2}, {"sequence_parallel", true}}, zero3, nullptr, 2});
+    layouts.push_back(
+        {{{"pipeline", 2}, {"virtual_stages", 2}, {"schedule", "interleaved"}}, z1, nullptr, 4});
+    layouts.push_back({{{"pipeline", 2}, {"tensor", 2}}, z0, nullptr, 2});
+    layouts.push_back({{{"pipeline", 2}, {"context", 2}, {"context_impl", "ring"}}, z0, full, 2});
+  }
+  for (const char* aux : {"per_layer", "pooled"}) {
+    const Trace ref = run(config(aux), nullptr, 1);
+    // The balancing and z-losses are in the loss, and training moves them.
+    EXPECT_GT(ref.aux.front(), 0.0);
+    EXPECT_NE(ref.aux.front(), ref.aux.back());
+    for (const Layout& l : layouts) {
+      if (std::string(aux) == "pooled" && l.parallelism.value("pipeline", 1) > 1) continue;
+      expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
+                  std::string(aux) + " " + describe(l));
+    }
+  }
+}
+
+// The balancing loss is part of the gradient: without it training takes another path.
+TEST_F(MoeLayouts, TheBalancingLossTrains) {
+  nlohmann::json j = config("per_layer");
+  const Trace with = run(j, nullptr, 1);
+  j["model"]["moe"]["router_aux_loss_coef"] = 0.0;
+  j["model"]["moe"]["z_loss_coef"] = 0.0;
+  const Trace without = run(j, nullptr, 1);
+  EXPECT_EQ(without.aux.front(), 0.0);
+  EXPECT_GT(std::abs((with.losses.back() - with.aux.back()) - without.losses.back()), 1e-4);
+}
+
+}  // namespace
+}  // namespace strata
