@@ -35,6 +35,7 @@ constexpr int kSteps = 50, kEvalIters = 2, kGlobalBatch = 8, kVocab = 64;
 
 struct Trace {
   std::vector<double> losses, grad_norms, aux;
+  std::vector<double> expert_tokens;  // the last step's, per MoE layer and expert
   double val_loss = 0;
 };
 
@@ -111,6 +112,8 @@ class MoeLayouts : public ::testing::Test {
       r.losses.push_back(s.loss);
       r.grad_norms.push_back(s.grad_norm);
       r.aux.push_back(s.moe_aux_loss);
+      r.expert_tokens.assign(s.expert_tokens.begin(), s.expert_tokens.end());
+      EXPECT_EQ(s.expert_layers.size(), 3u);  // every layer but the dense one
     }
     r.val_loss = engine.evaluate(kEvalIters);
     return r;
@@ -125,6 +128,8 @@ class MoeLayouts : public ::testing::Test {
       EXPECT_NEAR(got.aux[k], ref.aux[k], 1e-5 * ref.aux[k]) << what << " step " << i + 1;
     }
     EXPECT_NEAR(got.val_loss, ref.val_loss, 1e-5 * ref.val_loss) << what;
+    // The routing itself: every token's choices, counted over the global batch.
+    EXPECT_EQ(got.expert_tokens, ref.expert_tokens) << what;
   }
 
   static std::string prefix_;
@@ -178,6 +183,13 @@ TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
     // The balancing and z-losses are in the loss, and training moves them.
     EXPECT_GT(ref.aux.front(), 0.0);
     EXPECT_NE(ref.aux.front(), ref.aux.back());
+    // Each layer routes the global batch's tokens top_k times.
+    ASSERT_EQ(ref.expert_tokens.size(), 3u * 4u);
+    for (int l = 0; l < 3; ++l) {
+      double sum = 0;
+      for (int e = 0; e < 4; ++e) sum += ref.expert_tokens[size_t(l * 4 + e)];
+      EXPECT_EQ(sum, double(kGlobalBatch) * 16 * 2);
+    }
     for (const Layout& l : layouts) {
       if (std::string(aux) == "pooled" && l.parallelism.value("pipeline", 1) > 1) continue;
       expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,

@@ -248,6 +248,33 @@ TEST(Report, EveryFigureDrawnAndLinked) {
   fs::remove_all(root);
 }
 
+// A mixture of experts' run gets the expert-load figure (a dense run does not: the test above
+// counts its figures): one line per MoE layer, its busiest expert over the mean.
+TEST(Report, ExpertLoadOfAMixtureOfExperts) {
+  const std::string root = temp_dir();
+  const fs::path run = make_run(root, "run", 30, 2);
+  std::string rows;
+  std::istringstream in(read_all(run / "metrics.jsonl"));
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    const double s = j["step"].get<double>();
+    j["expert_tokens"] = {{"0", {100.0 + s, 100.0, 100.0 - s, 100.0}},
+                          {"2", {400.0 - 10 * s, 0.0, 10 * s, 0.0}}};
+    rows += j.dump() + "\n";
+  }
+  write(run / "metrics.jsonl", rows);
+  const Written w = write_report(run.string(), "");
+  EXPECT_EQ(w.files.size(), 8u);
+  const fs::path p = run / "report" / "expert_load.png";
+  ASSERT_TRUE(fs::exists(p));
+  const PngStats st = png_stats(p);
+  EXPECT_GT(st.luma_variance, 100.0);
+  EXPECT_GT(st.saturated, 300u);
+  const std::string html = read_all(run / "report" / "index.html");
+  EXPECT_NE(html.find("<img src=\"expert_load.png\""), std::string::npos);
+  fs::remove_all(root);
+}
+
 TEST(Report, ManyRanksAsBandMedianAndSlowest) {
   const std::string root = temp_dir();
   const fs::path run = make_run(root, "run", 20, 32);

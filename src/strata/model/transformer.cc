@@ -99,6 +99,7 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
   att_saved_ = ring() ? ops::AttentionSaved{DType::F32, int64_t(B_) * tp_layout_.heads * T_}
                       : ops::attention_saved(dev_, pt_, core_att_shape_);
   places();
+  expert_tokens_.assign(size_t(l1_ - l0_) * E_, 0);
   const RecomputeOptions& rc = chunk_.recompute;
   STRATA_CHECK(rc.full.empty() || int(rc.full.size()) == cfg_.layers,
                "full recompute is chosen per model block: ", rc.full.size(), " flags for ",
@@ -641,7 +642,14 @@ double TransformerImpl::forward(int mb, const int32_t* tokens, Tensor hidden,
     if (full) sync_boundary();
     keep_shard(s, l);
   }
-  if (moe_ && train) aux_sum_ += moe_aux_loss(s);
+  if (moe_ && train) {
+    aux_sum_ += moe_aux_loss(s);
+    for (int l = l0_; l < l1_; ++l) {
+      if (!cfg_.moe_layer(l)) continue;
+      const std::vector<int64_t>& n = s.expert_counts[size_t(l - l0_)];
+      for (int e = 0; e < E_; ++e) expert_tokens_[size_t((l - l0_) * E_ + e)] += n[size_t(e)];
+    }
+  }
   if (!has_head_) return 0.0;
   return head_forward(s, block_input(s, l1_), dloss, train, hook);
 }

@@ -185,6 +185,9 @@ class Transformer {
   // only, the z-loss over this rank's rows): summed over the pipeline and data-parallel ranks and
   // divided by the global batch's sequences, the step's addition to the mean token loss.
   virtual double take_aux_loss() = 0;
+  // The rows each MoE layer of the chunk routed to each expert in its training forwards since the
+  // last call, added into tokens[layer · experts + expert] (sized layers · experts).
+  virtual void take_expert_tokens(std::vector<double>& tokens) = 0;
 
   // One micro-batch through the whole chunk list of one process (pp = 1): forward, then
   // backward. Convenience for the single-chunk model.

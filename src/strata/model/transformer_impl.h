@@ -183,6 +183,7 @@ class TransformerImpl final : public Transformer {
     aux_sum_ = 0.0;
     return a;
   }
+  void take_expert_tokens(std::vector<double>& tokens) override;
 
  private:
   void places();
@@ -452,8 +453,9 @@ class TransformerImpl final : public Transformer {
   int E_ = 0, K_ = 0;
   int64_t Fel_ = 0, Fsl_ = 0, NK_ = 0;
   ops::MoeRoute route_;
-  float aux_scale_ = 0.0f;  // set_aux_scale
-  double aux_sum_ = 0.0;    // take_aux_loss
+  float aux_scale_ = 0.0f;              // set_aux_scale
+  double aux_sum_ = 0.0;                // take_aux_loss
+  std::vector<int64_t> expert_tokens_;  // take_expert_tokens: (chunk blocks, E)
   void *moe_part_ = nullptr, *dxp_ = nullptr, *deact_ = nullptr, *dey_ = nullptr;
   void *defch_ = nullptr, *dshared_ = nullptr;
   float *dgw_ = nullptr, *dlogits_ = nullptr, *moe_coef_ = nullptr, *moe_stats_ = nullptr;

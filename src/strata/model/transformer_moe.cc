@@ -104,6 +104,16 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
   }
 }
 
+void TransformerImpl::take_expert_tokens(std::vector<double>& tokens) {
+  STRATA_CHECK(int64_t(tokens.size()) == int64_t(cfg_.layers) * E_,
+               "take_expert_tokens: ", tokens.size(), " values for ", cfg_.layers, " layers of ",
+               E_, " experts");
+  for (size_t i = 0; i < expert_tokens_.size(); ++i) {
+    tokens[size_t(l0_) * size_t(E_) + i] += double(expert_tokens_[i]);
+    expert_tokens_[i] = 0;
+  }
+}
+
 // After a micro-batch's forward through the chunk: its balancing and z-losses, weighted, summed
 // over its sequences (the balancing part once per context-parallel group, the z-loss for this
 // rank's rows).

@@ -333,6 +333,14 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   j["tokens_per_s"] = s.tokens_per_s;
   j["trained_tokens_per_s"] = s.trained_tokens_per_s;
   if (s.moe_aux_loss >= 0) j["moe_aux_loss"] = s.moe_aux_loss;
+  if (!s.expert_layers.empty()) {  // {"layer": [tokens of each expert]}
+    nlohmann::json tokens = nlohmann::json::object();
+    for (size_t i = 0; i < s.expert_layers.size(); ++i) {
+      const auto row = s.expert_tokens.subspan(i * size_t(s.experts), size_t(s.experts));
+      tokens[std::to_string(s.expert_layers[i])] = std::vector<double>(row.begin(), row.end());
+    }
+    j["expert_tokens"] = tokens;
+  }
   j["mfu"] = s.flops / s.seconds / 1e9 / peak_gflops;
   nlohmann::json mem;
   for (int c = 0; c < kNumMemCategories; ++c) {

@@ -19,6 +19,17 @@ monitor::Scalars step_scalars(const StepMetrics& s, double peak_gflops,
                         {p + "loss_scale", s.loss_scale},
                         {p + "grad_norm", s.grad_norm}};
   if (s.moe_aux_loss >= 0) v.push_back({p + "moe_aux_loss", s.moe_aux_loss});
+  // Each MoE layer's load: its busiest expert's tokens over the mean, and each expert's tokens.
+  for (size_t i = 0; i < s.expert_layers.size(); ++i) {
+    const std::string layer = p + "moe/layer_" + std::to_string(s.expert_layers[i]) + "/";
+    const auto row = s.expert_tokens.subspan(i * size_t(s.experts), size_t(s.experts));
+    double sum = 0, most = 0;
+    for (size_t e = 0; e < row.size(); ++e) {
+      sum += row[e], most = std::max(most, row[e]);
+      v.push_back({layer + "expert_" + std::to_string(e) + "_tokens", row[e]});
+    }
+    if (sum > 0) v.push_back({layer + "max_over_mean", most * double(row.size()) / sum});
+  }
   if (val_loss) {
     v.push_back({p + "val_loss", *val_loss});
     v.push_back({p + "val_ppl", std::exp(*val_loss)});

@@ -17,6 +17,12 @@ struct StepMetrics {
   // A mixture of experts' balancing and z-losses, weighted (in loss), mean over the sequences;
   // -1 for a dense model.
   double moe_aux_loss = -1.0;
+  // A mixture of experts: the tokens routed to each expert (top_k choices a token) over the global
+  // batch, per MoE layer (expert_layers, in order), experts values each; valid until the next
+  // step. Empty for a dense model.
+  std::span<const int> expert_layers;
+  std::span<const double> expert_tokens;
+  int experts = 0;
   float lr = 0.0f;
   double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
   float loss_scale = 1.0f;

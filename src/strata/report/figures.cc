@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <optional>
+#include <string>
 #include <tuple>
 
 #include "strata/core/memory.h"
@@ -318,6 +320,63 @@ FigureFile rank_figure(const RunData& run) {
 
 }  // namespace
 
+// A mixture of experts' routing (metrics.jsonl's expert_tokens): each MoE layer's busiest expert
+// over the mean per step (1: balanced; the number of experts over top_k: all tokens on top_k
+// experts), and the last step's tokens per expert. Absent for a dense model.
+std::optional<FigureFile> expert_load_figure(const RunData& run) {
+  std::vector<std::string> layers;
+  for (const StepRow& r : run.steps) {
+    const auto it = r.row.find("expert_tokens");
+    if (it == r.row.end() || !it->is_object()) continue;
+    for (const auto& [layer, tokens] : it->items()) {
+      if (std::find(layers.begin(), layers.end(), layer) == layers.end()) layers.push_back(layer);
+    }
+  }
+  if (layers.empty()) return std::nullopt;
+  std::sort(layers.begin(), layers.end(),
+            [](const std::string& a, const std::string& b) { return std::stoi(a) < std::stoi(b); });
+  Panel load = step_panel("Expert load", "busiest expert / mean");
+  load.y_from_zero = true;
+  Panel last = step_panel("Tokens per expert, last step", "tokens routed");
+  last.x_label = "expert";
+  last.y_from_zero = true;
+  const nlohmann::json* final_row = nullptr;
+  for (const StepRow& r : run.steps) {
+    if (r.row.contains("expert_tokens")) final_row = &r.row["expert_tokens"];
+  }
+  for (size_t i = 0; i < layers.size(); ++i) {
+    std::vector<double> x, y;
+    for (const StepRow& r : run.steps) {
+      const nlohmann::json* t = r.row.contains("expert_tokens") ? &r.row["expert_tokens"] : nullptr;
+      double sum = 0, most = 0, n = 0;
+      if (t != nullptr && t->contains(layers[i]) && (*t)[layers[i]].is_array()) {
+        for (const nlohmann::json& v : (*t)[layers[i]]) {
+          const double d = v.is_number() ? v.get<double>() : 0.0;
+          sum += d, most = std::max(most, d), n += 1;
+        }
+      }
+      x.push_back(double(r.step));
+      y.push_back(sum > 0 ? most * n / sum : kNaN);
+    }
+    load.series.push_back(line("layer " + layers[i], x, y, i));
+    std::vector<double> ex, ey;
+    if (final_row != nullptr && final_row->contains(layers[i])) {
+      for (const nlohmann::json& v : (*final_row)[layers[i]]) {
+        ex.push_back(double(ex.size()));
+        ey.push_back(v.is_number() ? v.get<double>() : kNaN);
+      }
+    }
+    Series s = line("layer " + layers[i], ex, ey, i);
+    s.points = true;
+    last.series.push_back(s);
+  }
+  return figure("expert_load.png",
+                "Routing of the mixture of experts: each MoE layer's busiest expert over the mean "
+                "expert per step (1 is balanced), and the tokens each expert took in the last "
+                "step.",
+                {load, last});
+}
+
 std::vector<FigureFile> make_figures(const RunData& run) {
   std::vector<FigureFile> out;
   out.push_back(loss_figure(run));
@@ -326,6 +385,7 @@ std::vector<FigureFile> make_figures(const RunData& run) {
   out.push_back(grad_norm_figure(run));
   out.push_back(memory_figure(run));
   out.push_back(rank_figure(run));
+  if (std::optional<FigureFile> f = expert_load_figure(run)) out.push_back(std::move(*f));
   return out;
 }
 

@@ -410,11 +410,36 @@ Engine::Reduced Engine::reduce_gradients(double local_loss_sum) {
     for (auto& c : pipe_->chunks()) aux += c->take_aux_loss();
     r.aux_loss = sum_over_pp_dp(aux) / double(cfg_.train_batch_size);
     r.loss_sum += r.aux_loss * double(trained_tokens_);
+    sum_expert_tokens();
   }
   if (pp_comm_ != nullptr) {
     r.stage_sum_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
   }
   return r;
+}
+
+// The tokens each MoE layer routed to each expert this step, summed over the pipeline stages
+// (their layers) and the data- and context-parallel ranks (their rows); tensor-parallel ranks
+// route the same rows and count once.
+void Engine::sum_expert_tokens() {
+  const ModelConfig& m = cfg_.model;
+  const int E = m.moe.experts;
+  if (expert_layers_.empty()) {
+    for (int l = 0; l < m.layers; ++l) {
+      if (m.moe_layer(l)) expert_layers_.push_back(l);
+    }
+  }
+  expert_tokens_.assign(size_t(m.layers) * E, 0.0);
+  for (auto& c : pipe_->chunks()) c->take_expert_tokens(expert_tokens_);
+  expert_sum_.assign(expert_tokens_.begin(), expert_tokens_.end());  // exact below 2^24
+  for (comm::Communicator* c : {pp_comm_, dp_size_ > 1 ? dp_ : nullptr}) {
+    if (c != nullptr) c->all_reduce(expert_sum_.data(), expert_sum_.size(), DType::F32, DType::F32);
+  }
+  size_t at = 0;
+  for (int l : expert_layers_) {
+    for (int e = 0; e < E; ++e) expert_tokens_[at++] = expert_sum_[size_t(l) * E + size_t(e)];
+  }
+  expert_tokens_.resize(at);
 }
 
 Engine::Update Engine::update_parameters() {
@@ -465,7 +490,12 @@ StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::P
   s.step = step_;
   s.loss = trained_tokens_ > 0 ? reduced.loss_sum / double(trained_tokens_) : 0.0;
   s.trained_tokens = trained_tokens_;
-  if (cfg_.model.moe.experts > 0) s.moe_aux_loss = reduced.aux_loss;
+  if (cfg_.model.moe.experts > 0) {
+    s.moe_aux_loss = reduced.aux_loss;
+    s.expert_layers = expert_layers_;
+    s.expert_tokens = expert_tokens_;
+    s.experts = cfg_.model.moe.experts;
+  }
   s.lr = update.lr;
   s.grad_norm = update.clip.grad_norm;
   s.loss_scale = update.loss_scale;

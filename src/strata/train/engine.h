@@ -169,6 +169,11 @@ class Engine {
   DType grad_dtype_ = DType::F32;  // fp32 unless mixed precision with grad_accum_dtype set
   Buffer params_, grads_;
   std::vector<double> recompute_block_s_;  // the last step's recompute seconds per block (profile)
+  // A mixture of experts: the MoE layers, and the last step's tokens per (layer, expert) over the
+  // global batch (all layers while summing, then the MoE layers' rows packed in order).
+  std::vector<int> expert_layers_;
+  std::vector<double> expert_tokens_;
+  std::vector<float> expert_sum_;  // the sum's buffer
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   Buffer inputs_, targets_;     // this rank's token ids of a global batch (local samples, seq_len)
@@ -207,6 +212,7 @@ class Engine {
     double aux_loss = 0;     // a mixture of experts' balancing and z-losses (in loss_sum)
   };
   Reduced reduce_gradients(double local_loss_sum);
+  void sum_expert_tokens();
   struct Update {
     ClipDecision clip;
     float lr = 0, loss_scale = 1;
