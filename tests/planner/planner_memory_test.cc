@@ -131,7 +131,8 @@ void expect_matches(const planner::PlanInput& in, const planner::Row& r, const s
 
 TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
   int checked = 0;
-  // GPT-2, Llama, and a Gemma 3 block (sandwich norms, q/k norms, a head_dim of its own).
+  // GPT-2, Llama, a Gemma 3 block (sandwich norms, q/k norms, a head_dim of its own) and a
+  // Qwen2-MoE one.
   const nlohmann::json models[] = {{{"preset", "gpt2-tiny"}, {"layers", 4}},
                                    {{"preset", "llama-tiny"}, {"layers", 4}},
                                    {{"family", "gemma3"},
@@ -143,12 +144,30 @@ TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
                                     {"ffn_hidden", 64},
                                     {"vocab", 64},
                                     {"seq_len", 16},
-                                    {"sliding_window", 4}}};
+                                    {"sliding_window", 4}},
+                                   // A mixture of experts: a gated shared expert, a dense layer.
+                                   {{"family", "qwen2_moe"},
+                                    {"layers", 4},
+                                    {"hidden", 32},
+                                    {"heads", 4},
+                                    {"kv_heads", 2},
+                                    {"ffn_hidden", 64},
+                                    {"vocab", 64},
+                                    {"seq_len", 16},
+                                    {"moe",
+                                     {{"experts", 4},
+                                      {"top_k", 2},
+                                      {"ffn_hidden", 16},
+                                      {"shared_ffn_hidden", 32},
+                                      {"mlp_only_layers", {2}},
+                                      {"aux_loss", "per_layer"},
+                                      {"router_aux_loss_coef", 0.01},
+                                      {"z_loss_coef", 0.001}}}}};
   for (const nlohmann::json& model : models) {
     const planner::PlanInput in = input(model, 8);
     const std::vector<planner::Row> rows = sample(planner::plan(in));
     for (const planner::Row& r : rows) {
-      expect_matches(in, r, model.value("preset", std::string("gemma3")));
+      expect_matches(in, r, model.value("preset", model.value("family", std::string())));
       ++checked;
     }
   }
