@@ -191,6 +191,17 @@ ModelConfig parse_model(const Reader& r, const json& o) {
       }
       x.mlp_only_layers.push_back(l.get<int>());
     }
+    if (e.contains("capacity_factor")) {
+      x.capacity_factor = finite_in(e, "capacity_factor", g);
+      x.capacity_scope = r.string(e, "capacity_scope", g);
+      x.drop_policy = r.string(e, "drop_policy", g);
+      if (x.capacity_scope != "sequence" && x.capacity_scope != "micro_batch") {
+        r.fail(g + ".capacity_scope", "is not sequence or micro_batch");
+      }
+      if (x.drop_policy != "probs" && x.drop_policy != "position") {
+        r.fail(g + ".drop_policy", "is not probs or position");
+      }
+    }
     x.aux_loss = r.string(e, "aux_loss", g);
     if (x.aux_loss != "pooled" && x.aux_loss != "per_layer") {
       r.fail(g + ".aux_loss", "is not pooled or per_layer");

@@ -352,7 +352,8 @@ void check_tensor_split(const Config& c, int64_t micro_batch) {
 void parse_moe(const Block& b, ModelConfig& m) {
   Block e = b.child("moe", {"experts", "top_k", "ffn_hidden", "shared_ffn_hidden", "shared_gate",
                             "norm_topk_prob", "router", "decoder_sparse_step", "mlp_only_layers",
-                            "aux_loss", "router_aux_loss_coef", "z_loss_coef"});
+                            "capacity_factor", "capacity_scope", "drop_policy", "aux_loss",
+                            "router_aux_loss_coef", "z_loss_coef"});
   if (!e.present()) return;
   MoeConfig& o = m.moe;
   if (!e.get_int("experts", o.experts, 1)) {
@@ -377,6 +378,9 @@ void parse_moe(const Block& b, ModelConfig& m) {
       o.mlp_only_layers.push_back(l.get<int>());
     }
   }
+  e.get_number("capacity_factor", o.capacity_factor, 0.0, HUGE_VAL, true);
+  e.get_choice("capacity_scope", o.capacity_scope, {"sequence", "micro_batch"});
+  e.get_choice("drop_policy", o.drop_policy, {"probs", "position"});
   e.get_choice("aux_loss", o.aux_loss, {"pooled", "per_layer"});
   e.get_number("router_aux_loss_coef", o.router_aux_loss_coef, 0.0, HUGE_VAL, false);
   e.get_number("z_loss_coef", o.z_loss_coef, 0.0, HUGE_VAL, false);
@@ -556,6 +560,15 @@ void parse_layout_blocks(const Block& top, Config& c) {
         chunks,
         " pipeline chunks does not see in one place: use model.moe.aux_loss "
         "\"per_layer\" (Megatron's), or parallelism.pipeline 1");
+  }
+  if (m.moe.experts > 0 && m.moe.capacity_factor > 0 && m.moe.capacity_scope == "sequence" &&
+      p.context > 1) {
+    STRATA_INPUT_FAIL(
+        "model.moe.capacity_scope \"sequence\" ranks each sequence's tokens for "
+        "an expert's capacity, which parallelism.context=",
+        p.context,
+        " spreads over ranks: use capacity_scope \"micro_batch\" (each rank's "
+        "own rows), no capacity_factor, or parallelism.context 1");
   }
   if (p.virtual_stages > 1 && p.pipeline == 1) {
     STRATA_INPUT_FAIL("parallelism.virtual_stages=", p.virtual_stages,

@@ -346,10 +346,19 @@ struct MoeRoute {
 // their probabilities, renormalised to sum to 1 with norm_topk_prob. fp32 throughout.
 void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
                        const MoeRoute& r);
-// The dispatch plan of top (N, k): counts (E) the rows routed to each expert; rows (N·k) the
-// token of each row sorted by expert (by token, then choice, within one); pos (N, k) where
-// token n's j-th choice is among them. int32 throughout.
-void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, int experts);
+// Token dropping (MoeRoute's capacity): each expert keeps at most `capacity` of the choices of
+// each group of `group` consecutive rows, the most probable (by_probs, ties by row) or the first.
+struct MoeCapacity {
+  int64_t capacity = 0;  // 0: dropless
+  int64_t group = 0;
+  bool by_probs = true;
+};
+// The dispatch plan of top (N, k): counts (E) the rows routed to each expert; rows (N·k, the
+// first Σ counts used) the token of each row sorted by expert (by token, then choice, within
+// one); pos (N, k) where token n's j-th choice is among them, -1 where it was dropped. int32
+// throughout; probs (N, E) fp32 rank the choices for a capacity by_probs.
+void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, int experts,
+              const MoeCapacity& capacity = {});
 // Per sequence of T rows (N/T of them): stats (B, 2, E) fp32 = the choices of each expert, then
 // the sum of each expert's probability over the sequence's rows.
 void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);
@@ -361,10 +370,11 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
                         Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r);
 // out (R, C) row r = x (N, C) row rows[r].
 void gather_rows(Tensor out, Tensor x, Tensor rows);
-// out (N, C) row n = Σ_j w[n, j] · y[pos[n, j]] (w (N, k) fp32; absent: 1), summed in fp32 in j
-// order and rounded once.
+// out (N, C) row n = Σ_j w[n, j] · y[pos[n, j]] (w (N, k) fp32; absent: 1) over the choices not
+// dropped (pos -1), summed in fp32 in j order and rounded once.
 void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w);
-// The combine's backward: dy[pos[n, j]] = w[n, j] · dout[n]; dw (N, k) fp32 = <dout[n], y[pos]>.
+// The combine's backward: dy[pos[n, j]] = w[n, j] · dout[n]; dw (N, k) fp32 = <dout[n], y[pos]>
+// (0 where dropped).
 void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor pos, Tensor w);
 // A sigmoid-gated branch: g (N) fp32 holds the gate's logits, replaced by sigmoid(g); out (N, C)
 // += g[n] · s[n].

@@ -48,9 +48,10 @@ void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tenso
                              p<const float>(logits), N, r.experts, r.top_k, r.norm_topk_prob);
 }
 
-void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, int experts) {
+void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, int experts,
+              const MoeCapacity& capacity) {
   constexpr const char* op = "moe_plan";
-  const Call access = on_device(op, {counts, pos, rows, top});
+  const Call access = on_device(op, {counts, pos, rows, top, probs});
   cpu_only(op, access);
   if (access.dry) return;
   for (const Tensor* t : {&counts, &pos, &rows, &top}) expect_i32(op, "a plan view", *t);
@@ -59,11 +60,16 @@ void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, int experts) {
   expect_numel(op, "rows", rows, top.numel());
   const int64_t k = top.ndim == 2 ? top.dim(1) : 1;
   const int64_t N = rows_of(op, "top", top, k);
+  expect_f32(op, "probs", probs);
+  expect_numel(op, "probs", probs, N * experts);
+  STRATA_CHECK(capacity.capacity == 0 || (capacity.group > 0 && probs.data != nullptr), op,
+               ": a capacity needs its group of rows and the probabilities");
   const int32_t* t = p<const int32_t>(top);
   for (int64_t i = 0; i < N * k; ++i) {
     STRATA_CHECK(t[i] >= 0 && t[i] < experts, op, ": expert ", t[i], " of ", experts);
   }
-  kernels::moe_plan(p<int32_t>(counts), p<int32_t>(pos), p<int32_t>(rows), t, N, experts, int(k));
+  kernels::moe_plan(p<int32_t>(counts), p<int32_t>(pos), p<int32_t>(rows), t, p<const float>(probs),
+                    N, experts, int(k), capacity.capacity, capacity.group, capacity.by_probs);
 }
 
 void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
@@ -140,7 +146,7 @@ Combine combine_size(const char* op, const Tensor& out, const Tensor& y, const T
   expect_numel(op, "w", w, N * k);
   const int32_t* at = p<const int32_t>(pos);
   for (int64_t i = 0; i < N * k; ++i) {
-    STRATA_CHECK(at[i] >= 0 && at[i] < N * k, op, ": position ", at[i], " of ", N * k);
+    STRATA_CHECK(at[i] >= -1 && at[i] < N * k, op, ": position ", at[i], " of ", N * k);
   }
   return {N, k, C};
 }

@@ -50,6 +50,14 @@ struct MoeConfig {
   // The MoE layers: every decoder_sparse_step-th ((layer + 1) % step == 0), but mlp_only_layers.
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
+  // Token dropping: 0 (dropless), or each expert takes at most ceil(rows·top_k/experts ·
+  // capacity_factor) of the choices of a group of rows — each sequence ("sequence": the layout
+  // never changes which), or the micro-batch's rows a rank routes ("micro_batch", Megatron's
+  // per-rank capacity before dispatch: it changes with the micro-batch size and context
+  // parallelism). drop_policy: keep the most probable choices ("probs") or the first ("position").
+  float capacity_factor = 0.0f;
+  std::string capacity_scope = "sequence";
+  std::string drop_policy = "probs";
   std::string aux_loss = "pooled";  // "pooled" | "per_layer"
   float router_aux_loss_coef = 0.0f;
   float z_loss_coef = 0.0f;

@@ -93,6 +93,14 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
     Fel_ = m.ffn_hidden / tp_->size(), Fsl_ = m.shared_ffn_hidden / tp_->size();
     NK_ = N_ * K_;
     route_ = {E_, K_, m.norm_topk_prob};
+    if (m.capacity_factor > 0) {  // over each sequence's rows, or all this chunk routes
+      capacity_.group = m.capacity_scope == "sequence" ? T_ : N_;
+      STRATA_CHECK(m.capacity_scope != "sequence" || !chunk_.context.on(),
+                   "a capacity per sequence under context parallelism");
+      capacity_.capacity =
+          int64_t(std::ceil(double(capacity_.group) * K_ * double(m.capacity_factor) / E_));
+      capacity_.by_probs = m.drop_policy == "probs";
+    }
     counts32_.assign(size_t(E_), 0);
     coef_host_.assign(size_t(B_) * E_, 0.0f);
   }

@@ -240,6 +240,7 @@ class TransformerImpl final : public Transformer {
   std::pair<int64_t, int64_t> moe_weight_rows() const;
   std::pair<int64_t, int64_t> moe_input_rows() const;
   double moe_aux_loss(const Slot& s) const;
+  int64_t kept_rows(const Slot& s, int l) const;  // the rows block l's experts took
   Tensor moe_coef(const Slot& s, int l);
   bool balanced() const { return moe_ && cfg_.moe.router_aux_loss_coef > 0; }
   // Activation checkpointing (transformer.cc).
@@ -453,6 +454,7 @@ class TransformerImpl final : public Transformer {
   int E_ = 0, K_ = 0;
   int64_t Fel_ = 0, Fsl_ = 0, NK_ = 0;
   ops::MoeRoute route_;
+  ops::MoeCapacity capacity_;
   float aux_scale_ = 0.0f;              // set_aux_scale
   double aux_sum_ = 0.0;                // take_aux_loss
   std::vector<int64_t> expert_tokens_;  // take_expert_tokens: (chunk blocks, E)

@@ -52,10 +52,12 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
   ops::moe_route_forward(probs, f32(a.router_lse, N_), top, gates, probs, route_);
   const Tensor counts = Tensor(a.moe_counts, DType::I32, {int64_t(E_)}, dev_);
   const Tensor plan = mat(a.moe_pos, DType::I32, N_, K_);
-  ops::moe_plan(counts, plan, Tensor(a.moe_rows, DType::I32, {NK_}, dev_), top, E_);
+  ops::moe_plan(counts, plan, Tensor(a.moe_rows, DType::I32, {NK_}, dev_), top, probs, E_,
+                capacity_);
   ops::copy_to_host(counts32_.data(), counts);
   std::vector<int64_t>& n = s.expert_counts[size_t(l - l0_)];
-  for (int e = 0; e < E_; ++e) n[size_t(e)] = counts32_[size_t(e)];
+  int64_t kept = 0;  // the rows the experts take (all N·k but those dropped)
+  for (int e = 0; e < E_; ++e) kept += n[size_t(e)] = counts32_[size_t(e)];
   if (balanced()) {  // the balancing statistics of each sequence, summed over its context ranks
     const Tensor stats = f32(moe_stats_, int64_t(B_) * 2 * E_);
     ops::moe_balance_stats(stats, probs, top, T_);
@@ -68,9 +70,9 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
     ops::copy_to_host(s.moe_lse[size_t(l - l0_)].data(), f32(a.router_lse, N_));
   // The experts: their rows gathered in the plan's order, gate|up, SwiGLU, down.
   const int64_t* rows = n.data();
-  const Tensor xp = mat(a.xp, pt_, NK_, C_), efch = mat(a.efch, pt_, NK_, 2 * Fel_);
-  const Tensor eact = mat(a.eact, pt_, NK_, Fel_), ey = mat(a.ey, pt_, NK_, C_);
-  ops::gather_rows(xp, x, Tensor(a.moe_rows, DType::I32, {NK_}, dev_));
+  const Tensor xp = mat(a.xp, pt_, kept, C_), efch = mat(a.efch, pt_, kept, 2 * Fel_);
+  const Tensor eact = mat(a.eact, pt_, kept, Fel_), ey = mat(a.ey, pt_, kept, C_);
+  ops::gather_rows(xp, x, Tensor(a.moe_rows, DType::I32, {kept}, dev_));
   ops::grouped_linear_forward(efch, xp, param(l, R::ExpertGateUpW, P, pt_), rows, E_);
   ops::swiglu_forward(eact, efch);
   ops::grouped_linear_forward(ey, eact, param(l, R::ExpertDownW, P, pt_), rows, E_);
@@ -90,7 +92,7 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
   void* out = project ? a.res3 : moe_part_;
   const bool partial = tp_->size() > 1 && project;
   const Tensor o = full(partial && sp_ ? moe_part_ : out);
-  ops::moe_combine(o, ey, plan, gates);
+  ops::moe_combine(o, mat(a.ey, pt_, NK_, C_), plan, gates);
   if (Fsl_ > 0 && cfg_.moe.shared_gate) {
     ops::moe_gate_forward(o, full(a.sout), f32(a.sgate, N_));
   } else if (Fsl_ > 0) {
@@ -102,6 +104,12 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
   } else {
     reduce_from::forward(*tp_, hid(out));
   }
+}
+
+int64_t TransformerImpl::kept_rows(const Slot& s, int l) const {
+  int64_t kept = 0;
+  for (int64_t n : s.expert_counts[size_t(l - l0_)]) kept += n;
+  return kept;
 }
 
 void TransformerImpl::take_expert_tokens(std::vector<double>& tokens) {
@@ -205,27 +213,29 @@ void TransformerImpl::moe_backward(Slot& s, int l, void* P, void* G, const Block
                           moe_coef(s, l), T_, z, route_);
   if (!fuse && cfg_.moe.shared_gate) ops::copy(f32(st.dsgate, N_), dsgate);
   // The experts, backward: down, SwiGLU, gate|up.
-  const Tensor deact = mat(deact_, pt_, NK_, Fel_);
-  const Tensor defch = mat(fuse ? defch_ : st.defch, pt_, NK_, 2 * Fel_);
+  // The experts' rows: the N·k choices but those dropped.
+  const int64_t kept = kept_rows(s, l);
+  const Tensor dek = mat(dey.data, pt_, kept, C_);
+  const Tensor deact = mat(deact_, pt_, kept, Fel_);
+  const Tensor defch = mat(fuse ? defch_ : st.defch, pt_, kept, 2 * Fel_);
   const Tensor wdown = param(l, R::ExpertDownW, P, pt_), wgu = param(l, R::ExpertGateUpW, P, pt_);
-  ops::grouped_linear_backward_input(deact, dey, wdown, rows, E_);
+  ops::grouped_linear_backward_input(deact, dek, wdown, rows, E_);
   if (fuse) {
-    ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, G), dey,
-                                        mat(a.eact, pt_, NK_, Fel_), rows, E_);
+    ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, G), dek,
+                                        mat(a.eact, pt_, kept, Fel_), rows, E_);
   }
-  ops::swiglu_backward(defch, deact, mat(a.efch, pt_, NK_, 2 * Fel_));
-  const Tensor dxp = mat(dxp_, pt_, NK_, C_);
-  ops::grouped_linear_backward_input(dxp, defch, wgu, rows, E_);
+  ops::swiglu_backward(defch, deact, mat(a.efch, pt_, kept, 2 * Fel_));
+  ops::grouped_linear_backward_input(mat(dxp_, pt_, kept, C_), defch, wgu, rows, E_);
   const Tensor x = fuse ? column_input(mlp_input(a)) : Tensor();
   if (fuse) {
     ops::grouped_linear_backward_weight(grad(l, R::ExpertGateUpW, G), defch,
-                                        mat(a.xp, pt_, NK_, C_), rows, E_);
+                                        mat(a.xp, pt_, kept, C_), rows, E_);
   }
   // The input gradient (N, C), a partial sum over the group: the experts' rows summed back to
   // their tokens, the shared expert's, the gate's and the router's (these two where
   // moe_input_rows says).
   const Tensor dfull = full(sp_ ? part_ : dln);
-  ops::moe_combine(dfull, dxp, plan, Tensor());
+  ops::moe_combine(dfull, mat(dxp_, pt_, NK_, C_), plan, Tensor());
   if (Fsl_ > 0) {
     const Tensor dact = mat(d_proj_in_, pt_, N_, Fsl_);
     const Tensor dfch = mat(fuse ? d_wide_out_ : st.dfch, pt_, N_, 2 * Fsl_);
@@ -280,10 +290,11 @@ void TransformerImpl::moe_weight(Slot& s, int l, void* G, const BlockStash& st) 
   using R = ParamRole;
   const int64_t* rows = s.expert_counts[size_t(l - l0_)].data();
   const Tensor x = column_input(mlp_input(a));
-  ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, G), mat(st.dey, pt_, NK_, C_),
-                                      mat(a.eact, pt_, NK_, Fel_), rows, E_);
+  const int64_t kept = kept_rows(s, l);
+  ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, G), mat(st.dey, pt_, kept, C_),
+                                      mat(a.eact, pt_, kept, Fel_), rows, E_);
   ops::grouped_linear_backward_weight(grad(l, R::ExpertGateUpW, G),
-                                      mat(st.defch, pt_, NK_, 2 * Fel_), mat(a.xp, pt_, NK_, C_),
+                                      mat(st.defch, pt_, kept, 2 * Fel_), mat(a.xp, pt_, kept, C_),
                                       rows, E_);
   if (Fsl_ > 0) {
     ops::linear_backward_weight(grad(l, R::SharedFc2W, G), Tensor(), full(st.dfc2),

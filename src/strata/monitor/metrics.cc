@@ -333,6 +333,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   j["tokens_per_s"] = s.tokens_per_s;
   j["trained_tokens_per_s"] = s.trained_tokens_per_s;
   if (s.moe_aux_loss >= 0) j["moe_aux_loss"] = s.moe_aux_loss;
+  if (s.moe_dropped >= 0) j["moe_dropped"] = s.moe_dropped;
   if (!s.expert_layers.empty()) {  // {"layer": [tokens of each expert]}
     nlohmann::json tokens = nlohmann::json::object();
     for (size_t i = 0; i < s.expert_layers.size(); ++i) {

@@ -19,6 +19,7 @@ monitor::Scalars step_scalars(const StepMetrics& s, double peak_gflops,
                         {p + "loss_scale", s.loss_scale},
                         {p + "grad_norm", s.grad_norm}};
   if (s.moe_aux_loss >= 0) v.push_back({p + "moe_aux_loss", s.moe_aux_loss});
+  if (s.moe_dropped >= 0) v.push_back({p + "moe_dropped", s.moe_dropped});
   // Each MoE layer's load: its busiest expert's tokens over the mean, and each expert's tokens.
   for (size_t i = 0; i < s.expert_layers.size(); ++i) {
     const std::string layer = p + "moe/layer_" + std::to_string(s.expert_layers[i]) + "/";

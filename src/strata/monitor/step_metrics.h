@@ -23,6 +23,7 @@ struct StepMetrics {
   std::span<const int> expert_layers;
   std::span<const double> expert_tokens;
   int experts = 0;
+  double moe_dropped = -1.0;  // with a capacity: the fraction of the choices dropped; else -1
   float lr = 0.0f;
   double grad_norm = 0.0;  // global norm of the unscaled gradients, before clipping
   float loss_scale = 1.0f;

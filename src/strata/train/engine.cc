@@ -495,6 +495,12 @@ StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::P
     s.expert_layers = expert_layers_;
     s.expert_tokens = expert_tokens_;
     s.experts = cfg_.model.moe.experts;
+    if (cfg_.model.moe.capacity_factor > 0) {
+      double taken = 0;
+      for (double t : expert_tokens_) taken += t;
+      s.moe_dropped =
+          1.0 - taken / (double(expert_layers_.size()) * double(tokens) * cfg_.model.moe.top_k);
+    }
   }
   s.lr = update.lr;
   s.grad_norm = update.clip.grad_norm;

@@ -51,14 +51,38 @@ void moe_route_forward(float* probs, float* lse, int32_t* top, float* gates, con
   }
 }
 
-void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, int64_t N, int E,
-              int k) {
+void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, const float* probs,
+              int64_t N, int E, int k, int64_t capacity, int64_t group, bool by_probs) {
+  // Capacity: within each group of rows, an expert keeps its first `capacity` choices by
+  // probability (then by row and choice) or by position; the rest are dropped (pos -1).
+  std::fill(pos, pos + N * k, 0);
+  if (capacity > 0) {
+    std::vector<int64_t> order;
+    for (int64_t g0 = 0; g0 < N; g0 += group) {
+      const int64_t g1 = std::min(N, g0 + group);
+      order.clear();
+      for (int64_t i = g0 * k; i < g1 * k; ++i) order.push_back(i);
+      const auto key = [&](int64_t i) { return probs[i / k * E + top[i]]; };
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        if (top[a] != top[b]) return top[a] < top[b];
+        return by_probs && key(a) > key(b);
+      });
+      int64_t taken = 0;
+      for (size_t j = 0; j < order.size(); ++j) {
+        if (j == 0 || top[order[j]] != top[order[j - 1]]) taken = 0;
+        if (taken++ >= capacity) pos[order[j]] = -1;
+      }
+    }
+  }
   std::fill(counts, counts + E, 0);
-  for (int64_t i = 0; i < N * k; ++i) ++counts[top[i]];
+  for (int64_t i = 0; i < N * k; ++i) {
+    if (pos[i] >= 0) ++counts[top[i]];
+  }
   std::vector<int64_t> next(size_t(E), 0);
   for (int e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + counts[e - 1];
   // Within an expert, its rows in token order (then choice order).
   for (int64_t i = 0; i < N * k; ++i) {
+    if (pos[i] < 0) continue;
     const int64_t at = next[size_t(top[i])]++;
     pos[i] = int32_t(at);
     rows[at] = int32_t(i / k);
@@ -118,6 +142,7 @@ void moe_combine(S* out, const S* y, const int32_t* pos, const float* w, int64_t
     for (int64_t c = 0; c < C; ++c) {
       float acc = 0.0f;
       for (int j = 0; j < k; ++j) {
+        if (pos[n * k + j] < 0) continue;  // dropped
         const float v = load(y[int64_t(pos[n * k + j]) * C + c]);
         acc += w != nullptr ? w[n * k + j] * v : v;
       }
@@ -134,6 +159,10 @@ void moe_combine_backward(S* dy, float* dw, const S* dout, const S* y, const int
     const S* d = dout + n * C;
     for (int j = 0; j < k; ++j) {
       const int64_t r = pos[n * k + j];
+      if (r < 0) {  // dropped: its gate does not reach the output
+        dw[n * k + j] = 0.0f;
+        continue;
+      }
       const float wj = w[n * k + j];
       const S* yr = y + r * C;
       S* dr = dy + r * C;
