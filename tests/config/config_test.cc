@@ -630,6 +630,24 @@ TEST(Config, ModelFamiliesDescribeTheirBlock) {
   // The block's JSON form (checkpoint manifests, a resume's model) reads back as the same model.
   const ModelConfig back = model(model_block_json(mixed));
   EXPECT_EQ(model_block_json(back), model_block_json(mixed));
+  // So do the mixtures of experts, dropless and with a capacity.
+  for (const json& moe :
+       {json{{"experts", 4}, {"top_k", 2}, {"ffn_hidden", 32}, {"mlp_only_layers", {1}}},
+        json{{"experts", 4},
+             {"top_k", 1},
+             {"shared_ffn_hidden", 16},
+             {"shared_gate", true},
+             {"capacity_factor", 1.25},
+             {"capacity_scope", "micro_batch"},
+             {"drop_policy", "position"},
+             {"aux_loss", "per_layer"},
+             {"router_aux_loss_coef", 0.01},
+             {"z_loss_coef", 0.001}}}) {
+    const ModelConfig m = model({{"family", "qwen2_moe"}, {"moe", moe}});
+    EXPECT_TRUE(m.moe_layer(0));
+    EXPECT_EQ(m.moe_layer(1), !moe.contains("mlp_only_layers"));
+    EXPECT_EQ(model(model_block_json(m)).moe, m.moe) << moe.dump();
+  }
 
   const std::pair<json, std::string> bad[] = {
       {{{"family", "qwen3"}, {"head_dim", 15}}, "must be even"},

@@ -144,10 +144,8 @@ void finalize_moe(ModelConfig& m) {
                      "model.norm_placement \"",
                      m.norm_placement, "\" is not supported with it");
   if (e.ffn_hidden == 0) e.ffn_hidden = m.ffn_hidden;
-  STRATA_INPUT_CHECK(e.shared_ffn_hidden > 0 || !e.shared_gate,
-                     "model.moe.shared_gate gates the shared expert, but "
-                     "model.moe.shared_ffn_hidden is 0 (none): give its size or set "
-                     "shared_gate to false");
+  // Qwen2-MoE's gate (the family's default) gates a shared expert where the model has one.
+  if (e.shared_ffn_hidden == 0) e.shared_gate = false;
   for (int l : e.mlp_only_layers) {
     STRATA_INPUT_CHECK(l >= 0 && l < m.layers, "model.moe.mlp_only_layers names layer ", l,
                        ", but the model has layers 0 to ", m.layers - 1);
@@ -364,7 +362,12 @@ void parse_moe(const Block& b, ModelConfig& m) {
   }
   e.get_int("ffn_hidden", o.ffn_hidden, 1);
   e.get_int("shared_ffn_hidden", o.shared_ffn_hidden, 0);
-  e.get_bool("shared_gate", o.shared_gate);
+  if (e.get_bool("shared_gate", o.shared_gate) && o.shared_gate && o.shared_ffn_hidden == 0) {
+    STRATA_INPUT_FAIL(
+        "model.moe.shared_gate gates the shared expert, but "
+        "model.moe.shared_ffn_hidden is 0 (none): give its size, or remove "
+        "shared_gate");
+  }
   e.get_bool("norm_topk_prob", o.norm_topk_prob);
   e.get_choice("router", o.router, {"softmax"});
   e.get_int("decoder_sparse_step", o.decoder_sparse_step, 1);
@@ -615,9 +618,8 @@ void parse_layout_blocks(const Block& top, Config& c) {
   }
   if (c.train.device == "cuda" && m.moe.experts > 0) {
     STRATA_INPUT_FAIL(
-        "model.moe (a mixture of experts) runs on the CPU backend only: the CUDA "
-        "backend has no routing or grouped expert kernels yet; set train.device "
-        "\"cpu\"");
+        "model.moe (a mixture of experts) runs on the CPU backend only: its CUDA kernels "
+        "have not run on a GPU yet (docs/gpu.md); set train.device \"cpu\"");
   }
   if (tb.get_string("run_dir", c.train.run_dir) && c.train.run_dir.empty()) {
     tb.fail("run_dir", "a non-empty directory path");

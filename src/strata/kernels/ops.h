@@ -332,11 +332,9 @@ struct SgdArgs {
 // buf: the momentum buffer (optional without momentum).
 void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArgs& a);
 
-// --- mixture of experts
-// --------------------------------------------------------------------------- A MoE layer
-// (model/model_config.h MoeConfig) routes each of N token rows to top_k of E experts, runs each
-// expert on the rows routed to it (grouped, by the plan) and sums their outputs back. The CPU
-// backend only: a view on a GPU is refused.
+// --- mixture of experts --------------------------------------------------------------------------
+// A MoE layer (model/model_config.h MoeConfig) routes each of N token rows to top_k of E experts,
+// runs each expert on the rows routed to it (grouped, by the plan) and sums their outputs back.
 struct MoeRoute {
   int experts = 0, top_k = 0;
   bool norm_topk_prob = true;

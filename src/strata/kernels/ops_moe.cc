@@ -1,5 +1,6 @@
 // ops.h: a mixture of experts' routing, dispatch, combine and grouped linear layers (the
-// dispatch: dispatch.h).
+// dispatch: dispatch.h; the CUDA kernels: kernels/cuda/moe.cu). The grouped layers are one gemm
+// per group on the views' device.
 #include "strata/kernels/cpu/common.h"
 #include "strata/kernels/cpu/moe.h"
 #include "strata/kernels/dispatch.h"
@@ -10,12 +11,6 @@ namespace strata::ops {
 using namespace dispatch;
 
 namespace {
-
-// The routing ops have CPU kernels only (the config refuses a MoE model on the CUDA backend).
-void cpu_only(const char* op, const Call& access) {
-  STRATA_CHECK(access.dry || !access.cuda, op,
-               ": a mixture of experts runs on the CPU backend only");
-}
 
 void expect_i32(const char* op, const char* name, const Tensor& t) {
   STRATA_CHECK(t.dtype == DType::I32, op, ": ", name, " must be int32, got ", dtype_name(t.dtype));
@@ -33,7 +28,6 @@ void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tenso
                        const MoeRoute& r) {
   constexpr const char* op = "moe_route_forward";
   const Call access = on_device(op, {probs, lse, top, gates, logits});
-  cpu_only(op, access);
   if (access.dry) return;
   STRATA_CHECK(r.top_k >= 1 && r.top_k <= r.experts, op, ": top_k ", r.top_k, " of ", r.experts,
                " experts");
@@ -44,6 +38,7 @@ void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tenso
   expect_numel(op, "lse", lse, N);
   expect_numel(op, "top", top, N * r.top_k);
   expect_numel(op, "gates", gates, N * r.top_k);
+  STRATA_ON_CUDA(access, moe_route_forward(probs, lse, top, gates, logits, r));
   kernels::moe_route_forward(p<float>(probs), p<float>(lse), p<int32_t>(top), p<float>(gates),
                              p<const float>(logits), N, r.experts, r.top_k, r.norm_topk_prob);
 }
@@ -52,7 +47,6 @@ void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, 
               const MoeCapacity& capacity) {
   constexpr const char* op = "moe_plan";
   const Call access = on_device(op, {counts, pos, rows, top, probs});
-  cpu_only(op, access);
   if (access.dry) return;
   for (const Tensor* t : {&counts, &pos, &rows, &top}) expect_i32(op, "a plan view", *t);
   expect_numel(op, "counts", counts, experts);
@@ -64,6 +58,7 @@ void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, 
   expect_numel(op, "probs", probs, N * experts);
   STRATA_CHECK(capacity.capacity == 0 || (capacity.group > 0 && probs.data != nullptr), op,
                ": a capacity needs its group of rows and the probabilities");
+  STRATA_ON_CUDA(access, moe_plan(counts, pos, rows, top, probs, experts, capacity));
   const int32_t* t = p<const int32_t>(top);
   for (int64_t i = 0; i < N * k; ++i) {
     STRATA_CHECK(t[i] >= 0 && t[i] < experts, op, ": expert ", t[i], " of ", experts);
@@ -75,7 +70,6 @@ void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, 
 void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
   constexpr const char* op = "moe_balance_stats";
   const Call access = on_device(op, {stats, probs, top});
-  cpu_only(op, access);
   if (access.dry) return;
   const int64_t E = last_dim(op, "probs", probs), N = rows_of(op, "probs", probs, E);
   const int64_t k = top.numel() / N;
@@ -85,6 +79,7 @@ void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
   expect_f32(op, "probs", probs);
   expect_i32(op, "top", top);
   expect_numel(op, "stats", stats, N / T * 2 * E);
+  STRATA_ON_CUDA(access, moe_balance_stats(stats, probs, top, T));
   kernels::moe_balance_stats(p<float>(stats), p<const float>(probs), p<const int32_t>(top), N,
                              int(E), int(k), T);
 }
@@ -93,7 +88,6 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
                         Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r) {
   constexpr const char* op = "moe_route_backward";
   const Call access = on_device(op, {dlogits, dgates, probs, lse, top, gates, coef});
-  cpu_only(op, access);
   if (access.dry) return;
   const int64_t N = rows_of(op, "probs", probs, r.experts);
   for (const Tensor* t : {&dlogits, &dgates, &probs, &lse, &gates, &coef}) {
@@ -105,6 +99,8 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
   expect_numel(op, "top", top, N * r.top_k);
   STRATA_CHECK(T > 0 && N % T == 0, op, ": ", N, " rows are not whole sequences of ", T);
   expect_numel(op, "coef", coef, N / T * r.experts);
+  STRATA_ON_CUDA(access,
+                 moe_route_backward(dlogits, dgates, probs, lse, top, gates, coef, T, z, r));
   kernels::moe_route_backward(p<float>(dlogits), p<const float>(dgates), p<const float>(probs),
                               p<const float>(lse), p<const int32_t>(top), p<const float>(gates),
                               p<const float>(coef), N, r.experts, r.top_k, r.norm_topk_prob, T, z);
@@ -113,12 +109,12 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
 void gather_rows(Tensor out, Tensor x, Tensor rows) {
   constexpr const char* op = "gather_rows";
   const Call access = on_device(op, {out, x, rows});
-  cpu_only(op, access);
   if (access.dry) return;
   same_dtype(op, {out, x});
   expect_i32(op, "rows", rows);
   const int64_t C = last_dim(op, "x", x), N = rows_of(op, "x", x, C), R = rows.numel();
   expect_numel(op, "out", out, R * C);
+  STRATA_ON_CUDA(access, gather_rows(out, x, rows));
   const int32_t* r = p<const int32_t>(rows);
   for (int64_t i = 0; i < R; ++i) {
     STRATA_CHECK(r[i] >= 0 && r[i] < N, op, ": row ", r[i], " of ", N);
@@ -135,8 +131,8 @@ namespace {
 struct Combine {
   int64_t N, k, C;
 };
-Combine combine_size(const char* op, const Tensor& out, const Tensor& y, const Tensor& pos,
-                     const Tensor& w) {
+Combine combine_size(const char* op, const Call& access, const Tensor& out, const Tensor& y,
+                     const Tensor& pos, const Tensor& w) {
   const int64_t C = last_dim(op, "out", out), N = rows_of(op, "out", out, C);
   const int64_t k = pos.numel() / N;
   STRATA_CHECK(k >= 1 && pos.numel() == N * k, op, ": pos ", pos.shape_str(), " for ", N, " rows");
@@ -144,6 +140,7 @@ Combine combine_size(const char* op, const Tensor& out, const Tensor& y, const T
   expect_numel(op, "y", y, N * k * C);
   expect_f32(op, "w", w);
   expect_numel(op, "w", w, N * k);
+  if (access.cuda) return {N, k, C};  // the positions are the device's
   const int32_t* at = p<const int32_t>(pos);
   for (int64_t i = 0; i < N * k; ++i) {
     STRATA_CHECK(at[i] >= -1 && at[i] < N * k, op, ": position ", at[i], " of ", N * k);
@@ -156,10 +153,10 @@ Combine combine_size(const char* op, const Tensor& out, const Tensor& y, const T
 void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w) {
   constexpr const char* op = "moe_combine";
   const Call access = on_device(op, {out, y, pos, w});
-  cpu_only(op, access);
   if (access.dry) return;
   same_dtype(op, {out, y});
-  const auto [N, k, C] = combine_size(op, out, y, pos, w);
+  const auto [N, k, C] = combine_size(op, access, out, y, pos, w);
+  STRATA_ON_CUDA(access, moe_combine(out, y, pos, w));
   with_s(op, y.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::moe_combine(p<S>(out), p<const S>(y), p<const int32_t>(pos), p<const float>(w), N,
@@ -170,14 +167,14 @@ void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w) {
 void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor pos, Tensor w) {
   constexpr const char* op = "moe_combine_backward";
   const Call access = on_device(op, {dy, dw, dout, y, pos, w});
-  cpu_only(op, access);
   if (access.dry) return;
   same_dtype(op, {dy, dout, y});
   STRATA_CHECK(w.data != nullptr && dw.data != nullptr, op, ": needs the weights and dw");
-  const auto [N, k, C] = combine_size(op, dout, y, pos, w);
+  const auto [N, k, C] = combine_size(op, access, dout, y, pos, w);
   expect_numel(op, "dy", dy, N * k * C);
   expect_f32(op, "dw", dw);
   expect_numel(op, "dw", dw, N * k);
+  STRATA_ON_CUDA(access, moe_combine_backward(dy, dw, dout, y, pos, w));
   with_s(op, y.dtype, [&](auto s) {
     using S = decltype(s);
     kernels::moe_combine_backward(p<S>(dy), p<float>(dw), p<const S>(dout), p<const S>(y),
@@ -188,13 +185,13 @@ void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor po
 void moe_gate_forward(Tensor out, Tensor s, Tensor g) {
   constexpr const char* op = "moe_gate_forward";
   const Call access = on_device(op, {out, s, g});
-  cpu_only(op, access);
   if (access.dry) return;
   same_dtype(op, {out, s});
   expect_f32(op, "g", g);
   const int64_t C = last_dim(op, "s", s), N = rows_of(op, "s", s, C);
   expect_numel(op, "out", out, N * C);
   expect_numel(op, "g", g, N);
+  STRATA_ON_CUDA(access, moe_gate_forward(out, s, g));
   with_s(op, s.dtype, [&](auto v) {
     using S = decltype(v);
     kernels::moe_gate_forward(p<S>(out), p<const S>(s), p<float>(g), N, C);
@@ -204,7 +201,6 @@ void moe_gate_forward(Tensor out, Tensor s, Tensor g) {
 void moe_gate_backward(Tensor ds, Tensor dg, Tensor dout, Tensor s, Tensor g) {
   constexpr const char* op = "moe_gate_backward";
   const Call access = on_device(op, {ds, dg, dout, s, g});
-  cpu_only(op, access);
   if (access.dry) return;
   same_dtype(op, {ds, dout, s});
   expect_f32(op, "g", g);
@@ -213,6 +209,7 @@ void moe_gate_backward(Tensor ds, Tensor dg, Tensor dout, Tensor s, Tensor g) {
   for (const Tensor* t : {&ds, &dout}) expect_numel(op, "a row view", *t, N * C);
   expect_numel(op, "g", g, N);
   expect_numel(op, "dg", dg, N);
+  STRATA_ON_CUDA(access, moe_gate_backward(ds, dg, dout, s, g));
   with_s(op, s.dtype, [&](auto v) {
     using S = decltype(v);
     kernels::moe_gate_backward(p<S>(ds), p<float>(dg), p<const S>(dout), p<const S>(s),
@@ -234,55 +231,71 @@ void check_groups(const char* op, const int64_t* counts, int groups, int64_t row
 
 }  // namespace
 
-// Each group is one gemm (ops::gemm, on the views' device): a group without rows is skipped.
+namespace {
+
+// A grouped layer's sizes: K inputs and N outputs a row (w: groups·N rows of K), R rows in all
+// (x: R rows of K), the groups' counts checked against R.
+struct Grouped {
+  int64_t K, N, R;
+};
+Grouped grouped_size(const char* op, const Tensor& w, const Tensor& x, const int64_t* counts,
+                     int groups) {
+  const int64_t K = last_dim(op, "weight", w), N = rows_of(op, "weight", w, K) / groups;
+  const int64_t R = rows_of(op, "rows", x, K);
+  check_groups(op, counts, groups, R);
+  return {K, N, R};
+}
+
+// f(group, its first row, its rows) for each group that has rows: one gemm each (ops::gemm, on
+// the views' device).
+template <typename F>
+void for_each_group(const int64_t* counts, int groups, F&& f) {
+  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
+    if (counts[e] > 0) f(e, r, counts[e]);
+  }
+}
+
+}  // namespace
+
 void grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t* counts, int groups) {
   constexpr const char* op = "grouped_linear_forward";
   if (dry_runs > 0) return;
-  const int64_t K = last_dim(op, "weight", w), N = rows_of(op, "weight", w, K) / groups;
-  const int64_t R = rows_of(op, "x", x, K);
-  check_groups(op, counts, groups, R);
+  const auto [K, N, R] = grouped_size(op, w, x, counts, groups);
   expect_numel(op, "y", y, R * N);
   Gemm g;
   g.N = N, g.K = K, g.trans_b = true, g.lda = K, g.ldb = K, g.ldc = N;
-  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
-    if (counts[e] == 0) continue;
-    g.M = counts[e];
-    gemm(rows_view(y, r, g.M, N), rows_view(x, r, g.M, K), rows_view(w, e * N, N, K), g);
-  }
+  for_each_group(counts, groups, [&](int64_t e, int64_t r, int64_t m) {
+    g.M = m;
+    gemm(rows_view(y, r, m, N), rows_view(x, r, m, K), rows_view(w, e * N, N, K), g);
+  });
 }
 
 void grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t* counts,
                                    int groups) {
   constexpr const char* op = "grouped_linear_backward_input";
   if (dry_runs > 0) return;
-  const int64_t K = last_dim(op, "weight", w), N = rows_of(op, "weight", w, K) / groups;
-  const int64_t R = rows_of(op, "dy", dy, N);
-  check_groups(op, counts, groups, R);
-  expect_numel(op, "dx", dx, R * K);
+  const auto [K, N, R] = grouped_size(op, w, dx, counts, groups);
+  expect_numel(op, "dy", dy, R * N);
   Gemm g;
   g.N = K, g.K = N, g.lda = N, g.ldb = K, g.ldc = K;
-  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
-    if (counts[e] == 0) continue;
-    g.M = counts[e];
-    gemm(rows_view(dx, r, g.M, K), rows_view(dy, r, g.M, N), rows_view(w, e * N, N, K), g);
-  }
+  for_each_group(counts, groups, [&](int64_t e, int64_t r, int64_t m) {
+    g.M = m;
+    gemm(rows_view(dx, r, m, K), rows_view(dy, r, m, N), rows_view(w, e * N, N, K), g);
+  });
 }
 
 void grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t* counts,
                                     int groups) {
   constexpr const char* op = "grouped_linear_backward_weight";
   if (dry_runs > 0) return;
-  const int64_t K = last_dim(op, "dw", dw), N = rows_of(op, "dw", dw, K) / groups;
-  const int64_t R = rows_of(op, "x", x, K);
-  check_groups(op, counts, groups, R);
+  const auto [K, N, R] = grouped_size(op, dw, x, counts, groups);
   expect_numel(op, "dy", dy, R * N);
   Gemm g;
   g.M = N, g.N = K, g.trans_a = true, g.lda = N, g.ldb = K, g.ldc = K, g.accumulate = true;
-  for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
-    if (counts[e] == 0) continue;
-    g.K = counts[e];
-    gemm(rows_view(dw, e * N, N, K), rows_view(dy, r, g.K, N), rows_view(x, r, g.K, K), g);
-  }
+  for_each_group(counts, groups, [&](int64_t e, int64_t r, int64_t m) {
+    g.K = m;
+    gemm(rows_view(dw, e * N, N, K), rows_view(dy, r, m, N), rows_view(x, r, m, K), g);
+  });
 }
 
 }  // namespace strata::ops

@@ -52,12 +52,14 @@ nlohmann::json model_block_json(const ModelConfig& m) {
                 {"router", e.router},
                 {"decoder_sparse_step", e.decoder_sparse_step},
                 {"mlp_only_layers", e.mlp_only_layers},
-                {"capacity_factor", e.capacity_factor},
-                {"capacity_scope", e.capacity_scope},
-                {"drop_policy", e.drop_policy},
                 {"aux_loss", e.aux_loss},
                 {"router_aux_loss_coef", e.router_aux_loss_coef},
                 {"z_loss_coef", e.z_loss_coef}};
+    if (e.capacity_factor > 0) {  // absent: dropless
+      j["moe"]["capacity_factor"] = e.capacity_factor;
+      j["moe"]["capacity_scope"] = e.capacity_scope;
+      j["moe"]["drop_policy"] = e.drop_policy;
+    }
   }
   const RopeScaling& r = m.rope_scaling;
   if (r.type != "none") {

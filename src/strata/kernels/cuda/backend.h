@@ -99,6 +99,20 @@ void max_rows(Tensor out, Tensor in);
 void adam_step(Tensor master, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamArgs& a);
 void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArgs& a);
 
+// --- mixture of experts (moe.cu) -----------------------------------------------------------------
+void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
+                       const MoeRoute& r);
+void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, int experts,
+              const MoeCapacity& capacity);
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);
+void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
+                        Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r);
+void gather_rows(Tensor out, Tensor x, Tensor rows);
+void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w);
+void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor pos, Tensor w);
+void moe_gate_forward(Tensor out, Tensor s, Tensor g);
+void moe_gate_backward(Tensor ds, Tensor dg, Tensor dout, Tensor s, Tensor g);
+
 // --- tokens (elementwise.cu) --------------------------------------------------------------------
 // The index of the first token of t (n int32) outside [lo, hi), or -1; and the count of t >= 0.
 int64_t find_token_outside(const int32_t* t, int64_t n, int64_t lo, int64_t hi);
