@@ -240,6 +240,7 @@ class TransformerImpl final : public Transformer {
   std::pair<int64_t, int64_t> moe_weight_rows() const;
   std::pair<int64_t, int64_t> moe_input_rows() const;
   double moe_aux_loss(const Slot& s) const;
+  double balance_norm() const;
   int64_t kept_rows(const Slot& s, int l) const;  // the rows block l's experts took
   Tensor moe_coef(const Slot& s, int l);
   bool balanced() const { return moe_ && cfg_.moe.router_aux_loss_coef > 0; }

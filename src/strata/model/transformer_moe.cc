@@ -66,8 +66,9 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
     }
     ops::copy_to_host(s.moe_stats[size_t(l - l0_)].data(), stats);
   }
-  if (cfg_.moe.z_loss_coef > 0)
+  if (cfg_.moe.z_loss_coef > 0) {  // each row's logsumexp, for the z-loss's value
     ops::copy_to_host(s.moe_lse[size_t(l - l0_)].data(), f32(a.router_lse, N_));
+  }
   // The experts: their rows gathered in the plan's order, gate|up, SwiGLU, down.
   const int64_t* rows = n.data();
   const Tensor xp = mat(a.xp, pt_, kept, C_), efch = mat(a.efch, pt_, kept, 2 * Fel_);
@@ -122,17 +123,23 @@ void TransformerImpl::take_expert_tokens(std::vector<double>& tokens) {
   }
 }
 
+// The balancing loss of a sequence of T tokens is this factor times Σ_e c_e·P_e, c_e the choices
+// of expert e and P_e the sum of its probability over the rows: pooled over the L MoE layers
+// (transformers'), E/(L·T)²; per layer (Megatron's), E/(k·T²).
+double TransformerImpl::balance_norm() const {
+  const double T = double(seq_), E = double(E_), L = double(cfg_.moe_layers());
+  return cfg_.moe.aux_loss == "pooled" ? E / (L * T * L * T) : E / (double(K_) * T * T);
+}
+
 // After a micro-batch's forward through the chunk: its balancing and z-losses, weighted, summed
 // over its sequences (the balancing part once per context-parallel group, the z-loss for this
 // rank's rows).
 double TransformerImpl::moe_aux_loss(const Slot& s) const {
   const MoeConfig& m = cfg_.moe;
-  const double Tf = double(seq_), E = double(E_);
+  const double Tf = double(seq_);
   double sum = 0.0;
   if (balanced() && chunk_.context.rank == 0) {
-    const double layers = m.aux_loss == "pooled" ? double(cfg_.moe_layers()) : 1.0;
-    const double norm =
-        m.aux_loss == "pooled" ? E / (layers * Tf * layers * Tf) : E / (double(K_) * Tf * Tf);
+    const double norm = balance_norm();
     const bool pooled = m.aux_loss == "pooled";
     for (int b = 0; b < B_; ++b) {
       for (int e = 0; e < E_; ++e) {
@@ -161,11 +168,8 @@ double TransformerImpl::moe_aux_loss(const Slot& s) const {
 Tensor TransformerImpl::moe_coef(const Slot& s, int l) {
   if (!balanced()) return Tensor();
   const MoeConfig& m = cfg_.moe;
-  const double Tf = double(seq_), E = double(E_);
   const bool pooled = m.aux_loss == "pooled";
-  const double layers = pooled ? double(cfg_.moe_layers()) : 1.0;
-  const double norm = pooled ? E / (layers * Tf * layers * Tf) : E / (double(K_) * Tf * Tf);
-  const double w = double(s.aux_scale) * m.router_aux_loss_coef * norm;
+  const double w = double(s.aux_scale) * m.router_aux_loss_coef * balance_norm();
   for (int b = 0; b < B_; ++b) {
     for (int e = 0; e < E_; ++e) {
       double c = 0.0;  // the choices of expert e: this layer's, or every MoE layer's (pooled)
