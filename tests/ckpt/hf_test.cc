@@ -97,9 +97,14 @@ class HfTest : public test::TempDirTest {
 };
 
 TEST(HfTensors, CoverEveryRowOfEveryParameterOnce) {
-  for (const char* family : {"gpt2", "llama"}) {
+  for (const char* family : {"gpt2", "llama", "qwen2_moe"}) {
     for (bool tied : {true, false}) {
-      const ModelSpec spec = build_model_spec(tiny(family, tied));
+      ModelConfig m = tiny(family == std::string("gpt2") ? "gpt2" : "llama", tied);
+      if (family == std::string("qwen2_moe")) {  // per-expert tensors, a shared expert
+        m.family = family, m.moe.experts = 3, m.moe.top_k = 2, m.moe.ffn_hidden = 8;
+        m.moe.shared_ffn_hidden = 16, m.moe.shared_gate = true;
+      }
+      const ModelSpec spec = build_model_spec(m);
       std::vector<std::vector<int>> covered(spec.params.size());
       for (size_t i = 0; i < spec.params.size(); ++i) {
         covered[i].assign(size_t(spec.params[i].global_shape[0]), 0);
@@ -118,6 +123,10 @@ TEST(HfTensors, CoverEveryRowOfEveryParameterOnce) {
         for (int c : covered[i]) ASSERT_EQ(c, 1) << family << " " << spec.params[i].name;
       }
       EXPECT_EQ(names.count("lm_head.weight"), tied ? 0u : 1u) << family;
+      if (m.moe.experts > 0) {
+        EXPECT_EQ(names.count("model.layers.1.mlp.experts.2.up_proj.weight"), 1u);
+        EXPECT_EQ(names.count("model.layers.0.mlp.shared_expert_gate.weight"), 1u);
+      }
     }
   }
 }
@@ -462,8 +471,22 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
   gemma2.attn_logit_softcapping = 50.0f, gemma2.final_logit_softcapping = 30.0f;
   ModelConfig olmo2 = tiny("llama", false);
   olmo2.family = "olmo2", olmo2.qk_norm = "whole", olmo2.norm_placement = "post";
-  for (const ModelConfig& m :
-       {gpt2, llama, llama_tied, mistral, qwen2, qwen3, phi3, smollm3, gemma2, gemma3, olmo2}) {
+  // The mixtures of experts, with transformers' balancing loss (the pooled one) or none.
+  ModelConfig mixtral = tiny("llama", false);
+  mixtral.family = "mixtral", mixtral.ffn_hidden = 48;
+  mixtral.moe.experts = 4, mixtral.moe.top_k = 2, mixtral.moe.ffn_hidden = 48;
+  mixtral.moe.router_aux_loss_coef = 0.02f;
+  ModelConfig qwen2_moe = tiny("llama", true);
+  qwen2_moe.family = "qwen2_moe", qwen2_moe.qkv_bias = true;
+  qwen2_moe.moe.experts = 4, qwen2_moe.moe.top_k = 1, qwen2_moe.moe.ffn_hidden = 16;
+  qwen2_moe.moe.shared_ffn_hidden = 32, qwen2_moe.moe.shared_gate = true;
+  qwen2_moe.moe.norm_topk_prob = false, qwen2_moe.moe.mlp_only_layers = {1};
+  ModelConfig qwen3_moe = tiny("llama", false);
+  qwen3_moe.family = "qwen3_moe", qwen3_moe.qk_norm = "head";
+  qwen3_moe.moe.experts = 8, qwen3_moe.moe.top_k = 3, qwen3_moe.moe.ffn_hidden = 16;
+  qwen3_moe.moe.decoder_sparse_step = 2;
+  for (const ModelConfig& m : {gpt2, llama, llama_tied, mistral, qwen2, qwen3, phi3, smollm3,
+                               gemma2, gemma3, olmo2, mixtral, qwen2_moe, qwen3_moe}) {
     const std::string name = m.family + (m.tied_embeddings ? "_tied" : "");
     export_random(m, name);
     const ModelConfig r = model_config_from_hf(path(name) + "/config.json");
@@ -496,11 +519,37 @@ TEST_F(HfTest, ConfigJsonRoundTrips) {
     EXPECT_EQ(r.rope_local_theta, m.rope_local_theta) << name;
     EXPECT_EQ(r.attn_logit_softcapping, m.attn_logit_softcapping) << name;
     EXPECT_EQ(r.final_logit_softcapping, m.final_logit_softcapping) << name;
+    EXPECT_EQ(r.moe, m.moe) << name;
     EXPECT_EQ(model_config_from_hf(path(name)).hidden, m.hidden) << "a directory reads config.json";
   }
   std::ifstream in(path("llama") + "/config.json");
   const std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(text.find("\"rms_norm_eps\": 1e-06"), std::string::npos) << text;
+}
+
+// A mixture of experts transformers' class cannot hold is refused before anything is written.
+TEST_F(HfTest, ExportRefusesExpertsTransformersCannotHold) {
+  ModelConfig m = tiny("llama", false);
+  m.moe.experts = 4, m.moe.top_k = 2, m.moe.ffn_hidden = 16;
+  const std::pair<std::string, std::string> cases[] = {
+      {"llama", "only Mixtral, Qwen2-MoE and Qwen3-MoE have experts"},
+      {"mixtral", "Mixtral has renormalised experts on every layer"},  // with a dense layer
+      {"qwen3_moe", "Qwen3-MoE has no shared expert"},
+      {"qwen2_moe", "Qwen2-MoE always has a shared expert"}};
+  for (const auto& [family, why] : cases) {
+    ModelConfig c = m;
+    c.family = family;
+    if (family == "mixtral") c.moe.mlp_only_layers = {1};
+    if (family == "qwen3_moe") c.moe.shared_ffn_hidden = 16;
+    const std::string dir = path("refused_" + family);
+    try {
+      export_random(c, "refused_" + family);
+      ADD_FAILURE() << family << ": exported";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(std::filesystem::exists(dir)) << family << ": something was written";
+  }
 }
 
 // openai-community/gpt2's config.json: n_ctx, n_inner null, the published dropouts.

@@ -338,6 +338,8 @@ std::vector<HfTensor> hf_tensors(const ModelSpec& spec) {
 void export_hf(const ModelSpec& spec, const GlobalTensorFn& get, DType dtype,
                const std::string& dir) {
   STRATA_CHECK(spec.tp.size == 1, "export_hf takes a tp = 1 spec, got tp = ", spec.tp.size);
+  // First: a model transformers cannot hold is refused before anything is written.
+  const std::string config = hf_config_json(spec.config, dtype).dump(2) + "\n";
   const char* st_dtype = safetensors_dtype(dtype);
   SafetensorsWriter writer;
   writer.set_metadata("format", "pt");  // transformers refuses safetensors files without it
@@ -370,8 +372,7 @@ void export_hf(const ModelSpec& spec, const GlobalTensorFn& get, DType dtype,
   fs::create_directories(dir, ec);
   STRATA_INPUT_CHECK(!ec, "cannot create the export directory ", dir, ": ", ec.message());
   writer.write((fs::path(dir) / "model.safetensors").string());
-  atomic_write((fs::path(dir) / "config.json").string(),
-               hf_config_json(spec.config, dtype).dump(2) + "\n", IoError::input);
+  atomic_write((fs::path(dir) / "config.json").string(), config, IoError::input);
 }
 
 std::map<std::string, std::vector<float>> import_hf(const std::string& path,

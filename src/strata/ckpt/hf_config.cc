@@ -89,6 +89,21 @@ json rope_scaling_json(const RopeScaling& r) {
 // when the model trains with one.
 void moe_config(const ModelConfig& m, json& j) {
   const MoeConfig& e = m.moe;
+  // What each transformers class can hold: Mixtral renormalised experts on every layer, Qwen3-MoE
+  // no shared expert, Qwen2-MoE a gated one always; the other families no experts at all.
+  const bool mixtral = m.family == "mixtral";
+  const char* cannot =
+      mixtral && (!e.norm_topk_prob || e.shared_ffn_hidden > 0 || m.moe_layers() != m.layers)
+          ? "Mixtral has renormalised experts on every layer and no shared expert"
+      : m.family == "qwen3_moe" && e.shared_ffn_hidden > 0 ? "Qwen3-MoE has no shared expert"
+      : m.family == "qwen2_moe" && !(e.shared_ffn_hidden > 0 && e.shared_gate)
+          ? "Qwen2-MoE always has a shared expert behind a sigmoid gate"
+      : !mixtral && m.family != "qwen2_moe" && m.family != "qwen3_moe"
+          ? "only Mixtral, Qwen2-MoE and Qwen3-MoE have experts in transformers"
+          : nullptr;
+  STRATA_INPUT_CHECK(cannot == nullptr, "a Hugging Face export of this ", m.family,
+                     " model with model.moe is not possible: ", cannot,
+                     "; the strata checkpoint keeps it as it is");
   j["num_experts_per_tok"] = e.top_k;
   const bool aux = e.aux_loss == "pooled" && e.router_aux_loss_coef > 0;
   j["output_router_logits"] = aux;
