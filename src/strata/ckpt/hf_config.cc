@@ -153,8 +153,9 @@ void rope_family_config(const ModelConfig& m, json& j) {
     j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
   }
   const bool qwen_moe = m.family == "qwen2_moe" || m.family == "qwen3_moe";
-  if (m.family == "mixtral")
+  if (m.family == "mixtral") {
     j["sliding_window"] = m.sliding_window > 0 ? json(m.sliding_window) : json();
+  }
   if (m.family == "qwen2" || m.family == "qwen3" || qwen_moe) {
     j.erase("attention_bias");
     if (m.family == "qwen3" || m.family == "qwen3_moe") j["attention_bias"] = false;

@@ -252,8 +252,9 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       if (m.moe_layer(l)) {
         // Each expert's gate|up rows split over tp as a dense MLP's: E ranges of 2F/tp rows.
         Split experts{0, {}, E * 2 * fe};
-        for (int64_t e = 0; e < E; ++e)
+        for (int64_t e = 0; e < E; ++e) {
           experts.ranges.push_back({e * 2 * Fe + tp.rank * 2 * fe, 2 * fe, 1});
+        }
         b.add(p + "mlp.gate.weight", {E, C}, R::RouterW, I::Normal, s, l);
         b.add(p + "mlp.experts.gate_up_proj.weight", {E * 2 * Fe, C}, R::ExpertGateUpW, I::Normal,
               s, l, experts);
