@@ -384,6 +384,12 @@ void parse_moe(const Block& b, ModelConfig& m) {
   e.get_number("capacity_factor", o.capacity_factor, 0.0, HUGE_VAL, true);
   e.get_choice("capacity_scope", o.capacity_scope, {"sequence", "micro_batch"});
   e.get_choice("drop_policy", o.drop_policy, {"probs", "position"});
+  if ((e.has("capacity_scope") || e.has("drop_policy")) && o.capacity_factor == 0) {
+    STRATA_INPUT_FAIL(
+        "model.moe.capacity_scope and drop_policy say how tokens are dropped by a "
+        "capacity, and model.moe.capacity_factor gives none (dropless): give "
+        "capacity_factor, or remove them");
+  }
   e.get_choice("aux_loss", o.aux_loss, {"pooled", "per_layer"});
   e.get_number("router_aux_loss_coef", o.router_aux_loss_coef, 0.0, HUGE_VAL, false);
   e.get_number("z_loss_coef", o.z_loss_coef, 0.0, HUGE_VAL, false);
