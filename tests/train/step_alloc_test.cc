@@ -131,16 +131,38 @@ TEST(StepAllocations, SteadyStateStepAllocatesNothing) {
 #ifdef STRATA_NO_ALLOC_HOOKS
   GTEST_SKIP() << test::kNoAllocHooks;
 #else
-  for (const char* preset : {"gpt2-tiny", "llama-tiny"}) {
+  // GPT-2, Llama, and a mixture of experts (a gated shared expert, a dense layer, balancing and
+  // z-losses, a capacity).
+  const nlohmann::json moe = {{"family", "qwen2_moe"},
+                              {"layers", 3},
+                              {"hidden", 32},
+                              {"heads", 4},
+                              {"kv_heads", 2},
+                              {"ffn_hidden", 64},
+                              {"vocab", 64},
+                              {"seq_len", 16},
+                              {"moe",
+                               {{"experts", 4},
+                                {"top_k", 2},
+                                {"ffn_hidden", 16},
+                                {"shared_ffn_hidden", 32},
+                                {"mlp_only_layers", {1}},
+                                {"capacity_factor", 1.25},
+                                {"aux_loss", "per_layer"},
+                                {"router_aux_loss_coef", 0.01},
+                                {"z_loss_coef", 0.001}}}};
+  for (const nlohmann::json& model :
+       {nlohmann::json{{"preset", "gpt2-tiny"}}, nlohmann::json{{"preset", "llama-tiny"}}, moe}) {
+    const std::string preset = model.value("preset", std::string("qwen2_moe"));
     for (const char* precision : {"fp32", "bf16", "fp16"}) {
       // Activation checkpointing: none, full recompute into host checkpoints, selective with
       // per-block profiling.
       for (const char* recompute : {"", "full", "selective"}) {
-        SCOPED_TRACE(std::string(preset) + " " + precision + " " + recompute);
+        SCOPED_TRACE(preset + " " + precision + " " + recompute);
         nlohmann::json j = {{"train_batch_size", 4},
                             {"train_micro_batch_size_per_gpu", 2},
                             {"steps_per_print", 0},
-                            {"model", {{"preset", preset}}}};
+                            {"model", model}};
         if (std::string(precision) != "fp32") j[precision] = {{"enabled", true}};
         if (*recompute != 0) {
           j["activation_checkpointing"] = {{"recompute_granularity", recompute}, {"profile", true}};
@@ -159,7 +181,7 @@ TEST(StepAllocations, SteadyStateStepAllocatesNothing) {
           const StepMetrics m = engine.train_batch_on(tokens.data(), tokens.data());
           const AllocReport r = test::stop_counting();
           if (step == 0)
-            std::printf("%s %s, allocations in a step:\n%s", preset, precision,
+            std::printf("%s %s, allocations in a step:\n%s", preset.c_str(), precision,
                         r.describe().c_str());
           EXPECT_TRUE(test::allocates_nothing_of_its_own(r)) << "step " << step;
           test::expect_tracker_back_at(level, m.peak_bytes);

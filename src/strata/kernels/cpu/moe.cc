@@ -55,17 +55,21 @@ void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, 
               int64_t N, int E, int k, int64_t capacity, int64_t group, bool by_probs) {
   // Capacity: within each group of rows, an expert keeps its first `capacity` choices by
   // probability (then by row and choice) or by position; the rest are dropped (pos -1).
+  // Workspace grown to the largest call and kept: a step allocates nothing.
+  static thread_local std::vector<int64_t> order, next;
   std::fill(pos, pos + N * k, 0);
   if (capacity > 0) {
-    std::vector<int64_t> order;
     for (int64_t g0 = 0; g0 < N; g0 += group) {
       const int64_t g1 = std::min(N, g0 + group);
       order.clear();
       for (int64_t i = g0 * k; i < g1 * k; ++i) order.push_back(i);
       const auto key = [&](int64_t i) { return probs[i / k * E + top[i]]; };
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      // By expert, then probability (by_probs), then row and choice: a total order, so std::sort
+      // (which, unlike a stable sort, needs no buffer) gives one result.
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
         if (top[a] != top[b]) return top[a] < top[b];
-        return by_probs && key(a) > key(b);
+        if (by_probs && key(a) != key(b)) return key(a) > key(b);
+        return a < b;
       });
       int64_t taken = 0;
       for (size_t j = 0; j < order.size(); ++j) {
@@ -78,7 +82,7 @@ void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, 
   for (int64_t i = 0; i < N * k; ++i) {
     if (pos[i] >= 0) ++counts[top[i]];
   }
-  std::vector<int64_t> next(size_t(E), 0);
+  next.assign(size_t(E), 0);
   for (int e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + counts[e - 1];
   // Within an expert, its rows in token order (then choice order).
   for (int64_t i = 0; i < N * k; ++i) {
