@@ -535,20 +535,23 @@ TEST_F(HfTest, ExportRefusesExpertsTransformersCannotHold) {
       {"llama", "only Mixtral, Qwen2-MoE and Qwen3-MoE have experts"},
       {"mixtral", "Mixtral has renormalised experts on every layer"},  // with a dense layer
       {"qwen3_moe", "Qwen3-MoE has no shared expert"},
-      {"qwen2_moe", "Qwen2-MoE always has a shared expert"}};
-  for (const auto& [family, why] : cases) {
+      {"qwen2_moe", "Qwen2-MoE always has a shared expert"},
+      {"qwen3_moe_sigmoid", "their routers are softmax ones"}};
+  for (const auto& [name, why] : cases) {
+    const std::string family = name == "qwen3_moe_sigmoid" ? "qwen3_moe" : name;
     ModelConfig c = m;
     c.family = family;
+    if (name == "qwen3_moe_sigmoid") c.moe.router = "sigmoid";
     if (family == "mixtral") c.moe.mlp_only_layers = {1};
-    if (family == "qwen3_moe") c.moe.shared_ffn_hidden = 16;
-    const std::string dir = path("refused_" + family);
+    if (name == "qwen3_moe") c.moe.shared_ffn_hidden = 16;
+    const std::string dir = path("refused_" + name);
     try {
-      export_random(c, "refused_" + family);
-      ADD_FAILURE() << family << ": exported";
+      export_random(c, "refused_" + name);
+      ADD_FAILURE() << name << ": exported";
     } catch (const InputError& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
-    EXPECT_FALSE(std::filesystem::exists(dir)) << family << ": something was written";
+    EXPECT_FALSE(std::filesystem::exists(dir)) << name << ": something was written";
   }
 }
 

@@ -114,6 +114,41 @@ TEST(Manifest, RoundTripsEveryField) {
   EXPECT_EQ(to_json(b), text);
 }
 
+// A sigmoid router's model and its expert bias: every float back to its bits; a bias of a dense
+// layer, of the wrong length or not a number is refused, naming it.
+TEST(Manifest, ExpertBiasRoundTripsAndIsChecked) {
+  Manifest a = valid();
+  MoeConfig& e = a.model.moe;
+  e.experts = 4, e.top_k = 2, e.ffn_hidden = 16, e.router = "sigmoid";
+  e.n_group = 2, e.topk_group = 1, e.routed_scaling_factor = 2.5f;
+  e.expert_bias_update_rate = 0.001f;
+  e.mlp_only_layers = {0};
+  a.expert_bias[1] = {0.1f, -0.003f, 1e-7f, -2.75f};
+  const Manifest b = parse_manifest(to_json(a), "manifest.json");
+  EXPECT_EQ(model_difference(a.model, b.model), "");
+  EXPECT_EQ(b.model.moe, a.model.moe);
+  EXPECT_EQ(b.expert_bias, a.expert_bias);
+  const auto bad = [&](const std::function<void(json&)>& edit) {
+    json j = json::parse(to_json(a));
+    edit(j);
+    return error_of(j.dump());
+  };
+  EXPECT_NE(bad([](json& j) {
+              j["expert_bias"]["0"] = j["expert_bias"]["1"];
+            }).find("expert_bias.0 is not a MoE layer"),
+            std::string::npos);
+  EXPECT_NE(bad([](json& j) {
+              j["expert_bias"]["1"].push_back(0.5);
+            }).find("expert_bias.1 is not a list of the 4 experts' biases"),
+            std::string::npos);
+  EXPECT_NE(bad([](json& j) {
+              j["expert_bias"]["1"][0] = "x";
+            }).find("expert_bias.1 holds something that is not a finite number"),
+            std::string::npos);
+  EXPECT_NE(bad([](json& j) { j["model"]["moe"]["n_group"] = 3; }).find("model.moe.n_group"),
+            std::string::npos);
+}
+
 TEST(Manifest, EmptyCollectionsRoundTrip) {
   Manifest a = valid();
   a.tensors.clear(), a.files.clear(), a.chunks.clear();

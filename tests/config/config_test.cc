@@ -461,6 +461,36 @@ TEST(Config, ResolveBatchRecomputesFromTheGivenKeys) {
   EXPECT_THROW(resolve_batch(c, 0), InputError);
 }
 
+// parallelism.expert against the world: the experts are placed over ranks of the data ×
+// context-parallel group of a stage, so ep must divide it (checked where the sizes are known).
+TEST(Config, ExpertParallelismDividesTheDataAndContextRanks) {
+  const Config c = parse_config({{"train_micro_batch_size_per_gpu", 1},
+                                 {"model",
+                                  {{"family", "mixtral"},
+                                   {"layers", 2},
+                                   {"hidden", 32},
+                                   {"heads", 4},
+                                   {"vocab", 64},
+                                   {"seq_len", 16},
+                                   {"moe", {{"experts", 8}, {"top_k", 2}}}}},
+                                 {"parallelism", {{"expert", 4}}}});
+  EXPECT_EQ(c.parallelism.expert, 4);
+  EXPECT_NO_THROW(check_expert_grid(c, 4));
+  EXPECT_NO_THROW(check_expert_grid(c, 8));
+  for (int dp_cp : {1, 2, 6}) {
+    try {
+      check_expert_grid(c, dp_cp);
+      ADD_FAILURE() << "ep 4 over " << dp_cp << " ranks was accepted";
+    } catch (const InputError& e) {
+      EXPECT_TRUE(contains(e.what(),
+                           "parallelism.expert=4 must divide the data x context-parallel "
+                           "ranks of a stage (" +
+                               std::to_string(dp_cp)))
+          << e.what();
+    }
+  }
+}
+
 TEST(Config, Overrides) {
   Config c = parse_config(kMinimal,
                           {"zero_optimization.stage=2", "bf16.enabled=true", "optimizer.type=AdamW",

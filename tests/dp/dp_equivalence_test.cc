@@ -626,7 +626,8 @@ TEST_F(DataParallel, BucketsTileTheGradientBufferFromTheEnd) {
   ZeroOptions o;
   o.stage = 0;
   o.bucket_elems = 1000;
-  GradReducer sync(*world_, spec, nullptr, o, ZeroBuffers{}, grads.data(), nullptr, nullptr);
+  GradReducer sync(*world_, nullptr, spec, nullptr, o, ZeroBuffers{}, grads.data(), nullptr,
+                   nullptr);
   int64_t expect_end = spec.numel;
   for (const GradReducer::Range& b : sync.ranges()) {
     EXPECT_EQ(b.end, expect_end);

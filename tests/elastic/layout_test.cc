@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -121,6 +122,36 @@ TEST(ElasticLayout, ContextParallelismIsKeptThenShrunkLikeTheOtherModelAxes) {
   EXPECT_EQ(shrunk.world, 2);
   EXPECT_EQ(shrunk.overrides[2], "parallelism.context=1");
   EXPECT_EQ(shrunk.micro * shrunk.accumulation * shrunk.dp, 12);
+}
+
+// Expert parallelism is kept while it divides the data × context ranks, then shrunk to the
+// largest divisor that does (each rank holding more of the experts); the model stays as it is.
+TEST(ElasticLayout, ExpertParallelismIsKeptThenShrunk) {
+  const json moe = {{"family", "mixtral"},
+                    {"layers", 2},
+                    {"hidden", 32},
+                    {"heads", 4},
+                    {"vocab", 64},
+                    {"seq_len", 16},
+                    {"moe", {{"experts", 8}, {"top_k", 2}}}};
+  const ConfigLoader load = loader(tiny({{"model", moe}, {"parallelism", {{"expert", 4}}}}));
+  const ElasticLayout kept = choose_elastic_layout(load, {{"localhost", 8}}, 1, 8, 16);
+  EXPECT_EQ(kept.world, 8);
+  EXPECT_EQ(kept.expert, 4);
+  EXPECT_NE(kept.describe().find("(ep 4)"), std::string::npos) << kept.describe();
+  for (const std::string& o : kept.overrides)
+    EXPECT_EQ(o.find("parallelism.expert"), std::string::npos);
+  // 6 workers: ep 4 does not divide 6 ranks, ep 2 does.
+  const ElasticLayout six = choose_elastic_layout(load, {{"localhost", 6}}, 1, 8, 12);
+  EXPECT_EQ(six.world, 6);
+  EXPECT_EQ(six.expert, 2);
+  EXPECT_NE(std::find(six.overrides.begin(), six.overrides.end(), "parallelism.expert=2"),
+            six.overrides.end());
+  // 3 workers: ep 1 (every rank holds every expert).
+  const ElasticLayout three = choose_elastic_layout(load, {{"localhost", 3}}, 1, 8, 12);
+  EXPECT_EQ(three.expert, 1);
+  EXPECT_NE(std::find(three.overrides.begin(), three.overrides.end(), "parallelism.expert=1"),
+            three.overrides.end());
 }
 
 TEST(ElasticLayout, NothingValidIsAnErrorSayingWhy) {

@@ -1,13 +1,15 @@
 // A mixture of experts' ops on the GPU (kernels/cuda/moe.cu) against the CPU backend, each on its
 // own device from the same inputs: the router (probabilities, logsumexp, choices, gates; with and
 // without renormalisation), the plan with and without a capacity (both policies), the balancing
-// statistics, the router's backward with balancing coefficients and a z-loss, the row gather, the
+// statistics, the router's backward with balancing coefficients and a z-loss, DeepSeek-V3's sigmoid
+// router (grouped, biased) and its backward, the row gather, the
 // combine and its backward with dropped choices, the shared expert's gate and its backward (fp32
 // and bf16), and the grouped linear layers (one cuBLASLt product per expert, an empty one among
 // them).
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/kernels/ops.h"
@@ -80,6 +82,33 @@ TEST(GpuMoe, BalanceAndRouteBackwardAgainstCpu) {
     const auto got = run(kGpu), want = run(kCpu);
     EXPECT_TRUE(close(got[0], want[0], 1e-6)) << "stats";
     EXPECT_TRUE(close(got[1], want[1], 1e-5)) << "dlogits";
+  }
+}
+
+// DeepSeek-V3's sigmoid router, grouped and biased, and its backward.
+TEST(GpuMoe, SigmoidRouteAndBackwardAgainstCpu) {
+  STRATA_SKIP_WITHOUT_GPU();
+  for (bool norm : {false, true}) {
+    auto run = [&](Device d) {
+      const ops::MoeRoute how{E, K, norm, true, 4, 2, 2.5f};
+      auto logits = make(d, DType::F32, {N, E}, random(size_t(N * E), 74, 3.0f));
+      auto bias = make(d, DType::F32, {E}, random(size_t(E), 75, 0.2f));
+      auto probs = make(d, DType::F32, {N, E}, std::vector<float>(N * E, 9.0f));
+      auto lse = make(d, DType::F32, {N}, std::vector<float>(N, 9.0f));
+      auto top = make_tokens(d, {N, K}, std::vector<int32_t>(N * K, 7));
+      auto gates = make(d, DType::F32, {N, K}, std::vector<float>(N * K, 9.0f));
+      ops::moe_route_forward(probs->t, lse->t, top->t, gates->t, logits->t, how, bias->t);
+      auto dg = make(d, DType::F32, {N, K}, random(size_t(N * K), 76));
+      auto dl = make(d, DType::F32, {N, E}, std::vector<float>(N * E, 9.0f));
+      ops::moe_route_backward(dl->t, dg->t, probs->t, lse->t, top->t, gates->t, Tensor(), T, 0.0f,
+                              how);
+      return std::make_tuple(values(probs->t), values(gates->t), ints(top->t), values(dl->t));
+    };
+    const auto got = run(kGpu), want = run(kCpu);
+    EXPECT_TRUE(close(std::get<0>(got), std::get<0>(want), 1e-6)) << "scores";
+    EXPECT_TRUE(close(std::get<1>(got), std::get<1>(want), 1e-6)) << "gates";
+    EXPECT_EQ(std::get<2>(got), std::get<2>(want)) << "choices";
+    EXPECT_TRUE(close(std::get<3>(got), std::get<3>(want), 1e-5)) << "dlogits";
   }
 }
 

@@ -106,6 +106,91 @@ TEST(Moe, RouteBackwardIsTheGradient) {
   }
 }
 
+// DeepSeek-V3's router (transformers' DeepseekV3TopkRouter): scores sigmoid(logits), choices by
+// score + bias among the topk_group groups whose two best choices sum highest, the other groups'
+// choices counted 0; gates the chosen scores, renormalised (+1e-20), times the scaling factor.
+// The reference below is written from that description, in double.
+TEST(Moe, SigmoidRouteIsGroupLimitedTopKOfBiasedScores) {
+  constexpr int G = 3, TG = 2;  // 3 groups of 2 experts, the best 2 kept
+  const std::vector<float> logits = test::randn(N * E, "moe sigmoid logits", 2.0f);
+  std::vector<float> bias = test::randn(E, "moe expert bias", 0.3f);
+  for (bool norm : {false, true}) {
+    Routed r{std::vector<float>(N * E), std::vector<float>(N), std::vector<float>(N * K),
+             std::vector<int32_t>(N * K)};
+    MoeRoute how{E, K, norm, true, G, TG, 2.5f};
+    moe_route_forward(view(r.probs, {N, E}), view(r.lse, {N}), ids(r.top, {N, K}),
+                      view(r.gates, {N, K}), view(const_cast<std::vector<float>&>(logits), {N, E}),
+                      how, view(bias, {E}));
+    for (int n = 0; n < N; ++n) {
+      std::vector<double> s(E), c(E), value(G);
+      for (int e = 0; e < E; ++e) {
+        s[size_t(e)] = 1.0 / (1.0 + std::exp(-double(logits[size_t(n * E + e)])));
+        c[size_t(e)] = s[size_t(e)] + bias[size_t(e)];
+        EXPECT_NEAR(r.probs[size_t(n * E + e)], s[size_t(e)], 1e-6);
+      }
+      for (int g = 0; g < G; ++g) {
+        std::vector<double> in(c.begin() + g * (E / G), c.begin() + (g + 1) * (E / G));
+        std::sort(in.rbegin(), in.rend());
+        value[size_t(g)] = in[0] + in[1];
+      }
+      std::vector<int> groups(G);
+      std::iota(groups.begin(), groups.end(), 0);
+      std::stable_sort(groups.begin(), groups.end(),
+                       [&](int a, int b) { return value[size_t(a)] > value[size_t(b)]; });
+      std::vector<double> masked(E, 0.0);
+      for (int j = 0; j < TG; ++j) {
+        for (int e = groups[size_t(j)] * (E / G); e < (groups[size_t(j)] + 1) * (E / G); ++e) {
+          masked[size_t(e)] = c[size_t(e)];
+        }
+      }
+      std::vector<int> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return masked[size_t(a)] > masked[size_t(b)]; });
+      double chosen = 1e-20;
+      for (int j = 0; j < K; ++j) chosen += s[size_t(order[size_t(j)])];
+      for (int j = 0; j < K; ++j) {
+        const int e = order[size_t(j)];
+        EXPECT_EQ(r.top[size_t(n * K + j)], e) << "row " << n;
+        EXPECT_NEAR(r.gates[size_t(n * K + j)], 2.5 * (norm ? s[size_t(e)] / chosen : s[size_t(e)]),
+                    1e-6);
+      }
+    }
+  }
+}
+
+// loss = Σ w·gates of the sigmoid router, the choices held fixed: its gradient with respect to the
+// logits (the bias takes none).
+TEST(Moe, SigmoidRouteBackwardIsTheGradient) {
+  std::vector<float> logits = test::randn(N * E, "moe sigmoid logits", 1.0f);
+  const std::vector<float> w = test::randn(N * K, "moe dgates");
+  for (bool norm : {false, true}) {
+    Routed r{std::vector<float>(N * E), std::vector<float>(N), std::vector<float>(N * K),
+             std::vector<int32_t>(N * K)};
+    const MoeRoute how{E, K, norm, true, 2, 1, 1.5f};
+    moe_route_forward(view(r.probs, {N, E}), view(r.lse, {N}), ids(r.top, {N, K}),
+                      view(r.gates, {N, K}), view(logits, {N, E}), how);
+    const auto loss = [&]() {
+      double l = 0, chosen = 0;
+      for (int n = 0; n < N; ++n) {
+        const auto s = [&](int j) {
+          return 1.0 / (1.0 + std::exp(-double(logits[size_t(n * E + r.top[size_t(n * K + j)])])));
+        };
+        chosen = 1e-20;
+        for (int j = 0; j < K; ++j) chosen += s(j);
+        for (int j = 0; j < K; ++j)
+          l += double(w[size_t(n * K + j)]) * 1.5 * (norm ? s(j) / chosen : s(j));
+      }
+      return l;
+    };
+    std::vector<float> d(N * E), dg = w;
+    moe_route_backward(view(d, {N, E}), view(dg, {N, K}), view(r.probs, {N, E}), view(r.lse, {N}),
+                       ids(r.top, {N, K}), view(r.gates, {N, K}), Tensor(), 1, 0.0f, how);
+    const std::vector<double> want = test::numeric_grad(logits, loss, 1e-3f);
+    EXPECT_LT(test::rel_err(d, want), 2e-3) << (norm ? "renormalised" : "as they are");
+  }
+}
+
 TEST(Moe, PlanSortsByExpertAndDropsBeyondCapacity) {
   const std::vector<float> logits = test::randn(N * E, "moe plan logits", 2.0f);
   Routed r = route(logits, true);

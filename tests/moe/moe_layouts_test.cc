@@ -11,6 +11,7 @@
 // tests/ckpt/hf_families_test.sh's.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <memory>
@@ -20,7 +21,10 @@
 #include "strata/comm/communicator.h"
 #include "strata/comm/topology.h"
 #include "strata/config/config.h"
+#include "strata/core/memory.h"
 #include "strata/core/rng.h"
+#include "strata/cost/layout.h"
+#include "strata/cost/predict.h"
 #include "strata/data/megatron_dataset.h"
 #include "strata/data/token_dataset.h"
 #include "strata/train/engine.h"
@@ -39,6 +43,7 @@ constexpr int kSteps = 50, kCapacitySteps = 40, kEvalIters = 2, kGlobalBatch = 8
 
 struct Trace {
   std::vector<double> losses, grad_norms, aux, dropped;
+  std::vector<double> imbalance;      // per step: the most any expert took over its layer's mean
   std::vector<double> expert_tokens;  // the last step's, per MoE layer and expert
   double val_loss = 0;
 };
@@ -68,10 +73,12 @@ class MoeLayouts : public ::testing::Test {
     }
   }
 
-  // aux_loss "pooled" or "per_layer"; "capacity": per_layer with a capacity per sequence.
+  // aux_loss "pooled" or "per_layer"; "capacity": per_layer with a capacity per sequence;
+  // "sigmoid": DeepSeek-V3's router (2 groups of 2 experts, a token's one expert from the better
+  // group, its gate the scaled score) balanced by its expert bias alone.
   static nlohmann::json config(const std::string& variant) {
-    const bool capacity = variant == "capacity";
-    const std::string aux_loss = capacity ? "per_layer" : variant;
+    const bool capacity = variant == "capacity", sigmoid = variant == "sigmoid";
+    const std::string aux_loss = capacity || sigmoid ? "per_layer" : variant;
     const nlohmann::json moe = {{"experts", 4},         {"top_k", 2},
                                 {"ffn_hidden", 32},     {"shared_ffn_hidden", 32},
                                 {"shared_gate", true},  {"mlp_only_layers", {1}},
@@ -79,6 +86,12 @@ class MoeLayouts : public ::testing::Test {
                                 {"z_loss_coef", 0.01}};
     nlohmann::json m = moe;
     if (capacity) m["capacity_factor"] = 1.5, m["capacity_scope"] = "sequence";
+    if (sigmoid) {
+      m["router"] = "sigmoid", m["n_group"] = 2, m["topk_group"] = 1;
+      m["top_k"] = 1, m["norm_topk_prob"] = false;
+      m["routed_scaling_factor"] = 2.5, m["expert_bias_update_rate"] = 0.01;
+      m["router_aux_loss_coef"] = 0.0, m["z_loss_coef"] = 0.0;
+    }
     return {{"train_batch_size", kGlobalBatch},
             {"steps_per_print", 0},
             {"gradient_clipping", 1.0},
@@ -111,9 +124,23 @@ class MoeLayouts : public ::testing::Test {
     j["gradient_accumulation_steps"] = micro;
     Config cfg = parse_config(j);
     resolve_batch(cfg, dp);
+    MemoryTracker& mem = MemoryTracker::instance();
+    const MemCategory states[] = {MemCategory::Params, MemCategory::MasterParams,
+                                  MemCategory::Grads, MemCategory::OptimizerState};
+    std::array<size_t, kNumMemCategories> before{};
+    for (MemCategory c : states) before[size_t(c)] = mem.current(c);
     Engine engine(cfg, data_.get(), groups ? &groups->dp_cp() : nullptr,
                   groups ? &groups->tp() : nullptr, groups ? &groups->pp() : nullptr,
                   groups ? &groups->cp() : nullptr);
+    // The model states are the start-up prediction's, byte for byte (under expert parallelism:
+    // this rank's experts, sharded over their expert-data-parallel group).
+    const bool zero = groups && cfg.zero.stage >= 1;
+    const cost::MemoryPrediction want = cost::predict_memory(cost::layout_of(cfg), engine.spec(),
+                                                             zero ? int(engine.spec().align) : 0);
+    for (MemCategory c : states) {
+      EXPECT_EQ(mem.current(c) - before[size_t(c)], want.bytes[size_t(c)])
+          << parallelism.dump() << " " << mem_category_name(c);
+    }
     engine.set_validation(*data_);
     Trace r;
     const int steps = j["model"]["moe"].contains("capacity_factor") ? kCapacitySteps : kSteps;
@@ -124,6 +151,14 @@ class MoeLayouts : public ::testing::Test {
       r.aux.push_back(s.moe_aux_loss);
       r.dropped.push_back(s.moe_dropped);
       r.expert_tokens.assign(s.expert_tokens.begin(), s.expert_tokens.end());
+      double worst = 0;
+      for (size_t l = 0; l < s.expert_layers.size(); ++l) {
+        const auto row = s.expert_tokens.subspan(l * size_t(s.experts), size_t(s.experts));
+        double sum = 0, most = 0;
+        for (double t : row) sum += t, most = std::max(most, t);
+        worst = std::max(worst, most * double(row.size()) / sum);
+      }
+      r.imbalance.push_back(worst);
       EXPECT_EQ(s.expert_layers.size(), 3u);  // every layer but the dense one
     }
     r.val_loss = engine.evaluate(kEvalIters);
@@ -215,6 +250,40 @@ TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
   }
 }
 
+// Expert parallelism folded into the data and context-parallel ranks (ep 2 and 4 over 4 experts,
+// so one or two experts a rank), beside accumulation, ZeRO-0..3, tensor parallelism with sequence
+// parallelism, a pipeline and context parallelism: the tokens go to their experts' ranks and back,
+// and the step is the single-process one.
+TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
+  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
+  const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
+  const nlohmann::json selective = {{"recompute_granularity", "selective"}};
+  const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
+  std::vector<Layout> layouts = {
+      {{{"expert", 2}}, z0, nullptr, 2},
+      {{{"expert", 2}}, zero3, full, 1},
+  };
+  if (world_size() == 4) {
+    layouts = {
+        {{{"expert", 4}}, z1, nullptr, 1},
+        {{{"expert", 2}}, z2, selective, 2},  // two groups of two hold the experts alike
+        {{{"expert", 4}}, zero3, nullptr, 1},
+        {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}}, z1, nullptr, 1},
+        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "1f1b"}}, z2, full, 4},
+        {{{"expert", 4}, {"context", 2}, {"context_impl", "ulysses"}}, z0, nullptr, 2},
+    };
+  }
+  for (const char* aux : {"per_layer", "capacity", "sigmoid"}) {
+    const Trace ref = run(config(aux), nullptr, 1);
+    const bool capacity = std::string(aux) == "capacity";
+    for (const Layout& l : layouts) {
+      if (capacity && l.parallelism.value("context", 1) > 1) continue;  // refused: per sequence
+      expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
+                  std::string(aux) + " " + describe(l));
+    }
+  }
+}
+
 // Megatron's capacity over the rows a rank routes changes with the micro-batch split (documented);
 // the capacity per sequence does not (EveryLayoutGivesTheSingleProcessRun).
 TEST_F(MoeLayouts, CapacityPerMicroBatchDependsOnTheSplit) {
@@ -225,6 +294,23 @@ TEST_F(MoeLayouts, CapacityPerMicroBatchDependsOnTheSplit) {
   const Trace split = run(j, nullptr, 4);
   EXPECT_GT(whole.dropped.front(), 0.0);
   EXPECT_NE(whole.dropped.front(), split.dropped.front());
+}
+
+// The sigmoid router's bias moves once per step towards balance: without it (a rate of 0) the
+// experts take other tokens, and with it the most loaded expert of a layer takes fewer over the
+// second half of the run (the mean over its steps of the worst layer's max over mean).
+TEST_F(MoeLayouts, TheExpertBiasBalances) {
+  nlohmann::json j = config("sigmoid");
+  const Trace with = run(j, nullptr, 1);
+  j["model"]["moe"]["expert_bias_update_rate"] = 0.0;
+  const Trace without = run(j, nullptr, 1);
+  EXPECT_NE(with.expert_tokens, without.expert_tokens);
+  auto late = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (size_t i = v.size() / 2; i < v.size(); ++i) sum += v[i];
+    return sum / double(v.size() - v.size() / 2);
+  };
+  EXPECT_LT(late(with.imbalance), late(without.imbalance));
 }
 
 // The balancing loss is part of the gradient: without it training takes another path.

@@ -67,6 +67,9 @@ void expect_well_formed(const ModelSpec& spec, const StagePlan& plan, int chunks
         case UnitKind::Mlp:
           EXPECT_EQ(unit.layer, first + mlp++) << unit.name;
           break;
+        case UnitKind::Experts:  // right after its block's MLP unit
+          EXPECT_EQ(unit.layer, first + mlp - 1) << unit.name;
+          break;
       }
       params += unit.numel;
     }

@@ -93,7 +93,10 @@ void moe_config(const ModelConfig& m, json& j) {
   // no shared expert, Qwen2-MoE a gated one always; the other families no experts at all.
   const bool mixtral = m.family == "mixtral";
   const char* cannot =
-      mixtral && (!e.norm_topk_prob || e.shared_ffn_hidden > 0 || m.moe_layers() != m.layers)
+      e.router != "softmax"
+          ? "their routers are softmax ones (DeepSeek-V3, whose router is the sigmoid one, has an "
+            "attention strata does not compute)"
+      : mixtral && (!e.norm_topk_prob || e.shared_ffn_hidden > 0 || m.moe_layers() != m.layers)
           ? "Mixtral has renormalised experts on every layer and no shared expert"
       : m.family == "qwen3_moe" && e.shared_ffn_hidden > 0 ? "Qwen3-MoE has no shared expert"
       : m.family == "qwen2_moe" && !(e.shared_ffn_hidden > 0 && e.shared_gate)

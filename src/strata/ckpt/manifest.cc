@@ -183,7 +183,20 @@ ModelConfig parse_model(const Reader& r, const json& o) {
     x.shared_gate = r.boolean(e, "shared_gate", g);
     x.norm_topk_prob = r.boolean(e, "norm_topk_prob", g);
     x.router = r.string(e, "router", g);
-    if (x.router != "softmax") r.fail(g + ".router", "is not softmax");
+    if (x.router != "softmax" && x.router != "sigmoid") {
+      r.fail(g + ".router", "is not softmax or sigmoid");
+    }
+    if (x.router == "sigmoid") {  // DeepSeek-V3's: its groups, scaling and bias rate
+      x.n_group = int(r.integer(e, "n_group", g, 1, 64));
+      x.topk_group = int(r.integer(e, "topk_group", g, 1, x.n_group));
+      if (x.experts % x.n_group != 0 || x.experts / x.n_group < 2 ||
+          x.top_k > x.topk_group * (x.experts / x.n_group)) {
+        r.fail(g + ".n_group", "does not split the experts into groups the router can choose from");
+      }
+      x.routed_scaling_factor = finite_in(e, "routed_scaling_factor", g);
+      x.expert_bias_update_rate = finite_in(e, "expert_bias_update_rate", g);
+      if (!(x.routed_scaling_factor > 0)) r.fail(g + ".routed_scaling_factor", "is not positive");
+    }
     x.decoder_sparse_step = int(r.integer(e, "decoder_sparse_step", g, 1, 1 << 20));
     for (const json& l : r.array(e, "mlp_only_layers", g)) {
       if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= m.layers) {
@@ -228,6 +241,11 @@ std::string to_json(const Manifest& m) {
                  {"last_overflow_iter", m.scaler.last_overflow_iter},
                  {"hysteresis_left", m.scaler.hysteresis_left}};
   j["layout"] = m.layout;
+  if (!m.expert_bias.empty()) {
+    json bias = json::object();  // each float's shortest decimal that reads back to it
+    for (const auto& [layer, b] : m.expert_bias) bias[std::to_string(layer)] = b;
+    j["expert_bias"] = bias;
+  }
   json tensors = json::object();
   for (const auto& [name, shape] : m.tensors) tensors[name] = shape;
   j["tensors"] = tensors;
@@ -305,6 +323,29 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
   m.scaler.last_overflow_iter = r.integer(s, "last_overflow_iter", "scaler", -1, kMaxInt);
   m.scaler.hysteresis_left = int(r.integer(s, "hysteresis_left", "scaler", 0, 1 << 20));
   m.layout = r.string(j, "layout", "manifest");
+  if (j.contains("expert_bias")) {
+    const json& bias = j.at("expert_bias");
+    if (!bias.is_object()) r.fail("expert_bias", "is not an object of MoE layers");
+    for (const auto& [layer, values] : bias.items()) {
+      const bool layer_ok = !layer.empty() && layer.size() <= 7 &&
+                            layer.find_first_not_of("0123456789") == std::string::npos;
+      const int l = layer_ok ? std::stoi(layer) : -1;
+      if (!layer_ok || l >= m.model.layers || !m.model.moe_layer(l)) {
+        r.fail("expert_bias." + layer, "is not a MoE layer of the model");
+      }
+      if (!values.is_array() || int64_t(values.size()) != m.model.moe.experts) {
+        r.fail("expert_bias." + layer,
+               "is not a list of the " + std::to_string(m.model.moe.experts) + " experts' biases");
+      }
+      std::vector<float>& out = m.expert_bias[l];
+      for (const json& v : values) {
+        if (!v.is_number() || !std::isfinite(v.get<double>())) {
+          r.fail("expert_bias." + layer, "holds something that is not a finite number");
+        }
+        out.push_back(v.get<float>());
+      }
+    }
+  }
 
   const json& tensors = r.at(j, "tensors", "manifest");
   if (!tensors.is_object()) r.fail("tensors", "is not an object");

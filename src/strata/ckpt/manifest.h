@@ -51,6 +51,9 @@ struct Manifest {
   uint64_t seed = 0;  // train.seed: the sampler's and initialisation's
   ScalerState scaler;
   std::string layout;  // the layout it was saved from, in words ("dp 2 x tp 2 x pp 2, …")
+  // The sigmoid router's expert bias (model.moe.router "sigmoid"), by MoE layer: state that is not
+  // a parameter (no optimizer moments), the same on every rank. Empty for other models.
+  std::map<int, std::vector<float>> expert_bias;
   std::map<std::string, std::vector<int64_t>> tensors;  // global shapes by parameter name
   struct File {
     std::string name;

@@ -51,7 +51,7 @@ std::vector<Segment> global_segments(const ParamSpec& p, int64_t begin, int64_t 
       const int64_t at = row * cols + col;
       const int64_t lo = std::max(begin, at), hi = std::min(end, at + r.count);
       if (lo < hi) {
-        push(out, {row * gcols + r.begin + (lo - at), lo - begin, hi - lo, r.replicas});
+        push(out, {(p.row0 + row) * gcols + r.begin + (lo - at), lo - begin, hi - lo, r.replicas});
       }
       col += r.count;
     }

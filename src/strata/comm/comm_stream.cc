@@ -27,6 +27,8 @@ const char* op_name(OpKind k) {
       return "barrier";
     case OpKind::AllToAll:
       return "all_to_all";
+    case OpKind::AllToAllV:
+      return "all_to_all_v";
     case OpKind::SendRecv:
       return "send_recv";
   }

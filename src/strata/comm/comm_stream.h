@@ -39,8 +39,9 @@ enum class OpKind : uint8_t {
   Send,
   Recv,
   Barrier,
-  AllToAll,  // in (size · n), out (size · n): block j of in goes to rank j's block `rank`
-  SendRecv,  // in (n) to peer, out (n) from src, at once
+  AllToAll,   // in (size · n), out (size · n): block j of in goes to rank j's block `rank`
+  SendRecv,   // in (n) to peer, out (n) from src, at once
+  AllToAllV,  // counts[j] elements of in to rank j, counts[size + j] from rank j into out
 };
 const char* op_name(OpKind k);  // "all_reduce", ...
 
@@ -55,6 +56,9 @@ struct Op {
   int peer = 0;  // root, destination or source
   int src = 0;   // SendRecv: the source (peer is the destination)
   int tag = 0;
+  // AllToAllV: 2 · size element counts, what goes to each rank then what comes from each, in
+  // rank order (the caller's, valid until the operation completes).
+  const size_t* counts = nullptr;
   uint64_t flight = 0;  // its flight recorder entry (comm/flight_recorder.h); 0: not recorded
   // Issued asynchronously on a communicator set_polled_background: while it waits for its peers
   // its thread polls and sleeps instead of spinning inside MPI (Communicator, communicator.cc).

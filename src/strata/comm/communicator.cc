@@ -37,9 +37,10 @@ struct CommState {
   std::unique_ptr<nccl::Transport, void (*)(nccl::Transport*)> nccl{nullptr, nullptr};
   std::string nccl_note;
 #endif
-  int flight_group = 0;     // its id in the flight recorder
-  bool polled = false;      // set_polled_background
-  uint64_t wire_bytes = 0;  // see Communicator::wire_bytes(); written by the issuing thread
+  int flight_group = 0;       // its id in the flight recorder
+  bool polled = false;        // set_polled_background
+  uint64_t wire_bytes = 0;    // see Communicator::wire_bytes(); written by the issuing thread
+  std::vector<int> v_counts;  // all_to_all_v's MPI counts and displacements (4 · size)
   std::unique_ptr<CommStream> stream;
 };
 
@@ -201,6 +202,27 @@ void run_all_to_all(CommState& s, const Op& op) {
   STRATA_MPI_CHECK(MPI_Alltoall(op.in, int(op.n), t, op.out, int(op.n), t, s.comm));
 }
 
+// The counts' sums: what goes out and what comes in.
+std::pair<size_t, size_t> v_totals(const CommState& s, const Op& op) {
+  size_t out = 0, in = 0;
+  for (int j = 0; j < s.size; ++j) out += op.counts[j], in += op.counts[s.size + j];
+  return {out, in};
+}
+
+void run_all_to_all_v(CommState& s, const Op& op) {
+  const int n = s.size;
+  int* c = s.v_counts.data();  // send counts, send displacements, receive counts, displacements
+  size_t sd = 0, rd = 0;
+  for (int j = 0; j < n; ++j) {
+    STRATA_CHECK(sd + op.counts[j] <= size_t(INT_MAX) && rd + op.counts[n + j] <= size_t(INT_MAX),
+                 "all_to_all_v on group ", s.name, ": more elements than MPI's count");
+    c[j] = int(op.counts[j]), c[n + j] = int(sd), sd += op.counts[j];
+    c[2 * n + j] = int(op.counts[n + j]), c[3 * n + j] = int(rd), rd += op.counts[n + j];
+  }
+  const MPI_Datatype t = detail::mpi_datatype(op.dtype);
+  STRATA_MPI_CHECK(MPI_Alltoallv(op.in, c, c + n, t, op.out, c + 2 * n, c + 3 * n, t, s.comm));
+}
+
 void run_send_recv(CommState& s, const Op& op) {
   STRATA_CHECK(op.n <= size_t(INT_MAX), "send_recv on group ", s.name, ": ", op.n,
                " elements exceed MPI's count");
@@ -239,6 +261,8 @@ void execute_host(CommState& s, const Op& op) {
       return;
     case OpKind::AllToAll:
       return run_all_to_all(s, op);
+    case OpKind::AllToAllV:
+      return run_all_to_all_v(s, op);
     case OpKind::SendRecv:
       return run_send_recv(s, op);
   }
@@ -263,6 +287,10 @@ Extent extent(const CommState& s, const Op& op) {
       return {b, 0};
     case OpKind::AllToAll:
       return {whole, whole};
+    case OpKind::AllToAllV: {
+      const auto [out, in] = v_totals(s, op);
+      return {out * dtype_size(op.dtype), in * dtype_size(op.dtype)};
+    }
     case OpKind::SendRecv:
       return {b, b};
     case OpKind::Barrier:
@@ -344,6 +372,9 @@ std::string describe(const CommState& s, const Op& op) {
     case OpKind::AllGather:
       return strata::detail::concat("collective ", detail::op_name(op.kind), " of ", op.n,
                                     " elements per rank", group);
+    case OpKind::AllToAllV:
+      return strata::detail::concat("collective all_to_all_v sending ", v_totals(s, op).first,
+                                    " and receiving ", v_totals(s, op).second, " elements", group);
     default:
       return strata::detail::concat("collective ", detail::op_name(op.kind), " of ", op.n,
                                     " elements", group);
@@ -383,6 +414,7 @@ Communicator::Communicator(MPI_Comm comm, std::string name) : s_(std::make_uniqu
   STRATA_MPI_CHECK(MPI_Comm_set_name(s_->comm, s_->name.c_str()));
   STRATA_MPI_CHECK(MPI_Comm_rank(s_->comm, &s_->rank));
   STRATA_MPI_CHECK(MPI_Comm_size(s_->comm, &s_->size));
+  s_->v_counts.assign(size_t(4 * s_->size), 0);
 #if STRATA_HAVE_NCCL
   s_->nccl = nccl::open(s_->comm, s_->rank, s_->size, s_->name, &s_->nccl_note);
 #endif
@@ -513,6 +545,8 @@ uint64_t wire_bytes_of(const CommState& s, const Op& op) {
       return n * w;
     case OpKind::AllToAll:
       return (N - 1) * n * w;
+    case OpKind::AllToAllV:
+      return (v_totals(s, op).first - op.counts[s.rank]) * w;
     default:
       return 0;
   }
@@ -660,6 +694,20 @@ void Communicator::all_to_all(const void* in, void* out, size_t n_per_rank, DTyp
        .n = n_per_rank,
        .dtype = dtype,
        .wire = dtype});
+}
+
+void Communicator::all_to_all_v(const void* in, void* out, const size_t* counts, DType dtype) {
+  const auto [send, receive] = v_totals(*s_, {.counts = counts});
+  check_buffer(*s_, in, send, "all_to_all_v");
+  check_buffer(*s_, out, receive, "all_to_all_v");
+  STRATA_CHECK(!overlaps(in, send * dtype_size(dtype), out, receive * dtype_size(dtype)),
+               "all_to_all_v on group ", s_->name, ": the output overlaps the input");
+  run({.kind = OpKind::AllToAllV,
+       .in = in,
+       .out = out,
+       .dtype = dtype,
+       .wire = dtype,
+       .counts = counts});
 }
 
 namespace {

@@ -118,6 +118,9 @@ class Communicator {
   // in (size · n_per_rank), out (size · n_per_rank), apart: block j of in goes to rank j, whose
   // block `rank` of out receives it (MPI_Alltoall).
   void all_to_all(const void* in, void* out, size_t n_per_rank, DType dtype);
+  // counts (2 · size): counts[j] elements of in go to rank j and counts[size + j] come from rank j,
+  // both in rank order (MPI_Alltoallv); each rank's counts must match its peers'.
+  void all_to_all_v(const void* in, void* out, const size_t* counts, DType dtype);
   // Sends in (n) to dst and receives out (n) from src at once (MPI_Sendrecv): a ring's step,
   // which cannot deadlock however the ranks' sends and receives pair.
   void send_recv(const void* in, int dst, void* out, int src, size_t n, DType dtype, int tag);

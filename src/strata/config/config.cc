@@ -73,6 +73,19 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(read_config_json(path), overrides);
 }
 
+void check_expert_grid(const Config& c, int dp_cp) {
+  const int ep = c.parallelism.expert;
+  if (ep <= 1) return;
+  STRATA_INPUT_CHECK(dp_cp % ep == 0, "parallelism.expert=", ep,
+                     " must divide the data x context-parallel ranks of a stage (", dp_cp,
+                     " here: world / (tensor x pipeline)); the experts are placed over a group "
+                     "of them. Choose a divisor of ",
+                     dp_cp, " or launch more ranks");
+  STRATA_INPUT_CHECK(c.zero.mics_shard_size < 0 || c.zero.mics_shard_size == dp_cp,
+                     "zero_optimization.mics_shard_size with parallelism.expert=", ep,
+                     " is not built: remove one of them");
+}
+
 void resolve_batch(Config& c, int dp) {
   STRATA_INPUT_CHECK(dp >= 1, "the data-parallel size must be >= 1, got ", dp,
                      " (world size / (parallelism.tensor x parallelism.pipeline))");

@@ -30,6 +30,14 @@ struct ParallelismConfig {
   // (keys and values passed around the ring, zig-zag chunks for causal balance).
   int context = 1;
   std::string context_impl = "ulysses";
+  // Expert parallelism (model.moe): the routed experts of every MoE layer placed over `expert`
+  // ranks of the data × context-parallel group of a stage (Megatron's parallel folding: ep divides
+  // dp × cp), the tokens dispatched to them by all-to-all; expert parameters are summed and
+  // sharded over the expert-data-parallel group (dp × cp / ep). expert_tensor: the ranks each
+  // expert is split over; the tensor-parallel size (each expert split as a dense MLP), or 1,
+  // which is the same where tensor is 1.
+  int expert = 1;
+  int expert_tensor = 0;  // 0: not given (the tensor-parallel size)
   // How the blocks are cut into pipeline chunks: "uniform" | "parameters" | "time" | "explicit"
   // (partition_blocks: the blocks of each chunk, stages × virtual_stages counts).
   std::string partition = "uniform";
@@ -290,6 +298,9 @@ nlohmann::json parse_json_strict(std::string_view text, std::string_view origin)
 // three values when they are inconsistent, or when parallelism.sequence_parallel cannot split the
 // micro-batch's token rows evenly over parallelism.tensor ranks.
 void resolve_batch(Config& c, int dp_size);
+// parallelism.expert against the data × context-parallel ranks of a stage (dp_cp): an InputError
+// naming the key when it does not divide them.
+void check_expert_grid(const Config& c, int dp_cp);
 
 // Model presets: "gpt2-124M", "gpt2-350M", "bench-23M", "llama-tiny", "gpt2-tiny", "llama-1B"...
 ModelConfig model_preset(const std::string& name);  // throws InputError listing the presets

@@ -147,6 +147,7 @@ void check_cross_block(Config& c);
 // or MLP, or (parallelism.sequence_parallel) a micro-batch of `micro_batch` sequences' token rows
 // (0: not known yet, not checked); it lists the tensor sizes that pass every rule.
 void check_tensor_split(const Config& c, int64_t micro_batch);
+void check_expert_split(const Config& c);
 
 // Throws the InputError of parse_json_strict when `j` nests deeper than kMaxConfigDepth (a tree
 // built in code, or a file's tree with --set values inside it).

@@ -150,6 +150,25 @@ void finalize_moe(ModelConfig& m) {
     STRATA_INPUT_CHECK(l >= 0 && l < m.layers, "model.moe.mlp_only_layers names layer ", l,
                        ", but the model has layers 0 to ", m.layers - 1);
   }
+  if (e.router == "sigmoid") {
+    STRATA_INPUT_CHECK(e.n_group >= 1 && e.n_group <= 64 && e.experts % e.n_group == 0 &&
+                           e.experts / e.n_group >= 2,
+                       "model.moe.n_group=", e.n_group,
+                       " must divide model.moe.experts=", e.experts,
+                       " into at most 64 groups of at least 2 experts (a group's "
+                       "score is the sum of its two best)");
+    STRATA_INPUT_CHECK(e.topk_group >= 1 && e.topk_group <= e.n_group,
+                       "model.moe.topk_group=", e.topk_group,
+                       " must be between 1 and model.moe.n_group=", e.n_group);
+    STRATA_INPUT_CHECK(e.top_k <= e.topk_group * (e.experts / e.n_group),
+                       "model.moe.top_k=", e.top_k, " exceeds the ",
+                       e.topk_group * (e.experts / e.n_group),
+                       " experts of the topk_group=", e.topk_group, " groups a token chooses from");
+    STRATA_INPUT_CHECK(e.router_aux_loss_coef == 0 && e.z_loss_coef == 0,
+                       "model.moe.router \"sigmoid\" balances by its expert bias "
+                       "(expert_bias_update_rate); its auxiliary and z-losses are not built: set "
+                       "model.moe.router_aux_loss_coef and z_loss_coef to 0");
+  }
   STRATA_INPUT_CHECK(m.moe_layers() > 0,
                      "model.moe makes no layer a mixture of experts: "
                      "decoder_sparse_step=",
@@ -346,12 +365,29 @@ void check_tensor_split(const Config& c, int64_t micro_batch) {
   STRATA_INPUT_FAIL(error, "; valid values of parallelism.tensor: ", valid);
 }
 
+// parallelism.expert > 1: what the model allows (the world's sizes are checked where they are
+// known, check_expert_grid).
+void check_expert_split(const Config& c) {
+  const ParallelismConfig& p = c.parallelism;
+  const MoeConfig& e = c.model.moe;
+  if (c.model.layers == 0) return;  // the model block's own errors are listed already
+  STRATA_INPUT_CHECK(e.experts > 0, "parallelism.expert=", p.expert,
+                     " places a mixture of experts' experts over ranks, but the model has none "
+                     "(model.moe): remove parallelism.expert or give the model a moe block");
+  STRATA_INPUT_CHECK(e.experts % p.expert == 0, "parallelism.expert=", p.expert,
+                     " does not divide model.moe.experts=", e.experts,
+                     ": each expert-parallel rank holds an equal share of the experts; choose a "
+                     "divisor of ",
+                     e.experts);
+}
+
 // model.moe (model_config.h MoeConfig).
 void parse_moe(const Block& b, ModelConfig& m) {
   Block e = b.child("moe", {"experts", "top_k", "ffn_hidden", "shared_ffn_hidden", "shared_gate",
                             "norm_topk_prob", "router", "decoder_sparse_step", "mlp_only_layers",
                             "capacity_factor", "capacity_scope", "drop_policy", "aux_loss",
-                            "router_aux_loss_coef", "z_loss_coef"});
+                            "router_aux_loss_coef", "z_loss_coef", "n_group", "topk_group",
+                            "routed_scaling_factor", "expert_bias_update_rate"});
   if (!e.present()) return;
   MoeConfig& o = m.moe;
   if (!e.get_int("experts", o.experts, 1)) {
@@ -369,7 +405,19 @@ void parse_moe(const Block& b, ModelConfig& m) {
         "shared_gate");
   }
   e.get_bool("norm_topk_prob", o.norm_topk_prob);
-  e.get_choice("router", o.router, {"softmax"});
+  e.get_choice("router", o.router, {"softmax", "sigmoid"});
+  const bool grouped = e.get_int("n_group", o.n_group, 1);
+  if (!e.get_int("topk_group", o.topk_group, 1)) o.topk_group = o.n_group;
+  e.get_number("routed_scaling_factor", o.routed_scaling_factor, 0.0, HUGE_VAL, true);
+  e.get_number("expert_bias_update_rate", o.expert_bias_update_rate, 0.0, HUGE_VAL, false);
+  const bool sigmoid_keys = grouped || e.has("topk_group") || e.has("routed_scaling_factor") ||
+                            e.has("expert_bias_update_rate");
+  if (sigmoid_keys && o.router != "sigmoid") {
+    STRATA_INPUT_FAIL(
+        "model.moe.n_group, topk_group, routed_scaling_factor and expert_bias_update_rate "
+        "belong to the sigmoid router (DeepSeek-V3's); set model.moe.router \"sigmoid\" or "
+        "remove them");
+  }
   e.get_int("decoder_sparse_step", o.decoder_sparse_step, 1);
   if (e.has("mlp_only_layers")) {
     const json& v = e.at("mlp_only_layers");
@@ -512,6 +560,16 @@ void parse_layout_blocks(const Block& top, Config& c) {
     }
     p.context = ds;
   }
+  pb.get_int("expert", p.expert, 1);
+  if (pb.get_int("expert_tensor", p.expert_tensor, 1) && p.expert_tensor != 1 &&
+      p.expert_tensor != p.tensor) {
+    pb.fail("expert_tensor", "1 or parallelism.tensor (" + std::to_string(p.tensor) + ")");
+  }
+  STRATA_INPUT_CHECK(p.tensor == 1 || p.expert_tensor != 1,
+                     "parallelism.expert_tensor=1 with parallelism.tensor=", p.tensor,
+                     " (whole experts beside tensor-parallel attention) is not built: remove "
+                     "parallelism.expert_tensor (each expert is then split over the ",
+                     p.tensor, " tensor-parallel ranks)");
   pb.get_int("timeout_s", p.timeout_s, 0);
   pb.get_choice("partition", p.partition, {"uniform", "parameters", "time", "explicit"});
   if (pb.has("partition_blocks")) {
@@ -570,6 +628,7 @@ void parse_layout_blocks(const Block& top, Config& c) {
         " pipeline chunks does not see in one place: use model.moe.aux_loss "
         "\"per_layer\" (Megatron's), or parallelism.pipeline 1");
   }
+  if (p.expert > 1) check_expert_split(c);
   if (m.moe.experts > 0 && m.moe.capacity_factor > 0 && m.moe.capacity_scope == "sequence" &&
       p.context > 1) {
     STRATA_INPUT_FAIL(

@@ -171,8 +171,9 @@ const Keys kModel = {"preset",
                      "rope_local_theta",
                      "moe"};
 const Keys kParallelism = {
-    "tensor",    "pipeline",  "virtual_stages",   "schedule", "sequence_parallel", "order",
-    "timeout_s", "partition", "partition_blocks", "context",  "context_impl"};
+    "tensor",       "pipeline",  "virtual_stages", "schedule",         "sequence_parallel",
+    "order",        "timeout_s", "partition",      "partition_blocks", "context",
+    "context_impl", "expert",    "expert_tensor"};
 const Keys kData = {"path",
                     "format",
                     "val_path",

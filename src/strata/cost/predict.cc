@@ -34,8 +34,14 @@ MemoryPrediction predict_memory(const Layout& l, const ModelSpec& spec, int shar
   const size_t k = master + 4 * moments;  // optimizer bytes per element: DeepSpeed's K
   MemoryPrediction m;
   auto at = [&](MemCategory c) -> size_t& { return m.bytes[size_t(c)]; };
-  const ZeroBuffers b = stage >= 1 ? zero_buffers(spec, shard, o) : ZeroBuffers{};
-  const size_t part = psi / N;
+  // Under expert parallelism the Experts units are sharded over the expert-data-parallel group
+  // (shard / ep ranks), their chunks larger: the partition is the sum of the owned chunks.
+  const int expert = stage >= 1 && spec.ep.size > 1 ? int(N) / spec.ep.size : 0;
+  const ZeroBuffers b = stage >= 1 ? zero_buffers(spec, shard, o, expert) : ZeroBuffers{};
+  size_t part = 0;
+  for (const UnitSpec& u : spec.units) {
+    part += size_t(u.numel) / (expert > 0 && u.kind == UnitKind::Experts ? size_t(expert) : N);
+  }
   at(MemCategory::Params) =
       stage == 3 ? size_t(b.param_partition + b.persistent + b.param_slots) : psi * p;
   at(MemCategory::MasterParams) = (stage >= 1 ? part : psi) * master;

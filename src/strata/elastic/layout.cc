@@ -63,6 +63,7 @@ Config check(const ConfigLoader& load, const ElasticLayout& l,
   comm::check_tp_within_hosts(grid, used);
   apply_elastic_batch(cfg, l.world);
   resolve_batch(cfg, grid.dp());
+  check_expert_grid(cfg, grid.dp() * grid.cp());
   const int64_t g = cfg.zero.mics_shard_size;
   const bool mics = cfg.zero.stage >= 1 && grid.dp() > 1 && g > 0 && g != grid.dp();
   STRATA_INPUT_CHECK(!mics || (g < grid.dp() && grid.dp() % g == 0),
@@ -76,8 +77,9 @@ Config check(const ConfigLoader& load, const ElasticLayout& l,
 std::string ElasticLayout::describe() const {
   return strata::detail::concat(
       "dp ", dp, context > 1 ? strata::detail::concat(" x cp ", context) : "", " x tp ", tensor,
-      " x pp ", pipeline, " = ", world, " ranks; batch ", batch, " = micro ", micro,
-      " x accumulation ", accumulation, " x dp ", dp);
+      " x pp ", pipeline, expert > 1 ? strata::detail::concat(" (ep ", expert, ")") : "", " = ",
+      world, " ranks; batch ", batch, " = micro ", micro, " x accumulation ", accumulation,
+      " x dp ", dp);
 }
 
 ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<ElasticHost>& hosts,
@@ -108,6 +110,15 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
         parallel = {"parallelism.tensor=" + std::to_string(tp),
                     "parallelism.pipeline=" + std::to_string(pp)};
         if (cp != bp.context) parallel.push_back("parallelism.context=" + std::to_string(cp));
+      }
+      // The experts stay over the configured ranks where they divide the data × context ones,
+      // else over the largest divisor of them that does (each rank then holds more experts).
+      l.expert = bp.expert;
+      while (l.expert > 1 && ((l.dp * cp) % l.expert != 0 || bp.expert % l.expert != 0)) {
+        --l.expert;
+      }
+      if (l.expert != bp.expert) {
+        parallel.push_back("parallelism.expert=" + std::to_string(l.expert));
       }
       // The micro-batches to try: the config's own triangle (first start, or the elasticity
       // block deciding), else the largest micro-batch <= the configured one dividing the batch.

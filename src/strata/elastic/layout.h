@@ -1,7 +1,8 @@
 // The layout `strata launch --elastic` (re)starts a job in, on the workers still available: the
 // largest valid world size, tensor × pipeline × context kept where they fit, the data-parallel
-// size what remains, and the gradient accumulation recomputed so that the global batch stays the
-// same.
+// size what remains, the expert-parallel size kept or shrunk to a divisor of it that divides the
+// data × context ranks, and the gradient accumulation recomputed so that the global batch stays
+// the same.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@ struct ElasticHost {
 
 struct ElasticLayout {
   int world = 0, tensor = 1, pipeline = 1, context = 1, dp = 1;
+  int expert = 1;  // parallelism.expert
   int64_t batch = 0, micro = 0, accumulation = 0;
   std::vector<int> ranks_per_host;  // by host, in order; each a multiple of `tensor`
   // "--set" values that give `strata train` this layout (empty: the config as written).

@@ -338,12 +338,23 @@ void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArg
 struct MoeRoute {
   int experts = 0, top_k = 0;
   bool norm_topk_prob = true;
+  // DeepSeek-V3's router (model_config.h MoeConfig): sigmoid scores, the choice among the
+  // topk_groups of `groups` expert groups by score + bias, gates times `scale`.
+  bool sigmoid = false;
+  int groups = 1, topk_groups = 1;
+  float scale = 1.0f;
 };
-// probs (N, E) = softmax(logits (N, E)); lse (N) = each row's logsumexp; top (N, k) int32: the
-// top_k experts by probability, descending (equal ones: the lower expert first); gates (N, k):
-// their probabilities, renormalised to sum to 1 with norm_topk_prob. fp32 throughout.
+// Softmax: probs (N, E) = softmax(logits (N, E)); top (N, k) int32: the top_k experts by
+// probability, descending (equal ones: the lower expert first); gates (N, k): their
+// probabilities, renormalised to sum to 1 with norm_topk_prob.
+// Sigmoid: probs = sigmoid(logits), each expert's score; the choice c = score + bias (E, given
+// or empty: 0); a group's value the sum of its two largest c; the topk_groups groups of the
+// largest values (equal ones: the lower group) keep their c, the others' are 0; top the top_k
+// experts by that (descending, the lower expert first); gates their scores, over their sum
+// (+1e-20) with norm_topk_prob, times scale (transformers' DeepseekV3TopkRouter).
+// lse (N) = each row's logsumexp of the logits. fp32 throughout.
 void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
-                       const MoeRoute& r);
+                       const MoeRoute& r, Tensor bias = {});
 // Token dropping (MoeRoute's capacity): each expert keeps at most `capacity` of the choices of
 // each group of `group` consecutive rows, the most probable (by_probs, ties by row) or the first.
 struct MoeCapacity {
@@ -363,7 +374,8 @@ void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);
 // dlogits (N, E) fp32: the router logits' gradient from dgates (N, k), the gates' (for
 // norm_topk_prob through the renormalisation), plus coef (B, E), optional, added to the gradient
 // of the probabilities of every row of sequence b (the balancing loss's), plus the z-loss's
-// z·lse² per row (z: its weight per row; 0: none).
+// z·lse² per row (z: its weight per row; 0: none). The sigmoid router's through its scores alone
+// (the bias takes no gradient; no coef, z 0).
 void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
                         Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r);
 // out (R, C) row r = x (N, C) row rows[r].

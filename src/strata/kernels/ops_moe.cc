@@ -25,9 +25,9 @@ Tensor rows_view(const Tensor& t, int64_t row, int64_t rows, int64_t width) {
 }  // namespace
 
 void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
-                       const MoeRoute& r) {
+                       const MoeRoute& r, Tensor bias) {
   constexpr const char* op = "moe_route_forward";
-  const Call access = on_device(op, {probs, lse, top, gates, logits});
+  const Call access = on_device(op, {probs, lse, top, gates, logits, bias});
   if (access.dry) return;
   STRATA_CHECK(r.top_k >= 1 && r.top_k <= r.experts, op, ": top_k ", r.top_k, " of ", r.experts,
                " experts");
@@ -38,7 +38,25 @@ void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tenso
   expect_numel(op, "lse", lse, N);
   expect_numel(op, "top", top, N * r.top_k);
   expect_numel(op, "gates", gates, N * r.top_k);
-  STRATA_ON_CUDA(access, moe_route_forward(probs, lse, top, gates, logits, r));
+  if (bias.data != nullptr) {
+    STRATA_CHECK(r.sigmoid, op, ": an expert bias is the sigmoid router's");
+    expect_f32(op, "bias", bias);
+    expect_numel(op, "bias", bias, r.experts);
+  }
+  if (r.sigmoid) {
+    STRATA_CHECK(r.groups >= 1 && r.experts % r.groups == 0 && r.experts / r.groups >= 2 &&
+                     r.topk_groups >= 1 && r.topk_groups <= r.groups &&
+                     r.top_k <= r.topk_groups * (r.experts / r.groups),
+                 op, ": ", r.groups, " groups of ", r.experts, " experts, top ", r.topk_groups,
+                 " groups, top_k ", r.top_k);
+  }
+  STRATA_ON_CUDA(access, moe_route_forward(probs, lse, top, gates, logits, r, bias));
+  if (r.sigmoid) {
+    return kernels::moe_route_sigmoid_forward(
+        p<float>(probs), p<float>(lse), p<int32_t>(top), p<float>(gates), p<const float>(logits),
+        bias.data != nullptr ? p<const float>(bias) : nullptr, N, r.experts, r.top_k,
+        r.norm_topk_prob, r.groups, r.topk_groups, r.scale);
+  }
   kernels::moe_route_forward(p<float>(probs), p<float>(lse), p<int32_t>(top), p<float>(gates),
                              p<const float>(logits), N, r.experts, r.top_k, r.norm_topk_prob);
 }
@@ -99,8 +117,15 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
   expect_numel(op, "top", top, N * r.top_k);
   STRATA_CHECK(T > 0 && N % T == 0, op, ": ", N, " rows are not whole sequences of ", T);
   expect_numel(op, "coef", coef, N / T * r.experts);
+  STRATA_CHECK(!r.sigmoid || (coef.data == nullptr && z == 0.0f), op,
+               ": the sigmoid router takes no balancing or z-loss gradient");
   STRATA_ON_CUDA(access,
                  moe_route_backward(dlogits, dgates, probs, lse, top, gates, coef, T, z, r));
+  if (r.sigmoid) {
+    return kernels::moe_route_sigmoid_backward(p<float>(dlogits), p<const float>(dgates),
+                                               p<const float>(probs), p<const int32_t>(top), N,
+                                               r.experts, r.top_k, r.norm_topk_prob, r.scale);
+  }
   kernels::moe_route_backward(p<float>(dlogits), p<const float>(dgates), p<const float>(probs),
                               p<const float>(lse), p<const int32_t>(top), p<const float>(gates),
                               p<const float>(coef), N, r.experts, r.top_k, r.norm_topk_prob, T, z);

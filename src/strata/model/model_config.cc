@@ -55,6 +55,12 @@ nlohmann::json model_block_json(const ModelConfig& m) {
                 {"aux_loss", e.aux_loss},
                 {"router_aux_loss_coef", e.router_aux_loss_coef},
                 {"z_loss_coef", e.z_loss_coef}};
+    if (e.router == "sigmoid") {  // absent: the softmax router, which has none of them
+      j["moe"]["n_group"] = e.n_group;
+      j["moe"]["topk_group"] = e.topk_group;
+      j["moe"]["routed_scaling_factor"] = e.routed_scaling_factor;
+      j["moe"]["expert_bias_update_rate"] = e.expert_bias_update_rate;
+    }
     if (e.capacity_factor > 0) {  // absent: dropless
       j["moe"]["capacity_factor"] = e.capacity_factor;
       j["moe"]["capacity_scope"] = e.capacity_scope;

@@ -46,7 +46,17 @@ struct MoeConfig {
   int shared_ffn_hidden = 0;  // the shared expert's (0: none)
   bool shared_gate = false;   // the shared expert's output times sigmoid(x·w_gate)
   bool norm_topk_prob = true;
+  // "softmax" (Mixtral, Qwen-MoE: the top_k of softmax(logits)), or "sigmoid" (DeepSeek-V3: each
+  // expert's score sigmoid(logit); the choice by score + a per-expert bias, among the topk_group
+  // of n_group expert groups with the highest sum of their two best; gates the chosen scores,
+  // renormalised with norm_topk_prob, times routed_scaling_factor). The bias is not trained: with
+  // expert_bias_update_rate > 0 it moves once per global batch by that rate towards balance
+  // (the auxiliary-loss-free balancing: + rate where an expert took fewer than the mean of its
+  // layer's tokens, - rate where more).
   std::string router = "softmax";
+  int n_group = 1, topk_group = 1;
+  float routed_scaling_factor = 1.0f;
+  float expert_bias_update_rate = 0.0f;
   // The MoE layers: every decoder_sparse_step-th ((layer + 1) % step == 0), but mlp_only_layers.
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;

@@ -39,6 +39,7 @@ struct Split {
   int axis = -1;
   std::vector<TpRange> ranges;
   int64_t local = 0;
+  int64_t rows = 0, row0 = 0;  // axis 1: the rank's rows, from global row row0 (0: every row)
 };
 
 struct Builder {
@@ -68,6 +69,7 @@ struct Builder {
     if (split.axis >= 0) {
       p.ranges = split.ranges;
       p.shape[size_t(split.axis)] = split.local;
+      if (split.rows > 0) p.shape[0] = split.rows, p.row0 = split.row0;
     } else {
       p.replicas = spec.tp.size;
     }
@@ -165,12 +167,20 @@ Split cols_split(int64_t n, const TpLayout& t) {
 
 }  // namespace
 
-ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int tp_rank) {
+ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int tp_rank,
+                           int ep_size, int ep_rank) {
   STRATA_CHECK(align >= 1, "the unit alignment must be at least 1, got ", align);
   Builder b;
   b.spec.config = m;
   b.spec.align = align;
   const TpLayout tp = b.spec.tp = tp_layout(m, tp_size, tp_rank);
+  STRATA_CHECK(ep_size >= 1 && ep_rank >= 0 && ep_rank < ep_size &&
+                   (ep_size == 1 || m.moe.experts % ep_size == 0),
+               "expert-parallel rank ", ep_rank, " of ", ep_size, " for ", m.moe.experts,
+               " experts");
+  ExpertLayout& ep = b.spec.ep;
+  ep.size = ep_size, ep.rank = ep_rank;
+  ep.experts = m.moe.experts / ep_size, ep.first = ep.experts * ep_rank;
   const int64_t C = m.hidden, V = m.vocab, F = m.ffn_hidden, L = m.layers;
   const int64_t hd = m.hd();
   const float s = m.init_std;
@@ -193,8 +203,9 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
   const MoeConfig& moe = m.moe;
   const int64_t E = moe.experts, Fe = moe.ffn_hidden, Fs = moe.shared_ffn_hidden;
   const int64_t fe = Fe / tp.size, fs = Fs / tp.size;  // this rank's units of each
-  const int64_t moe_mlp = norms + E * C + E * 3 * fe * C + 3 * fs * C + (moe.shared_gate ? C : 0);
-  const int64_t mlp = std::max(dense_mlp, E > 0 ? moe_mlp : 0);
+  const int64_t moe_mlp = norms + E * C + 3 * fs * C + (moe.shared_gate ? C : 0);
+  const int64_t El = ep.experts, e0 = ep.first;  // the experts this rank holds
+  const int64_t mlp = std::max({dense_mlp, E > 0 ? moe_mlp : 0, El * 3 * fe * C});
   const int64_t rows = vocab_rows(std::max(attn, mlp), C, align);
   const Split qkv_rows = qkv_split(m, tp), fc_rows = rows_split(fch, tp);
   const Split proj_cols = cols_split(m.heads * hd, tp), fc2_cols = cols_split(F, tp);
@@ -250,16 +261,7 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       b.begin_unit(u + ".mlp", UnitKind::Mlp, l);
       if (pre) b.add(p + "post_attention_layernorm.weight", {C}, R::Norm2W, gain, 0.0f, l);
       if (m.moe_layer(l)) {
-        // Each expert's gate|up rows split over tp as a dense MLP's: E ranges of 2F/tp rows.
-        Split experts{0, {}, E * 2 * fe};
-        for (int64_t e = 0; e < E; ++e) {
-          experts.ranges.push_back({e * 2 * Fe + tp.rank * 2 * fe, 2 * fe, 1});
-        }
         b.add(p + "mlp.gate.weight", {E, C}, R::RouterW, I::Normal, s, l);
-        b.add(p + "mlp.experts.gate_up_proj.weight", {E * 2 * Fe, C}, R::ExpertGateUpW, I::Normal,
-              s, l, experts);
-        b.add(p + "mlp.experts.down_proj.weight", {E * C, Fe}, R::ExpertDownW, I::Normal, s_resid,
-              l, cols_split(Fe, tp));
         if (Fs > 0) {
           b.add(p + "mlp.shared_expert.gate_up_proj.weight", {2 * Fs, C}, R::SharedFcW, I::Normal,
                 s, l, rows_split(2 * Fs, tp));
@@ -274,6 +276,21 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
         b.add(p + "mlp.down_proj.weight", {C, F}, R::Fc2W, I::Normal, s_resid, l, fc2_cols);
       }
       if (post) b.add(p + "post_mlp_norm.weight", {C}, R::PostMlpNormW, gain, 0.0f, l);
+      if (m.moe_layer(l)) {
+        // The experts this rank holds, each one's gate|up rows split over tp as a dense MLP's
+        // (a range of 2F/tp rows per expert) and its down projection by columns.
+        b.begin_unit(u + ".experts", UnitKind::Experts, l);
+        Split experts{0, {}, El * 2 * fe};
+        for (int64_t e = e0; e < e0 + El; ++e) {
+          experts.ranges.push_back({e * 2 * Fe + tp.rank * 2 * fe, 2 * fe, 1});
+        }
+        Split down = cols_split(Fe, tp);
+        if (El < E) down.rows = El * C, down.row0 = e0 * C;
+        b.add(p + "mlp.experts.gate_up_proj.weight", {E * 2 * Fe, C}, R::ExpertGateUpW, I::Normal,
+              s, l, experts);
+        b.add(p + "mlp.experts.down_proj.weight", {E * C, Fe}, R::ExpertDownW, I::Normal, s_resid,
+              l, down);
+      }
     }
   }
   b.begin_unit("final_norm", UnitKind::FinalNorm);
@@ -383,7 +400,7 @@ void init_param_slice(float* out, const ParamSpec& p, uint64_t seed, int64_t beg
   for (int64_t i = begin, end = begin + count; i < end;) {
     const int64_t row = i / cols, col = i % cols, n = std::min(cols - col, end - i);
     float* o = out + (i - begin);
-    const int64_t grow = p.split_axis == 0 ? global_of(row) : row;
+    const int64_t grow = p.split_axis == 0 ? global_of(row) : p.row0 + row;
     const int64_t gcol = p.split_axis == 1 ? global_of(col) : col;
     if (grow < 0) {
       std::fill(o, o + n, 0.0f);  // vocabulary padding

@@ -92,6 +92,9 @@ struct ParamSpec {
   // are padding (the vocabulary's).
   int split_axis = -1;
   std::vector<TpRange> ranges;
+  // split_axis 1 of the routed experts' down projection under expert parallelism: the rank holds
+  // shape[0] consecutive global rows from row0 (its experts'); 0 and every row elsewhere.
+  int64_t row0 = 0;
   int replicas = 1;  // split_axis -1: the ranks holding the whole tensor (the tp size)
   Fused fused = Fused::None;
   std::array<int64_t, 3> fused_dims{};  // Qkv: heads, kv_heads, hd; GateUp: ffn_hidden, experts
@@ -106,18 +109,21 @@ struct ParamSpec {
   int64_t numel() const;
 };
 
-// Units in flat-buffer order: Vocab pieces, Position (gpt2), then per layer Attention and Mlp,
-// then FinalNorm and (untied) Output pieces.
-enum class UnitKind : uint8_t { Vocab, Position, Attention, Mlp, FinalNorm, Output };
+// Units in flat-buffer order: Vocab pieces, Position (gpt2), then per layer Attention and Mlp
+// (and Experts after a MoE layer's Mlp), then FinalNorm and (untied) Output pieces. A MoE layer's
+// Mlp unit holds its norm, router and shared expert; its Experts unit the routed experts this
+// rank holds, which expert parallelism places on different ranks (ZeRO reduces and shards it
+// over the expert-data-parallel group).
+enum class UnitKind : uint8_t { Vocab, Position, Attention, Mlp, Experts, FinalNorm, Output };
 
 struct UnitSpec {
   std::string name;               // "embedding.0", "position", "block.3.attn", "block.3.mlp",
-                                  // "final_norm", "output.0"
+                                  // "block.3.experts", "final_norm", "output.0"
   int64_t offset = 0, numel = 0;  // the unit's range in the flat buffer, padding included
   std::vector<int> params;        // indices into ModelSpec::params (a vocabulary matrix spans
                                   // several units)
   UnitKind kind = UnitKind::Vocab;
-  int layer = -1;                      // Attention/Mlp: the block
+  int layer = -1;                      // Attention/Mlp/Experts: the block
   int64_t row_begin = 0, row_end = 0;  // Vocab/Output: the matrix rows the unit holds
   bool held = true;                    // false: on another pipeline stage (numel 0 here)
 };
@@ -136,9 +142,17 @@ struct TpLayout {
   bool kv_replicated = false;  // kv_heads < tp
 };
 
+// This rank's place in the expert-parallel group (parallelism.expert) and the routed experts it
+// holds: `experts` of them from global expert `first`.
+struct ExpertLayout {
+  int size = 1, rank = 0;
+  int64_t experts = 0, first = 0;
+};
+
 struct ModelSpec {
   ModelConfig config;
   TpLayout tp;
+  ExpertLayout ep;
   std::vector<ParamSpec> params;
   std::vector<UnitSpec> units;
   int64_t numel = 0;               // elements of the flat buffer, padding included
@@ -156,9 +170,11 @@ struct ModelSpec {
 // piece holds a multiple of 8 rows (and of align/gcd(align, C), so that no padding falls inside
 // the matrix); the pieces are the same for every power-of-two align when C is a multiple of 8.
 // tp_size, tp_rank: the tensor-parallel group (tp_size must divide heads and ffn_hidden, and
-// kv_heads or be a multiple of it: validated with the config).
+// kv_heads or be a multiple of it: validated with the config). ep_size, ep_rank: the
+// expert-parallel group (ep_size divides moe.experts): the rank holds experts/ep_size consecutive
+// experts of each MoE layer, each split over tp as a dense MLP is.
 ModelSpec build_model_spec(const ModelConfig& m, int64_t align = 1, int tp_size = 1,
-                           int tp_rank = 0);
+                           int tp_rank = 0, int ep_size = 1, int ep_rank = 0);
 
 // A pipeline stage's spec: the same units and parameters (same indices, so every unit keeps its
 // name and place in the model), but only the units `held` marks take space in the flat buffer,

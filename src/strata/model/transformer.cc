@@ -92,7 +92,20 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
     E_ = m.experts, K_ = m.top_k;
     Fel_ = m.ffn_hidden / tp_->size(), Fsl_ = m.shared_ffn_hidden / tp_->size();
     NK_ = N_ * K_;
-    route_ = {E_, K_, m.norm_topk_prob};
+    ep_size_ = spec_.ep.size, El_ = int(spec_.ep.experts), e0_ = spec_.ep.first;
+    ep_ = chunk_.experts;
+    STRATA_CHECK(ep_ == nullptr || (ep_->size() == ep_size_ && ep_->rank() == spec_.ep.rank),
+                 "the model spec was built for expert-parallel rank ", spec_.ep.rank, " of ",
+                 ep_size_, " but the group is rank ", ep_->rank(), " of ", ep_->size());
+    // Each token goes to at most min(k, El) of this rank's experts, from every rank of the group.
+    R_ = ep_size_ > 1 ? int64_t(ep_size_) * N_ * std::min<int64_t>(K_, El_) : NK_;
+    if (ep_size_ > 1) {
+      ep_idx_host_.assign(size_t(R_), 0);
+      ep_counts32_.assign(size_t(ep_size_) * El_, 0);
+      ep_v_counts_.assign(size_t(2 * ep_size_), 0);
+    }
+    route_ = {E_,        K_,           m.norm_topk_prob,       m.router == "sigmoid",
+              m.n_group, m.topk_group, m.routed_scaling_factor};
     if (m.capacity_factor > 0) {  // over each sequence's rows, or all this chunk routes
       capacity_.group = m.capacity_scope == "sequence" ? T_ : N_;
       STRATA_CHECK(m.capacity_scope != "sequence" || !chunk_.context.on(),
@@ -135,6 +148,9 @@ void TransformerImpl::places() {
   output_ = spec_.units_of(UnitKind::Output);
   attn_ = spec_.units_of(UnitKind::Attention);
   mlp_ = spec_.units_of(UnitKind::Mlp);
+  experts_.assign(size_t(cfg_.layers), -1);
+  for (int u : spec_.units_of(UnitKind::Experts))
+    experts_[size_t(spec_.units[size_t(u)].layer)] = u;
   const std::vector<int> pos = spec_.units_of(UnitKind::Position);
   position_ = pos.empty() ? -1 : pos.front();
   final_ = spec_.units_of(UnitKind::FinalNorm).front();
@@ -157,7 +173,9 @@ void TransformerImpl::places() {
   for (int l = 0; l < L; ++l) {
     const bool a = attn_[size_t(l)] >= u0 && attn_[size_t(l)] < u1;
     const bool m = mlp_[size_t(l)] >= u0 && mlp_[size_t(l)] < u1;
-    STRATA_CHECK(a == m, "a chunk boundary splits block ", l, "; chunks hold whole blocks");
+    const int ue = experts_[size_t(l)];
+    STRATA_CHECK(a == m && (ue < 0 || a == (ue >= u0 && ue < u1)), "a chunk boundary splits block ",
+                 l, "; chunks hold whole blocks");
     if (a) l0_ = std::min(l0_, l), l1_ = std::max(l1_, l + 1);
   }
   if (l0_ > l1_) l0_ = l1_ = has_embed_ ? 0 : L;
@@ -173,7 +191,8 @@ void TransformerImpl::places() {
     for (int i : unit.params) {
       const ParamSpec& p = spec_.params[size_t(i)];
       const int64_t off = std::max<int64_t>(p.offset - unit.offset, 0);
-      if (unit.kind == UnitKind::Attention || unit.kind == UnitKind::Mlp) {
+      if (unit.kind == UnitKind::Attention || unit.kind == UnitKind::Mlp ||
+          unit.kind == UnitKind::Experts) {
         places_[size_t(p.layer)][size_t(p.role)] = {u, off, i};
       } else if (p.role == ParamRole::FinalNormW) {
         o_lnf_w_ = off;
@@ -250,9 +269,9 @@ void TransformerImpl::layout() {
     a.moe_counts = static_cast<int32_t*>(act(E, 4));
     a.moe_pos = static_cast<int32_t*>(act(N * k, 4));
     a.moe_rows = static_cast<int32_t*>(act(NK, 4));
-    a.xp = act(NK * C, ps);
-    a.efch = act(NK * 2 * Fel_, ps);
-    a.eact = act(NK * Fel_, ps);
+    a.xp = act(R_ * C, ps);
+    a.efch = act(R_ * 2 * Fel_, ps);
+    a.eact = act(R_ * Fel_, ps);
     a.ey = act(NK * C, ps);
     if (Fsl_ > 0) a.sout = act(N * C, ps);
     if (cfg_.moe.shared_gate) a.sgate = static_cast<float*>(act(N, f4));
@@ -312,6 +331,8 @@ void TransformerImpl::layout() {
     }
     if (moe_) {
       s.expert_counts.assign(size_t(nb), std::vector<int64_t>(size_t(E_), 0));
+      s.ep_counts.assign(size_t(nb), std::vector<int64_t>(size_t(ep_size_) * El_, 0));
+      s.ep_rows.assign(size_t(nb), std::vector<int64_t>(size_t(El_), 0));
       s.moe_stats.assign(size_t(nb), std::vector<float>(size_t(B_) * 2 * E_, 0.0f));
       s.moe_lse.assign(size_t(nb), std::vector<float>(cfg_.moe.z_loss_coef > 0 ? size_t(N) : 0));
     }
@@ -340,8 +361,8 @@ void TransformerImpl::layout() {
              nullptr,
              nullptr};
         if (moe_block(int(&b - s.stash.data()))) {
-          b.dey = act(NK_ * C, ps);
-          b.defch = act(NK_ * 2 * Fel_, ps);
+          b.dey = act(R_ * C, ps);
+          b.defch = act(R_ * 2 * Fel_, ps);
           b.dlogits = static_cast<float*>(act(N * E_, f4));
           if (cfg_.moe.shared_gate) b.dsgate = static_cast<float*>(act(N, f4));
         }
@@ -358,15 +379,22 @@ void TransformerImpl::layout() {
   d_proj_in_ = wk(N * std::max(Fmax, Hl_), ps);
   if (moe_) {
     moe_part_ = wk(N * C, ps);
-    dxp_ = wk(NK_ * C, ps);
-    deact_ = wk(NK_ * Fel_, ps);
-    dey_ = wk(NK_ * C, ps);
-    defch_ = wk(NK_ * 2 * Fel_, ps);
+    dxp_ = wk(R_ * C, ps);
+    deact_ = wk(R_ * Fel_, ps);
+    dey_ = wk(R_ * C, ps);
+    defch_ = wk(R_ * 2 * Fel_, ps);
+    if (ep_size_ > 1) {
+      ep_send_ = wk(NK_ * C, ps);
+      ep_recv_ = wk(R_ * C, ps);
+      ep_out_ = wk(R_ * C, ps);
+      ep_idx_ = static_cast<int32_t*>(wk(R_, 4));
+    }
     if (Fsl_ > 0) dshared_ = wk(N * C, ps);
     dgw_ = static_cast<float*>(wk(NK_ + N, f4));
     dlogits_ = static_cast<float*>(wk(N * E_, f4));
     moe_coef_ = static_cast<float*>(wk(int64_t(B_) * E_, f4));
     moe_stats_ = static_cast<float*>(wk(int64_t(B_) * 2 * E_, f4));
+    if (route_.sigmoid) moe_bias_ = static_cast<float*>(wk(E_, f4));
   }
   if (qk_norm_) d_qk_ = wk(N * QKVl_, ps);
   if (cfg_.qk_norm == "whole") qk_sums_ = static_cast<float*>(wk(2 * N, f4));

@@ -22,10 +22,11 @@ namespace strata {
 //
 // The calls come in a static order that depends only on the model (param_trace() learns it), so
 // every data-parallel rank makes the same ones: forward acquires the vocabulary units, the position
-// unit, each block's attention and MLP units, the final norm and the output units (with tied
-// embeddings: the vocabulary units again); backward acquires the output units in reverse, the
-// final norm, then each block's MLP and attention units from the last block down — the
-// embedding's backward reads no parameters. Each acquire is paired with a release once the model
+// unit, each block's attention and MLP units (and a MoE block's experts after its MLP unit is
+// released), the final norm and the output units (with tied embeddings: the vocabulary units
+// again); backward acquires the output units in reverse, the final norm, then each block's
+// (experts,) MLP and attention units from the last block down — the embedding's backward reads no
+// parameters. Each acquire is paired with a release once the model
 // is done reading. Backward asks grads_for() before it accumulates (+=) into a unit and reports
 // unit_done() right after, in descending flat offsets among final reports: output units, final
 // norm, blocks, position, vocabulary units. A tied vocabulary unit is reported twice: after the
@@ -125,6 +126,9 @@ struct ChunkOptions {
   int input_slots = 0;
   RecomputeOptions recompute = {};
   ContextOptions context = {};  // with context parallelism the chunk's T is this rank's rows
+  // Expert parallelism (the spec's ExpertLayout): the group the MoE layers dispatch their tokens
+  // over (nullptr: sizing and dry runs, or one rank).
+  comm::Communicator* experts = nullptr;
 };
 
 // A model chunk: a contiguous range of units (DESIGN.md §3, §6) on one rank of a tensor-parallel
@@ -172,6 +176,9 @@ class Transformer {
   virtual int64_t counted_tokens(int mb) const = 0;
   // Seconds the chunk spent in tensor-parallel collectives since the last call.
   virtual double take_tp_seconds() = 0;
+  // Seconds its MoE layers spent in expert-parallel all-to-alls (the counts, the rows to the
+  // experts and back, forward and backward; all exposed) since the last call.
+  virtual double take_ep_seconds() = 0;
   // Seconds spent recomputing since the last call, added into per_block (indexed by model block,
   // resized to the model's blocks) when given; returns their sum.
   virtual double take_recompute_seconds(std::vector<double>* per_block = nullptr) = 0;
@@ -188,6 +195,9 @@ class Transformer {
   // The rows each MoE layer of the chunk routed to each expert in its training forwards since the
   // last call, added into tokens[layer · experts + expert] (sized layers · experts).
   virtual void take_expert_tokens(std::vector<double>& tokens) = 0;
+  // The sigmoid router's expert bias, bias[layer · experts + expert] on the host (nullptr: 0),
+  // read by every forward from now on; it must outlive them.
+  virtual void set_expert_bias(const float* bias) = 0;
 
   // One micro-batch through the whole chunk list of one process (pp = 1): forward, then
   // backward. Convenience for the single-chunk model.

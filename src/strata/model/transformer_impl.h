@@ -83,8 +83,10 @@ struct BlockActs {
   // A MoE MLP (transformer_moe.cc; nullptr elsewhere), k = top_k, E experts, Fe (Fs) this rank's
   // units of an expert (of the shared expert): the router's fp32 probabilities (N, E) and each
   // row's logsumexp (N); the choices (N, k) int32 and their gates (N, k) fp32; the plan: counts
-  // (E), pos (N, k), rows (N·k) int32; the experts' input rows (N·k, C), gate|up (N·k, 2Fe),
-  // activation (N·k, Fe) and output (N·k, C). The shared expert's gate|up and activation are
+  // (E), pos (N, k), rows (N·k) int32; the rows this rank's experts take (R: N·k, or the most
+  // the expert-parallel group can send them), grouped by expert: their input (R, C), gate|up
+  // (R, 2Fe) and activation (R, Fe); the experts' output for this rank's rows in the plan's order
+  // (N·k, C). The shared expert's gate|up and activation are
   // fch and fch_act (2Fs and Fs wide), its output sout (N, C); its gate sgate (N) fp32.
   float* router_probs;
   float* router_lse;
@@ -105,9 +107,9 @@ struct BlockStash {
   void* dqk_gains;   // the q/k norms' gains' gradients, grad dtype (qk_norm only)
   void* dpost_attn;  // (Ns, C) the post norms' output gradients (post norms only)
   void* dpost_mlp;
-  // A MoE MLP: the experts' output and gate|up gradients (N·k, C) and (N·k, 2Fe), the router
-  // logits' (N, E) and the shared gate's logits' (N), fp32; dfc2 holds the shared expert's
-  // output gradient, dfch its gate|up's.
+  // A MoE MLP: the experts' output and gate|up gradients (R, C) and (R, 2Fe) (the rows this
+  // rank's experts take), the router logits' (N, E) and the shared gate's logits' (N), fp32; dfc2
+  // holds the shared expert's output gradient, dfch its gate|up's.
   void *dey, *defch;
   float *dlogits, *dsgate;
 };
@@ -149,6 +151,9 @@ struct Slot {
   // balancing statistics (B, 2, E) (moe_balance_stats, summed over the context group) and the
   // router rows' logsumexp (N, for the z-loss); and the balancing gradient's weight per sequence.
   std::vector<std::vector<int64_t>> expert_counts;
+  // Expert parallelism, per block: the rows each rank of the group sent to each of this rank's
+  // experts (ep, El), and their sums per expert (El).
+  std::vector<std::vector<int64_t>> ep_counts, ep_rows;
   std::vector<std::vector<float>> moe_stats, moe_lse;
   float aux_scale = 0;
 };
@@ -177,6 +182,11 @@ class TransformerImpl final : public Transformer {
     return s;
   }
   double take_recompute_seconds(std::vector<double>* per_block) override;
+  double take_ep_seconds() override {
+    const double s = ep_seconds_;
+    ep_seconds_ = 0.0;
+    return s;
+  }
   void set_aux_scale(float per_sequence) override { aux_scale_ = per_sequence; }
   double take_aux_loss() override {
     const double a = aux_sum_;
@@ -184,6 +194,7 @@ class TransformerImpl final : public Transformer {
     return a;
   }
   void take_expert_tokens(std::vector<double>& tokens) override;
+  void set_expert_bias(const float* bias) override { expert_bias_ = bias; }
 
  private:
   void places();
@@ -233,15 +244,30 @@ class TransformerImpl final : public Transformer {
   // A MoE MLP (transformer_moe.cc), from its norm's output: forward into res3 (project) or, for
   // a recompute, what the backward reads only; backward into dln (the norm output's gradient);
   // the deferred weight half.
-  void moe_forward(Slot& s, int l, void* P, bool project);
-  void moe_backward(Slot& s, int l, void* P, void* G, const BlockStash& st, void* dln, bool fuse);
-  void moe_weight(Slot& s, int l, void* G, const BlockStash& st);
+  // The MLP unit's parameters are P (acquired by the caller, released here before the experts'
+  // unit is acquired); the backward acquires the experts' unit, then the MLP's, and runs the
+  // norm's backward too; the weight half reports both units done.
+  void moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool project);
+  void moe_backward(Slot& s, int l, UnitHook* hook, const BlockStash& st, void* dln, bool fuse);
+  void moe_weight(Slot& s, int l, UnitHook* hook, const BlockStash& st);
   void moe_replicated_weight(int l, void* G, Tensor dlogits, Tensor dsgate, Tensor x);
   std::pair<int64_t, int64_t> moe_weight_rows() const;
   std::pair<int64_t, int64_t> moe_input_rows() const;
   double moe_aux_loss(const Slot& s) const;
   double balance_norm() const;
-  int64_t kept_rows(const Slot& s, int l) const;  // the rows block l's experts took
+  int64_t kept_rows(const Slot& s, int l) const;  // this rank's rows block l's experts took
+  // The rows this rank's experts took in block l, and per expert (El): kept_rows and the plan's
+  // counts without expert parallelism.
+  int64_t local_rows(const Slot& s, int l) const;
+  const int64_t* local_counts(const Slot& s, int l) const;
+  // Expert parallelism: the count exchange after block l's plan (fills s.ep_counts, s.ep_rows);
+  // this rank's kept rows (plan order, `width` wide) to the experts' ranks, grouped by expert
+  // into `local`; and back.
+  void ep_exchange_counts(Slot& s, int l);
+  void ep_to_experts(const Slot& s, int l, const void* plan_rows, void* local, int64_t width);
+  void ep_from_experts(const Slot& s, int l, const void* local, void* plan_rows, int64_t width);
+  Tensor ep_permutation(const Slot& s, int l, bool to_experts);
+  void ep_set_counts(const Slot& s, int l, int64_t width, bool to_experts);
   Tensor moe_coef(const Slot& s, int l);
   bool balanced() const { return moe_ && cfg_.moe.router_aux_loss_coef > 0; }
   // Activation checkpointing (transformer.cc).
@@ -389,6 +415,7 @@ class TransformerImpl final : public Transformer {
   void* P_;  // flat parameters, or nullptr (every pass places them through its hook)
   void* D_;  // flat gradients, or nullptr
   std::vector<int> vocab_, output_, attn_, mlp_;
+  std::vector<int> experts_;  // by block: its Experts unit, or -1
   int position_ = -1, final_ = -1;
   std::vector<BlockPlaces> places_;
   int64_t o_lnf_w_ = -1, o_lnf_b_ = -1;  // inside the final-norm unit
@@ -454,6 +481,22 @@ class TransformerImpl final : public Transformer {
   bool moe_ = false;
   int E_ = 0, K_ = 0;
   int64_t Fel_ = 0, Fsl_ = 0, NK_ = 0;
+  // Expert parallelism over ep_size_ ranks (comm ep_): this rank's El_ experts from e0_; R_ the
+  // most rows they can take (N·k without it). Workspace: this rank's kept rows in the plan's
+  // order (N·k, C) as sent and received back, the rows received (R, C) in the senders' order, the
+  // experts' output (R, C); the permutation between the two orders (R) on the device and the
+  // host, and the exchange's counts.
+  int ep_size_ = 1;
+  int El_ = 0;
+  int64_t e0_ = 0, R_ = 0;
+  comm::Communicator* ep_ = nullptr;
+  void *ep_send_ = nullptr, *ep_recv_ = nullptr, *ep_out_ = nullptr;
+  int32_t* ep_idx_ = nullptr;
+  std::vector<int32_t> ep_idx_host_, ep_counts32_;
+  std::vector<size_t> ep_v_counts_;
+  double ep_seconds_ = 0.0;             // in the all-to-alls since take_ep_seconds
+  const float* expert_bias_ = nullptr;  // set_expert_bias; copied to moe_bias_ (E) per forward
+  float* moe_bias_ = nullptr;
   ops::MoeRoute route_;
   ops::MoeCapacity capacity_;
   float aux_scale_ = 0.0f;              // set_aux_scale

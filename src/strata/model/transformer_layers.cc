@@ -183,8 +183,7 @@ void TransformerImpl::mlp_forward(Slot& s, int l, UnitHook* hook, bool project) 
                  param(l, R::Norm2B, P, pt_));
   }
   if (cfg_.moe_layer(l)) {
-    moe_forward(s, l, P, project);
-    release(hook, um);
+    moe_forward(s, l, P, hook, project);
     if (project) ops::add_inplace(hid(a.res3), hid(a.res2));
     return;
   }
@@ -457,29 +456,26 @@ void TransformerImpl::mlp_backward(Slot& s, int l, UnitHook* hook) {
   const int um = mlp_[size_t(l)];
   using R = ParamRole;
   const bool fuse = !chunk_.defer_weight;
+  void* dln2 = fuse ? dc_ : st.dln2;
+  if (cfg_.moe_layer(l)) return moe_backward(s, l, hook, st, dln2, fuse);
   void* P = acquire(hook, um);
   void* G = nullptr;
   if (fuse) begin_partials(um), G = grads_of(hook, um);
-  void* dln2 = fuse ? dc_ : st.dln2;
-  if (cfg_.moe_layer(l)) {
-    moe_backward(s, l, P, G, st, dln2, fuse);
+  const Tensor d_act = mat(d_proj_in_, pt_, N_, Fl_);
+  const Tensor dout = cfg_.post_norm() ? post_norm_backward(l, R::PostMlpNormW, P, G, a.mlp_out,
+                                                            a.mlp_out_rstd, st.dpost_mlp, fuse)
+                                       : hid(dres_);
+  row_parallel_backward(l, R::Fc2W, R::Fc2B, P, G, st.dfc2, mat(a.fch_act, pt_, N_, Fl_), d_act,
+                        dout, fuse);
+  const Tensor dfch = mat(st.dfch, pt_, N_, FCHl_);
+  if (gpt2_) {
+    ops::gelu_backward(dfch, mat(a.fch, pt_, N_, FCHl_), d_act);
+  } else if (cfg_.mlp_act == "gelu_tanh") {
+    ops::geglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
   } else {
-    const Tensor d_act = mat(d_proj_in_, pt_, N_, Fl_);
-    const Tensor dout = cfg_.post_norm() ? post_norm_backward(l, R::PostMlpNormW, P, G, a.mlp_out,
-                                                              a.mlp_out_rstd, st.dpost_mlp, fuse)
-                                         : hid(dres_);
-    row_parallel_backward(l, R::Fc2W, R::Fc2B, P, G, st.dfc2, mat(a.fch_act, pt_, N_, Fl_), d_act,
-                          dout, fuse);
-    const Tensor dfch = mat(st.dfch, pt_, N_, FCHl_);
-    if (gpt2_) {
-      ops::gelu_backward(dfch, mat(a.fch, pt_, N_, FCHl_), d_act);
-    } else if (cfg_.mlp_act == "gelu_tanh") {
-      ops::geglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
-    } else {
-      ops::swiglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
-    }
-    column_parallel_backward(l, R::FcW, R::FcB, P, G, dfch, mlp_input(a), dln2, fuse);
+    ops::swiglu_backward(dfch, d_act, mat(a.fch, pt_, N_, FCHl_));
   }
+  column_parallel_backward(l, R::FcW, R::FcB, P, G, dfch, mlp_input(a), dln2, fuse);
   if (cfg_.pre_norm()) {
     norm_backward(param(l, R::Norm2W, P, pt_), grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), dln2,
                   a.res2, a.ln2_mean, a.ln2_rstd, fuse);
@@ -498,19 +494,16 @@ void TransformerImpl::mlp_weight(Slot& s, int l, UnitHook* hook) {
   const BlockStash& st = s.stash[size_t(l - l0_)];
   const int um = mlp_[size_t(l)];
   using R = ParamRole;
+  if (cfg_.moe_layer(l)) return moe_weight(s, l, hook, st);
   begin_partials(um);
   void* G = grads_of(hook, um);
   if (cfg_.post_norm()) {
     ops::rmsnorm_backward_weight(grad(l, R::PostMlpNormW, G), norm_scratch(), hid(st.dpost_mlp),
                                  hid(a.mlp_out), f32(a.mlp_out_rstd, Ns_));
   }
-  if (cfg_.moe_layer(l)) {
-    moe_weight(s, l, G, st);
-  } else {
-    row_parallel_weight(l, R::Fc2W, R::Fc2B, G, full(st.dfc2), mat(a.fch_act, pt_, N_, Fl_));
-    ops::linear_backward_weight(grad(l, R::FcW, G), grad(l, R::FcB, G),
-                                mat(st.dfch, pt_, N_, FCHl_), column_input(mlp_input(a)));
-  }
+  row_parallel_weight(l, R::Fc2W, R::Fc2B, G, full(st.dfc2), mat(a.fch_act, pt_, N_, Fl_));
+  ops::linear_backward_weight(grad(l, R::FcW, G), grad(l, R::FcB, G), mat(st.dfch, pt_, N_, FCHl_),
+                              column_input(mlp_input(a)));
   if (cfg_.pre_norm()) {
     norm_weight(grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), st.dln2, a.res2, a.ln2_mean,
                 a.ln2_rstd);

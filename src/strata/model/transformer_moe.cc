@@ -7,7 +7,18 @@
 // gate-weighted sum of its share of the experts, leaves the region through the row-parallel
 // mapping; the gates' gradients, partial sums over the ranks' columns, are summed over the group
 // before the router's backward.
+//
+// Expert parallelism (spec_.ep, over the group ep_): each rank holds El of the E experts and
+// routes its own rows. After the plan the ranks exchange how many rows each sends to each expert
+// (an all-to-all of counts), then the rows themselves (an all-to-all-v: the plan's order is by
+// expert, so the rows for each rank's experts are one block); each rank regroups what it received
+// by expert (the order the senders' ranks give within each expert), runs its experts, and sends the
+// outputs back the same way, where the combine sums each token's k outputs in its fixed order. The
+// backward sends the outputs' gradients the same way and the inputs' gradients back. Under tensor
+// parallelism every rank of a tensor-parallel group dispatches every row to the ranks of its
+// expert-parallel group with its tensor coordinate, which hold its column share of their experts.
 #include <algorithm>
+#include <chrono>
 
 #include "strata/model/transformer_impl.h"
 
@@ -38,7 +49,7 @@ std::pair<int64_t, int64_t> TransformerImpl::moe_input_rows() const {
   return tp_->rank() == 0 ? std::pair<int64_t, int64_t>{0, N_} : std::pair<int64_t, int64_t>{0, 0};
 }
 
-void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
+void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool project) {
   BlockActs& a = s.blocks[size_t(l - l0_)];
   using R = ParamRole;
   const Tensor x = column_input(mlp_input(a));  // (N, C), every row
@@ -49,15 +60,20 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
   ops::gemm(probs, x, param(l, R::RouterW, P, pt_), g);
   const Tensor top = mat(a.moe_top, DType::I32, N_, K_),
                gates = mat(a.moe_gates, DType::F32, N_, K_);
-  ops::moe_route_forward(probs, f32(a.router_lse, N_), top, gates, probs, route_);
+  Tensor bias;  // the sigmoid router's, this block's
+  if (route_.sigmoid && expert_bias_ != nullptr) {
+    bias = f32(moe_bias_, E_);
+    ops::copy_from_host(bias, expert_bias_ + int64_t(l) * E_);
+  }
+  ops::moe_route_forward(probs, f32(a.router_lse, N_), top, gates, probs, route_, bias);
   const Tensor counts = Tensor(a.moe_counts, DType::I32, {int64_t(E_)}, dev_);
   const Tensor plan = mat(a.moe_pos, DType::I32, N_, K_);
   ops::moe_plan(counts, plan, Tensor(a.moe_rows, DType::I32, {NK_}, dev_), top, probs, E_,
                 capacity_);
   ops::copy_to_host(counts32_.data(), counts);
   std::vector<int64_t>& n = s.expert_counts[size_t(l - l0_)];
-  int64_t kept = 0;  // the rows the experts take (all N·k but those dropped)
-  for (int e = 0; e < E_; ++e) kept += n[size_t(e)] = counts32_[size_t(e)];
+  for (int e = 0; e < E_; ++e) n[size_t(e)] = counts32_[size_t(e)];
+  const int64_t kept = kept_rows(s, l);  // the rows the experts take (all N·k but those dropped)
   if (balanced()) {  // the balancing statistics of each sequence, summed over its context ranks
     const Tensor stats = f32(moe_stats_, int64_t(B_) * 2 * E_);
     ops::moe_balance_stats(stats, probs, top, T_);
@@ -69,14 +85,6 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
   if (cfg_.moe.z_loss_coef > 0) {  // each row's logsumexp, for the z-loss's value
     ops::copy_to_host(s.moe_lse[size_t(l - l0_)].data(), f32(a.router_lse, N_));
   }
-  // The experts: their rows gathered in the plan's order, gate|up, SwiGLU, down.
-  const int64_t* rows = n.data();
-  const Tensor xp = mat(a.xp, pt_, kept, C_), efch = mat(a.efch, pt_, kept, 2 * Fel_);
-  const Tensor eact = mat(a.eact, pt_, kept, Fel_), ey = mat(a.ey, pt_, kept, C_);
-  ops::gather_rows(xp, x, Tensor(a.moe_rows, DType::I32, {kept}, dev_));
-  ops::grouped_linear_forward(efch, xp, param(l, R::ExpertGateUpW, P, pt_), rows, E_);
-  ops::swiglu_forward(eact, efch);
-  ops::grouped_linear_forward(ey, eact, param(l, R::ExpertDownW, P, pt_), rows, E_);
   if (Fsl_ > 0) {  // the shared expert, every row; its gate's logits
     const Tensor fch = mat(a.fch, pt_, N_, 2 * Fsl_), act = mat(a.fch_act, pt_, N_, Fsl_);
     ops::linear_forward(fch, x, param(l, R::SharedFcW, P, pt_), Tensor());
@@ -88,6 +96,29 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, bool project) {
       ops::gemm(mat(a.sgate, DType::F32, N_, 1), x, param(l, R::SharedGateW, P, pt_), gg);
     }
   }
+  release(hook, mlp_[size_t(l)]);
+  // The experts: their rows gathered in the plan's order (and sent to their ranks), gate|up,
+  // SwiGLU, down (and the outputs sent back).
+  const Tensor moe_rows = Tensor(a.moe_rows, DType::I32, {kept}, dev_);
+  if (ep_size_ > 1) {
+    ops::gather_rows(mat(ep_send_, pt_, kept, C_), x, moe_rows);
+    ep_exchange_counts(s, l);
+    ep_to_experts(s, l, ep_send_, a.xp, C_);
+  } else {
+    ops::gather_rows(mat(a.xp, pt_, kept, C_), x, moe_rows);
+  }
+  const int ue = experts_[size_t(l)];
+  void* PE = acquire(hook, ue);
+  const int64_t rows = local_rows(s, l);
+  const int64_t* per = local_counts(s, l);
+  const Tensor xp = mat(a.xp, pt_, rows, C_), efch = mat(a.efch, pt_, rows, 2 * Fel_);
+  const Tensor eact = mat(a.eact, pt_, rows, Fel_);
+  const Tensor ey = mat(ep_size_ > 1 ? ep_out_ : a.ey, pt_, rows, C_);
+  ops::grouped_linear_forward(efch, xp, param(l, R::ExpertGateUpW, PE, pt_), per, El_);
+  ops::swiglu_forward(eact, efch);
+  ops::grouped_linear_forward(ey, eact, param(l, R::ExpertDownW, PE, pt_), per, El_);
+  release(hook, ue);
+  if (ep_size_ > 1) ep_from_experts(s, l, ep_out_, a.ey, C_);
   // This rank's partial output: the gate-weighted experts plus the (gated) shared expert, summed
   // over the group into res3. A recompute needs only the gate's sigmoid of it (res3 is kept).
   void* out = project ? a.res3 : moe_part_;
@@ -111,6 +142,109 @@ int64_t TransformerImpl::kept_rows(const Slot& s, int l) const {
   int64_t kept = 0;
   for (int64_t n : s.expert_counts[size_t(l - l0_)]) kept += n;
   return kept;
+}
+
+int64_t TransformerImpl::local_rows(const Slot& s, int l) const {
+  if (ep_size_ == 1) return kept_rows(s, l);
+  int64_t rows = 0;
+  for (int64_t n : s.ep_rows[size_t(l - l0_)]) rows += n;
+  return rows;
+}
+
+const int64_t* TransformerImpl::local_counts(const Slot& s, int l) const {
+  return ep_size_ > 1 ? s.ep_rows[size_t(l - l0_)].data() : s.expert_counts[size_t(l - l0_)].data();
+}
+
+// Each rank sends rank j the counts of j's experts (the plan's counts are by global expert, so
+// block j of them); what arrives is, per sender, the rows it routes to each of this rank's experts.
+void TransformerImpl::ep_exchange_counts(Slot& s, int l) {
+  const size_t b = size_t(l - l0_);
+  std::vector<int64_t>& got = s.ep_counts[b];
+  std::vector<int64_t>& rows = s.ep_rows[b];
+  if (ep_ != nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ep_->all_to_all(counts32_.data(), ep_counts32_.data(), size_t(El_), DType::I32);
+    ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {  // a dry run: no rows arrive
+    std::fill(ep_counts32_.begin(), ep_counts32_.end(), 0);
+  }
+  std::fill(rows.begin(), rows.end(), 0);
+  for (size_t i = 0; i < got.size(); ++i) {
+    got[i] = ep_counts32_[i];
+    rows[i % size_t(El_)] += got[i];
+  }
+  STRATA_CHECK(local_rows(s, l) <= R_, "expert-parallel rank ", spec_.ep.rank, " received ",
+               local_rows(s, l), " rows for its experts, more than the ", R_, " it holds room for");
+}
+
+// The all-to-all-v's counts, in elements of `width` per row: to the experts' ranks (each rank's
+// block of the plan's counts out, the senders' rows to this rank's experts in), or back.
+void TransformerImpl::ep_set_counts(const Slot& s, int l, int64_t width, bool to_experts) {
+  const size_t b = size_t(l - l0_), P = size_t(ep_size_);
+  for (size_t j = 0; j < P; ++j) {
+    int64_t mine = 0, theirs = 0;  // rows this rank routes to j's experts; rows j routes here
+    for (size_t e = 0; e < size_t(El_); ++e) {
+      mine += s.expert_counts[b][j * size_t(El_) + e];
+      theirs += s.ep_counts[b][j * size_t(El_) + e];
+    }
+    ep_v_counts_[to_experts ? j : P + j] = size_t(mine * width);
+    ep_v_counts_[to_experts ? P + j : j] = size_t(theirs * width);
+  }
+}
+
+// Rows received from the ranks in turn (each rank's rows by expert) against the same rows grouped
+// by expert (each expert's rows by sending rank): the gather index from the first order into the
+// second (to_experts), or back.
+Tensor TransformerImpl::ep_permutation(const Slot& s, int l, bool to_experts) {
+  const std::vector<int64_t>& got = s.ep_counts[size_t(l - l0_)];
+  const int64_t rows = local_rows(s, l);
+  int32_t* idx = ep_idx_host_.data();
+  int64_t at = 0;  // position in the expert order
+  for (int e = 0; e < El_; ++e) {
+    int64_t from = 0;  // the first row of sender r's rows for expert e, in the senders' order
+    for (int r = 0; r < ep_size_; ++r) {
+      const int64_t* sent = got.data() + size_t(r) * size_t(El_);
+      int64_t base = from;
+      for (int k = 0; k < e; ++k) base += sent[k];
+      for (int64_t i = 0; i < sent[e]; ++i, ++at) {
+        if (to_experts) {
+          idx[at] = int32_t(base + i);
+        } else {
+          idx[base + i] = int32_t(at);
+        }
+      }
+      for (int k = 0; k < El_; ++k) from += sent[k];
+    }
+  }
+  const Tensor t(ep_idx_, DType::I32, {rows}, dev_);
+  ops::copy_from_host(t, idx);
+  return t;
+}
+
+void TransformerImpl::ep_to_experts(const Slot& s, int l, const void* plan_rows, void* local,
+                                    int64_t width) {
+  const int64_t rows = local_rows(s, l);
+  ep_set_counts(s, l, width, true);
+  if (ep_ != nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ep_->all_to_all_v(plan_rows, ep_recv_, ep_v_counts_.data(), pt_);
+    ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  ops::gather_rows(mat(local, pt_, rows, width), mat(ep_recv_, pt_, rows, width),
+                   ep_permutation(s, l, true));
+}
+
+void TransformerImpl::ep_from_experts(const Slot& s, int l, const void* local, void* plan_rows,
+                                      int64_t width) {
+  const int64_t rows = local_rows(s, l);
+  ops::gather_rows(mat(ep_recv_, pt_, rows, width), mat(const_cast<void*>(local), pt_, rows, width),
+                   ep_permutation(s, l, false));
+  ep_set_counts(s, l, width, false);
+  if (ep_ != nullptr) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ep_->all_to_all_v(ep_recv_, plan_rows, ep_v_counts_.data(), pt_);
+    ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
 }
 
 void TransformerImpl::take_expert_tokens(std::vector<double>& tokens) {
@@ -184,22 +318,27 @@ Tensor TransformerImpl::moe_coef(const Slot& s, int l) {
   return coef;
 }
 
-// dres (Ns, C): on entry the gradient of the block's output; the MoE MLP's input gradient goes to
-// dln (Ns, C). fuse: the weight gradients too (G: the unit's), else the stash keeps what the
-// weight half needs.
-void TransformerImpl::moe_backward(Slot& s, int l, void* P, void* G, const BlockStash& st,
-                                   void* dln, bool fuse) {
+// dres (Ns, C): on entry the gradient of the block's output; on exit that of the MLP's input res2
+// (the MLP branch's gradient plus the residual's); dln (Ns, C) receives the gradient of the norm's
+// output on the way. fuse: the weight gradients too (each unit's reported done), else the stash
+// keeps what the weight half needs.
+void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockStash& st, void* dln,
+                                   bool fuse) {
   const BlockActs& a = s.blocks[size_t(l - l0_)];
   using R = ParamRole;
-  const int64_t* rows = s.expert_counts[size_t(l - l0_)].data();
+  const int um = mlp_[size_t(l)], ue = experts_[size_t(l)];
   // The output's gradient on every row, through the row-parallel mapping's backward half.
   const Tensor dy = sp_ ? reduce_scatter_to_sp::backward(*tp_, full(part_), hid(dres_))
                         : reduce_from::backward(*tp_, hid(dres_));
   const Tensor gates = mat(a.moe_gates, DType::F32, N_, K_);
   const Tensor plan = mat(a.moe_pos, DType::I32, N_, K_);
-  const Tensor dey = mat(fuse ? dey_ : st.dey, pt_, NK_, C_);
+  // The experts' output gradients in the plan's order (this rank's rows), then grouped by expert
+  // on the rows this rank's experts took: one buffer without expert parallelism.
+  void* dey_local = fuse ? dey_ : st.dey;
+  void* dey_plan = ep_size_ > 1 ? ep_send_ : dey_local;
   const Tensor dgates = f32(dgw_, N_ * K_), dsgate = f32(dgw_ + N_ * K_, N_);
-  ops::moe_combine_backward(dey, dgates, dy, mat(a.ey, pt_, NK_, C_), plan, gates);
+  ops::moe_combine_backward(mat(dey_plan, pt_, NK_, C_), dgates, dy, mat(a.ey, pt_, NK_, C_), plan,
+                            gates);
   const Tensor ds = full(fuse ? dshared_ : st.dfc2);
   if (Fsl_ > 0 && cfg_.moe.shared_gate) {
     ops::moe_gate_backward(ds, dsgate, dy, full(a.sout), f32(a.sgate, N_));
@@ -216,30 +355,40 @@ void TransformerImpl::moe_backward(Slot& s, int l, void* P, void* G, const Block
                           f32(a.router_lse, N_), mat(a.moe_top, DType::I32, N_, K_), gates,
                           moe_coef(s, l), T_, z, route_);
   if (!fuse && cfg_.moe.shared_gate) ops::copy(f32(st.dsgate, N_), dsgate);
-  // The experts, backward: down, SwiGLU, gate|up.
-  // The experts' rows: the N·k choices but those dropped.
-  const int64_t kept = kept_rows(s, l);
-  const Tensor dek = mat(dey.data, pt_, kept, C_);
-  const Tensor deact = mat(deact_, pt_, kept, Fel_);
-  const Tensor defch = mat(fuse ? defch_ : st.defch, pt_, kept, 2 * Fel_);
-  const Tensor wdown = param(l, R::ExpertDownW, P, pt_), wgu = param(l, R::ExpertGateUpW, P, pt_);
-  ops::grouped_linear_backward_input(deact, dek, wdown, rows, E_);
+  // The experts, backward: down, SwiGLU, gate|up; their unit first (it follows the MLP's in the
+  // flat order, so it is reported done first).
+  if (ep_size_ > 1) ep_to_experts(s, l, dey_plan, dey_local, C_);
+  const int64_t rows = local_rows(s, l);
+  const int64_t* per = local_counts(s, l);
+  void* PE = acquire(hook, ue);
+  void* GE = fuse ? grads_of(hook, ue) : nullptr;
+  const Tensor dek = mat(dey_local, pt_, rows, C_);
+  const Tensor deact = mat(deact_, pt_, rows, Fel_);
+  const Tensor defch = mat(fuse ? defch_ : st.defch, pt_, rows, 2 * Fel_);
+  ops::grouped_linear_backward_input(deact, dek, param(l, R::ExpertDownW, PE, pt_), per, El_);
   if (fuse) {
-    ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, G), dek,
-                                        mat(a.eact, pt_, kept, Fel_), rows, E_);
+    ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, GE), dek,
+                                        mat(a.eact, pt_, rows, Fel_), per, El_);
   }
-  ops::swiglu_backward(defch, deact, mat(a.efch, pt_, kept, 2 * Fel_));
-  ops::grouped_linear_backward_input(mat(dxp_, pt_, kept, C_), defch, wgu, rows, E_);
+  ops::swiglu_backward(defch, deact, mat(a.efch, pt_, rows, 2 * Fel_));
+  ops::grouped_linear_backward_input(mat(dxp_, pt_, rows, C_), defch,
+                                     param(l, R::ExpertGateUpW, PE, pt_), per, El_);
+  if (fuse) {
+    ops::grouped_linear_backward_weight(grad(l, R::ExpertGateUpW, GE), defch,
+                                        mat(a.xp, pt_, rows, C_), per, El_);
+  }
+  release(hook, ue);
+  if (fuse) done(hook, ue, true);
+  if (ep_size_ > 1) ep_from_experts(s, l, dxp_, ep_send_, C_);
+  // The MLP unit: the input gradient (N, C), a partial sum over the group: the experts' rows
+  // summed back to their tokens, the shared expert's, the gate's and the router's (these two
+  // where moe_input_rows says).
+  void* P = acquire(hook, um);
+  void* G = nullptr;
+  if (fuse) begin_partials(um), G = grads_of(hook, um);
   const Tensor x = fuse ? column_input(mlp_input(a)) : Tensor();
-  if (fuse) {
-    ops::grouped_linear_backward_weight(grad(l, R::ExpertGateUpW, G), defch,
-                                        mat(a.xp, pt_, kept, C_), rows, E_);
-  }
-  // The input gradient (N, C), a partial sum over the group: the experts' rows summed back to
-  // their tokens, the shared expert's, the gate's and the router's (these two where
-  // moe_input_rows says).
   const Tensor dfull = full(sp_ ? part_ : dln);
-  ops::moe_combine(dfull, mat(dxp_, pt_, NK_, C_), plan, Tensor());
+  ops::moe_combine(dfull, mat(ep_size_ > 1 ? ep_send_ : dxp_, pt_, NK_, C_), plan, Tensor());
   if (Fsl_ > 0) {
     const Tensor dact = mat(d_proj_in_, pt_, N_, Fsl_);
     const Tensor dfch = mat(fuse ? d_wide_out_ : st.dfch, pt_, N_, 2 * Fsl_);
@@ -266,11 +415,18 @@ void TransformerImpl::moe_backward(Slot& s, int l, void* P, void* G, const Block
     }
   }
   if (fuse) moe_replicated_weight(l, G, dlogits, mat(dsgate.data, DType::F32, N_, 1), x);
-  // The column-parallel input's backward half.
+  // The column-parallel input's backward half, then the norm's.
   if (sp_) {
     gather_from_sp::backward(*tp_, hid(dln), dfull);
   } else {
     copy_to::backward(*tp_, dfull);
+  }
+  norm_backward(param(l, R::Norm2W, P, pt_), grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), dln,
+                a.res2, a.ln2_mean, a.ln2_rstd, fuse);
+  release(hook, um);
+  if (fuse) {
+    settle_partials(um, G);
+    done(hook, um, true);
   }
 }
 
@@ -289,17 +445,22 @@ void TransformerImpl::moe_replicated_weight(int l, void* G, Tensor dlogits, Tens
   }
 }
 
-void TransformerImpl::moe_weight(Slot& s, int l, void* G, const BlockStash& st) {
+void TransformerImpl::moe_weight(Slot& s, int l, UnitHook* hook, const BlockStash& st) {
   const BlockActs& a = s.blocks[size_t(l - l0_)];
   using R = ParamRole;
-  const int64_t* rows = s.expert_counts[size_t(l - l0_)].data();
+  const int um = mlp_[size_t(l)], ue = experts_[size_t(l)];
+  const int64_t rows = local_rows(s, l);
+  const int64_t* per = local_counts(s, l);
+  void* GE = grads_of(hook, ue);
+  ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, GE), mat(st.dey, pt_, rows, C_),
+                                      mat(a.eact, pt_, rows, Fel_), per, El_);
+  ops::grouped_linear_backward_weight(grad(l, R::ExpertGateUpW, GE),
+                                      mat(st.defch, pt_, rows, 2 * Fel_), mat(a.xp, pt_, rows, C_),
+                                      per, El_);
+  done(hook, ue, true);
+  begin_partials(um);
+  void* G = grads_of(hook, um);
   const Tensor x = column_input(mlp_input(a));
-  const int64_t kept = kept_rows(s, l);
-  ops::grouped_linear_backward_weight(grad(l, R::ExpertDownW, G), mat(st.dey, pt_, kept, C_),
-                                      mat(a.eact, pt_, kept, Fel_), rows, E_);
-  ops::grouped_linear_backward_weight(grad(l, R::ExpertGateUpW, G),
-                                      mat(st.defch, pt_, kept, 2 * Fel_), mat(a.xp, pt_, kept, C_),
-                                      rows, E_);
   if (Fsl_ > 0) {
     ops::linear_backward_weight(grad(l, R::SharedFc2W, G), Tensor(), full(st.dfc2),
                                 mat(a.fch_act, pt_, N_, Fsl_));
@@ -308,6 +469,10 @@ void TransformerImpl::moe_weight(Slot& s, int l, void* G, const BlockStash& st) 
   }
   moe_replicated_weight(l, G, mat(st.dlogits, DType::F32, N_, E_),
                         mat(st.dsgate, DType::F32, N_, 1), x);
+  norm_weight(grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), st.dln2, a.res2, a.ln2_mean,
+              a.ln2_rstd);
+  settle_partials(um, G);
+  done(hook, um, true);
 }
 
 }  // namespace strata::model_detail

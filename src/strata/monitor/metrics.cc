@@ -324,6 +324,7 @@ void MetricsLog::write(const StepMetrics& s, double peak_gflops, std::optional<d
   j["cross_group_bytes"] = s.cross_group_bytes;
   j["tp_comm_s"] = s.tp_comm_s;
   j["tp_bytes"] = s.tp_bytes;
+  if (s.ep_comm_s >= 0) j["ep_comm_s"] = s.ep_comm_s;
   j["recompute_s"] = s.recompute_s;
   j["pipeline_wait_s"] = s.pipeline_wait_s;
   if (!s.recompute_block_s.empty()) {

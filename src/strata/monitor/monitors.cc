@@ -44,6 +44,7 @@ monitor::Scalars step_scalars(const StepMetrics& s, double peak_gflops,
   v.push_back({p + "comm_exposed_s", s.comm_exposed_s});
   v.push_back({p + "gather_exposed_s", s.gather_exposed_s});
   v.push_back({p + "tp_comm_s", s.tp_comm_s});
+  if (s.ep_comm_s >= 0) v.push_back({p + "ep_comm_s", s.ep_comm_s});
   for (int c = 0; c < kNumMemCategories; ++c) {
     v.push_back({p + "memory/" + mem_category_name(MemCategory(c)) + "_bytes",
                  double(s.peak_bytes[size_t(c)])});

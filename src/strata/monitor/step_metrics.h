@@ -37,9 +37,11 @@ struct StepMetrics {
   // the rest of the step (norm, clipping, optimizer, zeroing).
   double forward_s = 0.0, backward_s = 0.0, optimizer_s = 0.0;
   double tokens_per_s = 0.0, trained_tokens_per_s = 0.0;
-  double flops = 0.0;             // matmul FLOPs of the step (peers' convention)
-  double comm_exposed_s = 0.0;    // time the step waited for gradient reductions
-  double tp_comm_s = 0.0;         // time spent in tensor-parallel collectives (all exposed)
+  double flops = 0.0;           // matmul FLOPs of the step (peers' convention)
+  double comm_exposed_s = 0.0;  // time the step waited for gradient reductions
+  double tp_comm_s = 0.0;       // time spent in tensor-parallel collectives (all exposed)
+  // Expert parallelism: time in the MoE layers' all-to-alls (all exposed); -1 without it.
+  double ep_comm_s = -1.0;
   uint64_t tp_bytes = 0;          // bytes this rank put on the wire in tensor-parallel groups
   double gather_exposed_s = 0.0;  // ZeRO-3: time forward and backward waited for gathers
   // Activation checkpointing: time spent recomputing (inside backward_s); per model block with

@@ -11,19 +11,28 @@
 namespace strata {
 
 const std::vector<std::string>& straggler_phases() {
-  static const std::vector<std::string> p = {"step_s",          "forward_s",        "backward_s",
-                                             "comm_exposed_s",  "gather_exposed_s", "tp_comm_s",
-                                             "pipeline_wait_s", "optimizer_s",      "busy_s"};
+  static const std::vector<std::string> p = {
+      "step_s",    "forward_s",       "backward_s",  "comm_exposed_s", "gather_exposed_s",
+      "tp_comm_s", "pipeline_wait_s", "optimizer_s", "ep_comm_s",      "busy_s"};
   return p;
 }
 
 namespace {
 
 std::vector<double> phase_values(const StepMetrics& s) {
-  const double waits = s.comm_exposed_s + s.gather_exposed_s + s.tp_comm_s + s.pipeline_wait_s;
-  return {s.seconds,         s.forward_s,        s.backward_s,
-          s.comm_exposed_s,  s.gather_exposed_s, s.tp_comm_s,
-          s.pipeline_wait_s, s.optimizer_s,      std::max(0.0, s.seconds - waits)};
+  // Waiting in collectives is not work: a rank that waits for a slow one is not slow itself.
+  const double ep = std::max(0.0, s.ep_comm_s);
+  const double waits = s.comm_exposed_s + s.gather_exposed_s + s.tp_comm_s + s.pipeline_wait_s + ep;
+  return {s.seconds,
+          s.forward_s,
+          s.backward_s,
+          s.comm_exposed_s,
+          s.gather_exposed_s,
+          s.tp_comm_s,
+          s.pipeline_wait_s,
+          s.optimizer_s,
+          ep,
+          std::max(0.0, s.seconds - waits)};
 }
 
 double median(std::vector<double> v) {

@@ -67,6 +67,7 @@ ChunkOptions chunk_options(const ExecutorOptions& o, const StagePlan& plan, cons
   c.defer_weight = cs.defer_weight;
   c.recompute = o.recompute;
   c.context = o.context;
+  c.experts = o.experts;
   return c;
 }
 
@@ -83,7 +84,8 @@ void dry_run_stage(const ExecutorOptions& o, const StagePlan& plan, const ModelS
   for (int k = 0; k < o.virtual_stages; ++k) {
     ChunkOptions c = chunk_options(o, plan, cs, k);
     c.recompute.partition = false, c.recompute.host = false;  // no communicator, no host pool
-    c.context = {};  // the units' order does not depend on the sequence's split
+    c.context = {};       // the units' order does not depend on the sequence's split
+    c.experts = nullptr;  // nor on where the experts' rows go
     chunks.push_back(
         make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 1, c, &shape));
   }

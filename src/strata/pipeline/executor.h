@@ -28,11 +28,12 @@ namespace strata::pipeline {
 struct ExecutorOptions {
   ScheduleKind schedule = ScheduleKind::OneFOneB;  // the generator, with stages > 1
   int stages = 1, stage = 0;
-  int virtual_stages = 1;           // model chunks per stage (1 without a pipeline)
-  int micro_batches = 1;            // per step: the gradient accumulation steps
-  int micro_batch = 1;              // B: sequences per micro-batch
-  int64_t seq_len = 1, hidden = 1;  // seq_len: this rank's rows of a sequence (T/cp)
-  ContextOptions context;           // context parallelism (the model chunks' attention)
+  int virtual_stages = 1;                 // model chunks per stage (1 without a pipeline)
+  int micro_batches = 1;                  // per step: the gradient accumulation steps
+  int micro_batch = 1;                    // B: sequences per micro-batch
+  int64_t seq_len = 1, hidden = 1;        // seq_len: this rank's rows of a sequence (T/cp)
+  ContextOptions context;                 // context parallelism (the model chunks' attention)
+  comm::Communicator* experts = nullptr;  // expert parallelism's group (ChunkOptions::experts)
   DType param_dtype = DType::F32, grad_dtype = DType::F32;
   RecomputeOptions recompute;
   int timeout_s = 600;  // how long a receive waits for its message (parallelism.timeout_s)

@@ -57,6 +57,7 @@ Layout layout_of(const ModelSpec& spec) {
         break;
       case UnitKind::Attention:
       case UnitKind::Mlp:
+      case UnitKind::Experts:
         STRATA_CHECK(unit.layer >= 0 && unit.layer < L, "unit ", unit.name, " has layer ",
                      unit.layer);
         if (out.block_unit[size_t(unit.layer)] < 0) out.block_unit[size_t(unit.layer)] = int(u);
@@ -170,6 +171,8 @@ UnitFlops unit_flops(const ModelSpec& spec) {
       out.block[size_t(u.layer)] += matmul + 4.0 * T * T * held;
     } else if (u.kind == UnitKind::Mlp) {
       out.block[size_t(u.layer)] += matmul;
+    } else if (u.kind == UnitKind::Experts) {  // a token passes through top_k of the experts
+      out.block[size_t(u.layer)] += matmul * double(m.moe.top_k) / double(spec.ep.experts);
     } else if (u.kind == UnitKind::FinalNorm) {
       out.head += matmul;
     }

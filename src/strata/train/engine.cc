@@ -39,11 +39,16 @@ pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& 
                              p.partition_blocks);
 }
 
-ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* tp,
-                     const comm::Communicator* pp, pipeline::StagePlan& plan) {
+// dp: the data × context-parallel group, whose consecutive ranks form the expert-parallel
+// groups (Engine::ep_comm_).
+ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* dp,
+                     const comm::Communicator* tp, const comm::Communicator* pp,
+                     pipeline::StagePlan& plan) {
+  check_expert_grid(cfg, dp != nullptr ? dp->size() : 1);
+  const int ep_rank = dp != nullptr ? dp->rank() % cfg.parallelism.expert : 0;
   return stage_model_spec(cfg, shard, tp != nullptr ? tp->size() : 1,
                           tp != nullptr ? tp->rank() : 0, pp != nullptr ? pp->size() : 1,
-                          pp != nullptr ? pp->rank() : 0, plan);
+                          pp != nullptr ? pp->rank() : 0, plan, ep_rank);
 }
 
 // ZeRO's options; at stage 3 with the gather order of this stage's whole step (every action of
@@ -85,8 +90,10 @@ pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int sta
 }
 
 ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages, int stage,
-                           pipeline::StagePlan& plan) {
-  ModelSpec full = build_model_spec(cfg.model, shard, tp, tp_rank);
+                           pipeline::StagePlan& plan, int ep_rank) {
+  ModelSpec full =
+      build_model_spec(cfg.model, shard, tp, tp_rank,
+                       cfg.model.moe.experts > 0 ? cfg.parallelism.expert : 1, ep_rank);
   set_weight_decay(cfg.optimizer, full);
   plan = plan_chunks(full, cfg.parallelism, stages);
   if (stages == 1) return full;
@@ -127,7 +134,7 @@ void check_pipeline_layout(const Config& cfg, int stages) {
 Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Communicator* dp,
                comm::Communicator* tp, comm::Communicator* pp, comm::Communicator* cp)
     : cfg_(cfg),
-      spec_(stage_spec(cfg, shard_size(cfg, dp), tp, pp, plan_)),
+      spec_(stage_spec(cfg, shard_size(cfg, dp), dp, tp, pp, plan_)),
       dp_(dp),
       tp_comm_(tp),
       pp_comm_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
@@ -152,6 +159,15 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     kv_comm_->set_timeout(tp_comm_->timeout());
   }
   tp_ = std::make_unique<tp::Group>(tp_comm_, kv_comm_.get(), cfg.parallelism.sequence_parallel);
+  if (spec_.ep.size > 1) {
+    // Expert parallelism: groups of ep consecutive ranks of the data × context-parallel group
+    // hold the experts between them (the group's rank is the spec's expert-parallel rank); the
+    // ranks with the same place in their groups hold the same experts and sum their gradients.
+    const int ep = spec_.ep.size;
+    ep_comm_ = dp_->split(dp_rank_ / ep, dp_rank_, "ep");
+    edp_comm_ = dp_->split(dp_rank_ % ep, dp_rank_, "edp");
+    for (comm::Communicator* c : {ep_comm_.get(), edp_comm_.get()}) c->set_timeout(dp_->timeout());
+  }
   replicated_ = replicated_ranges(spec_);
   STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0 &&
                    cfg_.train_batch_size == cfg_.train_micro_batch_size_per_gpu *
@@ -189,7 +205,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     // elements (a pure function of seed, name and index), then the units are gathered.
     sync_ = std::make_unique<ZeroSync>(*shard_, replica_comm_.get(), spec_,
                                        zero_options_of(cfg_, spec_, plan_, stage_, stages_),
-                                       params_.data(), grads_.data());
+                                       params_.data(), grads_.data(), edp_comm_.get());
     const ZeroPartition& part = sync_->partition();
     optimizer_ =
         std::make_unique<Optimizer>(cfg_.optimizer, pt, gt, sync_->optimizer_params(), spec_.numel,
@@ -227,8 +243,13 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
 
   pipeline::ExecutorOptions eo = executor_options(cfg_, stage_, stages_);
   eo.context.rank = cp_rank_, eo.context.comm = cp_comm_;
+  eo.experts = ep_comm_.get();
   pipe_ = std::make_unique<pipeline::Executor>(eo, plan_, spec_, params_.data(), grads_.data(),
                                                *tp_, pp_comm_, faults_);
+  if (m.moe.experts > 0 && m.moe.router == "sigmoid") {
+    expert_bias_.assign(size_t(m.layers) * size_t(m.moe.experts), 0.0f);
+    for (auto& c : pipe_->chunks()) c->set_expert_bias(expert_bias_.data());
+  }
   // A tied vocabulary on two stages is counted half on each in the gradient norm.
   if (pipe_->tied_numel() > 0) replicated_.push_back({0, pipe_->tied_numel(), 2});
   const size_t local_samples =
@@ -245,14 +266,16 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   flops_per_token_ = train_flops_per_token(spec_);
   // The reductions that overlap backward run beside the compute thread's blocking tensor- and
   // context-parallel collectives: poll them rather than spin (Communicator::set_polled_background).
-  const bool beside = (tp_comm_ != nullptr && tp_comm_->size() > 1) || cp_comm_ != nullptr;
-  for (comm::Communicator* c : {dp_, shard_comm_.get(), replica_comm_.get()}) {
+  const bool beside =
+      (tp_comm_ != nullptr && tp_comm_->size() > 1) || cp_comm_ != nullptr || ep_comm_ != nullptr;
+  for (comm::Communicator* c : {dp_, shard_comm_.get(), replica_comm_.get(), edp_comm_.get()}) {
     if (c != nullptr) c->set_polled_background(beside);
   }
   if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
     ZeroOptions o = zero_options(cfg_);
     o.stage = 0;
-    sync_ = std::make_unique<ZeroSync>(*dp_, nullptr, spec_, o, params_.data(), grads_.data());
+    sync_ = std::make_unique<ZeroSync>(*dp_, nullptr, spec_, o, params_.data(), grads_.data(),
+                                       edp_comm_.get());
   }
 }
 
@@ -279,7 +302,7 @@ void Engine::gather_params(void* out) {
 
 uint64_t Engine::wire_bytes() const {
   uint64_t b = dp_ != nullptr ? dp_->wire_bytes() : 0;
-  for (const auto* c : {&shard_comm_, &replica_comm_}) {
+  for (const auto* c : {&shard_comm_, &replica_comm_, &edp_comm_}) {
     if (*c) b += (*c)->wire_bytes();
   }
   return b;
@@ -411,6 +434,7 @@ Engine::Reduced Engine::reduce_gradients(double local_loss_sum) {
     r.aux_loss = sum_over_pp_dp(aux) / double(cfg_.train_batch_size);
     r.loss_sum += r.aux_loss * double(trained_tokens_);
     sum_expert_tokens();
+    update_expert_bias();
   }
   if (pp_comm_ != nullptr) {
     r.stage_sum_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
@@ -442,6 +466,27 @@ void Engine::sum_expert_tokens() {
   expert_tokens_.resize(at);
 }
 
+// The auxiliary-loss-free balancing (DeepSeek-V3's, Megatron's moe_router_bias_update_rate): each
+// MoE layer's bias moves by the rate towards the expert that took fewer than its layer's mean of
+// the global batch's tokens, away from one that took more. The counts are the global batch's on
+// every rank, so every rank and layout moves it alike.
+void Engine::update_expert_bias() {
+  const MoeConfig& moe = cfg_.model.moe;
+  if (expert_bias_.empty() || moe.expert_bias_update_rate <= 0) return;
+  const int E = moe.experts;
+  for (size_t i = 0; i < expert_layers_.size(); ++i) {
+    const double* load = expert_tokens_.data() + i * size_t(E);
+    double mean = 0.0;
+    for (int e = 0; e < E; ++e) mean += load[e];
+    mean /= E;
+    float* bias = expert_bias_.data() + size_t(expert_layers_[i]) * size_t(E);
+    for (int e = 0; e < E; ++e) {
+      if (load[e] < mean) bias[e] += moe.expert_bias_update_rate;
+      if (load[e] > mean) bias[e] -= moe.expert_bias_update_rate;
+    }
+  }
+}
+
 Engine::Update Engine::update_parameters() {
   // Under ZeRO each rank holds the reduced gradients of its owned chunks only: Σ g² over them,
   // summed over the shard group.
@@ -470,7 +515,9 @@ void Engine::enter_phase(KillPhase phase, int64_t step, const char* activity) {
 
 Engine::Probe Engine::begin_probe() {
   MemoryTracker::instance().reset_peaks();
-  for (auto& c : pipe_->chunks()) c->take_tp_seconds(), c->take_recompute_seconds();
+  for (auto& c : pipe_->chunks()) {
+    c->take_tp_seconds(), c->take_recompute_seconds(), c->take_ep_seconds();
+  }
   return {std::chrono::steady_clock::now(), wire_bytes(), tp_wire_bytes(),
           replica_comm_ ? replica_comm_->wire_bytes() : 0};
 }
@@ -481,8 +528,10 @@ StepMetrics Engine::step_metrics(const Probe& probe, const pipeline::Executor::P
   StepMetrics s;
   const bool profile = cfg_.activation_checkpointing.profile;
   if (profile) recompute_block_s_.assign(size_t(cfg_.model.layers), 0.0);  // sized once
+  if (ep_comm_ != nullptr) s.ep_comm_s = 0.0;
   for (auto& c : pipe_->chunks()) {
     s.tp_comm_s += c->take_tp_seconds();
+    if (ep_comm_ != nullptr) s.ep_comm_s += c->take_ep_seconds();
     s.recompute_s += c->take_recompute_seconds(profile ? &recompute_block_s_ : nullptr);
   }
   s.recompute_block_s = recompute_block_s_;

@@ -56,8 +56,10 @@ void check_pipeline_layout(const Config& cfg, int stages);
 // stage holds (all of them for one stage; the vocabulary units too on the last stage with tied
 // embeddings), padded for a shard group of `shard` ranks. `plan` receives every global chunk's
 // units.
+// ep_rank: the rank's place in its expert-parallel group (parallelism.expert; the model.moe
+// experts it holds).
 ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages, int stage,
-                           pipeline::StagePlan& plan);
+                           pipeline::StagePlan& plan, int ep_rank = 0);
 // The executor's options for stage `stage` of `stages` (one stage: no pipeline).
 pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int stages);
 
@@ -174,6 +176,10 @@ class Engine {
   std::vector<int> expert_layers_;
   std::vector<double> expert_tokens_;
   std::vector<float> expert_sum_;  // the sum's buffer
+  // The sigmoid router's expert bias (layers · experts; the dense layers' rows unused), the same
+  // on every rank; moved once per step by update_expert_bias (model.moe.expert_bias_update_rate).
+  std::vector<float> expert_bias_;
+  void update_expert_bias();
   std::unique_ptr<Optimizer> optimizer_;
   LossScaler scaler_;
   Buffer inputs_, targets_;     // this rank's token ids of a global batch (local samples, seq_len)
@@ -193,6 +199,9 @@ class Engine {
                                                          const int32_t* targets);
   comm::Communicator* tp_comm_ = nullptr;
   std::unique_ptr<comm::Communicator> kv_comm_;  // ranks sharing key/value heads (kv_heads < tp)
+  // Expert parallelism (parallelism.expert > 1): the group this rank's MoE layers dispatch over,
+  // and the expert-data-parallel group that holds the same experts (both inside dp_).
+  std::unique_ptr<comm::Communicator> ep_comm_, edp_comm_;
   std::unique_ptr<tp::Group> tp_;
   std::vector<ReplicatedRange> replicated_;  // counted once in the gradient norm
   comm::Communicator* pp_comm_ = nullptr;    // the pipeline group (null for one stage)

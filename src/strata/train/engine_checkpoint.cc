@@ -44,6 +44,7 @@ std::string Engine::layout_name() const {
   std::string s = "dp " + std::to_string(data_size_);
   if (cp_size_ > 1) s += " x cp " + std::to_string(cp_size_) + " (" + p.context_impl + ")";
   s += " x tp " + std::to_string(tp) + " x pp " + std::to_string(stages_);
+  if (spec_.ep.size > 1) s += " x ep " + std::to_string(spec_.ep.size);
   if (stages_ > 1) s += " (" + p.schedule + ", virtual " + std::to_string(p.virtual_stages) + ")";
   s += ", ZeRO " + std::to_string(shard_ != nullptr ? cfg_.zero.stage : 0) + ", micro-batch " +
        std::to_string(cfg_.train_micro_batch_size_per_gpu) + " x " +
@@ -114,6 +115,11 @@ void Engine::save_checkpoint(const std::string& root) {
   const LossScaler::State sc = scaler_.state();
   m.scaler = {sc.scale, sc.iter, sc.last_overflow_iter, sc.hysteresis_left};
   m.layout = layout_name();
+  for (int l = 0; l < cfg_.model.layers && !expert_bias_.empty(); ++l) {
+    if (!cfg_.model.moe_layer(l)) continue;
+    const float* b = expert_bias_.data() + size_t(l) * size_t(cfg_.model.moe.experts);
+    m.expert_bias[l].assign(b, b + cfg_.model.moe.experts);
+  }
   for (const ParamSpec& p : spec_.params) {
     if (p.held) m.tensors[p.name] = p.global_shape;
   }
@@ -121,9 +127,13 @@ void Engine::save_checkpoint(const std::string& root) {
   const auto write_part = [&] {
     // One writer per element: ZeRO's owner (the first replica group's under MiCS), dp rank 0
     // without ZeRO; tp rank 0 of replicated elements; the first stage of a tied embedding.
+    // Expert parallelism without ZeRO: the first rank of each expert-data-parallel group writes
+    // its experts.
     const bool writer =
         shard_ != nullptr ? replica_comm_ == nullptr || replica_comm_->rank() == 0 : dp_rank_ == 0;
-    if (!writer) return;
+    const bool expert_writer =
+        shard_ != nullptr || edp_comm_ == nullptr ? writer : edp_comm_->rank() == 0;
+    if (!writer && !expert_writer) return;
     const int tr = tp_comm_ != nullptr ? tp_comm_->rank() : 0;
     const bool tied_copy = stages_ > 1 && stage_ == stages_ - 1 && cfg_.model.tied_embeddings;
     const char* const* moments = cfg_.optimizer.type == "sgd" ? kSgdKinds : kAdamKinds;
@@ -132,6 +142,8 @@ void Engine::save_checkpoint(const std::string& root) {
     for (const ParamRange& r : optimizer_->ranges()) {
       const ParamSpec& p = params.of(r);
       if (tied_copy && p.role == ParamRole::TokenEmbedding) continue;
+      const bool expert = p.role == ParamRole::ExpertGateUpW || p.role == ParamRole::ExpertDownW;
+      if (!(expert ? expert_writer : writer)) continue;
       const int64_t begin = r.offset - p.offset;
       const std::vector<Segment> segs = ckpt::global_segments(p, begin, r.numel);
       // Chunks of consecutive written segments (a replicated segment another rank writes
@@ -299,6 +311,14 @@ Engine::Resumed Engine::load_checkpoint(const std::string& path) {
            << " is static: it replaces the checkpoint's loss scale " << m.scaler.scale
            << (m.scaler.iter > 0 ? " (dynamic)" : "");
       out.notes.push_back(note.str());
+    }
+    // The sigmoid router's bias: the checkpoint's where it has one, else 0 (an import, or a
+    // checkpoint of a softmax router: the same model but for how it routes).
+    std::fill(expert_bias_.begin(), expert_bias_.end(), 0.0f);
+    for (const auto& [layer, bias] : m.expert_bias) {
+      if (expert_bias_.empty()) break;
+      std::copy(bias.begin(), bias.end(),
+                expert_bias_.begin() + int64_t(layer) * cfg_.model.moe.experts);
     }
     step_ = m.step;
     consumed_samples_ = m.consumed_samples;

@@ -18,10 +18,11 @@ double seconds_since(clock_type::time_point t0) {
 
 }  // namespace
 
-GradReducer::GradReducer(comm::Communicator& group, const ModelSpec& spec,
-                         const ZeroPartition* part, const ZeroOptions& o, const ZeroBuffers& bufs,
-                         void* flat, void* partition, void* slots)
+GradReducer::GradReducer(comm::Communicator& group, comm::Communicator* experts,
+                         const ModelSpec& spec, const ZeroPartition* part, const ZeroOptions& o,
+                         const ZeroBuffers& bufs, void* flat, void* partition, void* slots)
     : group_(group),
+      experts_(experts),
       part_(part),
       stage_(o.stage),
       grad_(o.grad_dtype),
@@ -33,24 +34,35 @@ GradReducer::GradReducer(comm::Communicator& group, const ModelSpec& spec,
       partition_(static_cast<char*>(partition)) {
   STRATA_CHECK((part_ == nullptr) == (stage_ == 0), "a partition exactly at stages 1-3");
   STRATA_CHECK((flat_ != nullptr) == (stage_ <= 1), "flat gradients exactly at stages 0-1");
+  auto expert = [&](int u) {
+    return experts_ != nullptr && units_[size_t(u)].kind == UnitKind::Experts;
+  };
   if (stage_ == 0 && o.bucket_elems == 0) {
     // reduce_bucket_size 0: DeepSpeed reduces every gradient on its own; here each unit.
     for (int u = int(units_.size()) - 1; u >= 0; --u) {
       const int64_t offset = units_[size_t(u)].offset, numel = units_[size_t(u)].numel;
-      if (numel > 0) ranges_.push_back({offset, offset + numel, -1});
+      if (numel > 0) ranges_.push_back({offset, offset + numel, -1, expert(u)});
     }
   } else if (stage_ == 0) {
     STRATA_CHECK(o.bucket_elems > 0, "reduce_bucket_size must not be negative");
-    for (int64_t end = spec.numel; end > 0;) {
-      const int64_t begin = std::max<int64_t>(0, end - o.bucket_elems);
-      ranges_.push_back({begin, end, -1});
-      end = begin;
+    // Buckets cut from the end of each run of units reduced over one group (the whole buffer
+    // without expert parallelism).
+    for (int last = int(units_.size()) - 1; last >= 0;) {
+      int first = last;
+      while (first > 0 && expert(first - 1) == expert(last)) --first;
+      const int64_t lo = units_[size_t(first)].offset;
+      for (int64_t end = units_[size_t(last)].offset + units_[size_t(last)].numel; end > lo;) {
+        const int64_t begin = std::max<int64_t>(lo, end - o.bucket_elems);
+        ranges_.push_back({begin, end, -1, expert(last)});
+        end = begin;
+      }
+      last = first - 1;
     }
   } else if (stage_ == 1) {
     for (int u = int(units_.size()) - 1; u >= 0; --u) {
       if (units_[size_t(u)].numel == 0) continue;  // on another pipeline stage
-      ranges_.push_back(
-          {units_[size_t(u)].offset, units_[size_t(u)].offset + units_[size_t(u)].numel, u});
+      ranges_.push_back({units_[size_t(u)].offset,
+                         units_[size_t(u)].offset + units_[size_t(u)].numel, u, expert(u)});
     }
   } else {
     char* at = static_cast<char*>(slots);
@@ -77,12 +89,12 @@ void GradReducer::issue(size_t r) {
   char* begin = flat_ + size_t(k.begin) * gs_;
   const ops::Event written =
       ops::record(ops::compute_stream());  // the backward that wrote the range
+  comm::Communicator& g = k.expert ? *experts_ : group_;
   if (stage_ == 0) {
-    pending_[r] = group_.all_reduce_async(begin, size_t(k.end - k.begin), grad_, wire_, written);
+    pending_[r] = g.all_reduce_async(begin, size_t(k.end - k.begin), grad_, wire_, written);
   } else {
-    pending_[r] =
-        group_.reduce_scatter_async(begin, flat_ + size_t(part_->chunk_begin(k.unit)) * gs_,
-                                    size_t(part_->chunk(k.unit)), grad_, wire_, written);
+    pending_[r] = g.reduce_scatter_async(begin, flat_ + size_t(part_->chunk_begin(k.unit)) * gs_,
+                                         size_t(part_->chunk(k.unit)), grad_, wire_, written);
   }
 }
 
@@ -103,9 +115,9 @@ void GradReducer::issue_slot(int unit) {
                " reported done without asking for gradients");
   const int64_t c = part_->chunk(unit);
   s.unit = unit;
-  s.pending =
-      group_.reduce_scatter_async(s.data, s.data + size_t(part_->rank() * c) * gs_, size_t(c),
-                                  grad_, wire_, ops::record(ops::compute_stream()));
+  s.pending = group_of(unit).reduce_scatter_async(
+      s.data, s.data + size_t(part_->group_rank(unit) * c) * gs_, size_t(c), grad_, wire_,
+      ops::record(ops::compute_stream()));
   if (!overlap_) settle(s);
 }
 
@@ -117,7 +129,7 @@ void GradReducer::settle(Slot& s) {
   wait_s_ += seconds_since(t0);
   const int64_t c = part_->chunk(s.unit);
   ops::add_inplace(Tensor(partition_ + size_t(part_->packed_offset(s.unit)) * gs_, grad_, {c}),
-                   Tensor(s.data + size_t(part_->rank() * c) * gs_, grad_, {c}));
+                   Tensor(s.data + size_t(part_->group_rank(s.unit) * c) * gs_, grad_, {c}));
   s.unit = -1;
 }
 

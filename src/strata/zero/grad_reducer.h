@@ -32,10 +32,12 @@ class GradReducer {
  public:
   // part: the shard group's partition (stages 1-3; nullptr at stage 0). flat: the flat gradients
   // (stages 0-1), partition: the gradient partition and slots: bufs.grad_slots bytes (stages
-  // 2-3). All outlive the reducer.
-  GradReducer(comm::Communicator& group, const ModelSpec& spec, const ZeroPartition* part,
-              const ZeroOptions& o, const ZeroBuffers& bufs, void* flat, void* partition,
-              void* slots);
+  // 2-3). experts: the expert-data-parallel group the Experts units are reduced over under expert
+  // parallelism (nullptr: group, as every other unit); a stage-0 bucket holds units of one group.
+  // All outlive the reducer.
+  GradReducer(comm::Communicator& group, comm::Communicator* experts, const ModelSpec& spec,
+              const ZeroPartition* part, const ZeroOptions& o, const ZeroBuffers& bufs, void* flat,
+              void* partition, void* slots);
 
   // Before each micro-batch's backward (or its forward: the same with one chunk): `boundary` for
   // the last backward of the accumulation over the units it reaches (under a pipeline schedule,
@@ -49,8 +51,9 @@ class GradReducer {
   void finish();
 
   struct Range {
-    int64_t begin, end;  // flat elements
-    int unit;            // stage 1: the unit; stage 0: -1 (a bucket)
+    int64_t begin, end;   // flat elements
+    int unit;             // stage 1: the unit; stage 0: -1 (a bucket)
+    bool expert = false;  // reduced over the expert-data-parallel group
   };
   // Stages 0-1: the ranges in issue order.
   const std::vector<Range>& ranges() const { return ranges_; }
@@ -70,6 +73,11 @@ class GradReducer {
   void settle(Slot& s);
 
   comm::Communicator& group_;
+  comm::Communicator* experts_;
+  comm::Communicator& group_of(int unit) const {
+    return experts_ != nullptr && units_[size_t(unit)].kind == UnitKind::Experts ? *experts_
+                                                                                 : group_;
+  }
   const ZeroPartition* part_;
   int stage_;
   DType grad_, wire_;

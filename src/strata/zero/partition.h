@@ -2,8 +2,9 @@
 // rank of a shard group of G ranks owns, where the chunks sit in the rank's packed partition, and
 // how many bytes each stage's buffers take. The model spec is built with align = G, so every
 // unit's flat range splits into G equal contiguous chunks and rank r owns chunk r of every unit.
-// Packed, the owned chunks of all units form a partition of numel/G elements; unit u's chunk sits
-// at u.offset/G in it.
+// Packed, the owned chunks of all units form a partition of numel/G elements, in unit order.
+// Under expert parallelism the Experts units are split into G/ep larger chunks over the
+// expert-data-parallel group (the ranks holding the same experts) instead.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +57,10 @@ struct ZeroBuffers {
                                  // (without reshard_after_forward: every gathered unit), at most
                                  // max_live / slot (at least 1)
 };
-ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOptions& o);
+// expert_size: the expert-data-parallel group's size, which the Experts units are sharded over
+// under expert parallelism (0: the shard group, as every other unit).
+ZeroBuffers zero_buffers(const ModelSpec& spec, int shard_size, const ZeroOptions& o,
+                         int expert_size = 0);
 
 // Stage 3 keeps units of at most stage3_param_persistence_threshold elements whole on every rank
 // (DeepSpeed applies the threshold per parameter; strata's unit of gathering is the unit).
@@ -65,16 +69,28 @@ bool persistent_unit(const UnitSpec& u, const ZeroOptions& o);
 class ZeroPartition {
  public:
   // The partition of rank `rank` in a shard group of `size`; spec built with align = size.
-  ZeroPartition(const ModelSpec& spec, int rank, int size);
+  // Under expert parallelism the Experts units are sharded over the expert-data-parallel group
+  // instead (expert_rank of expert_size, which divides size); expert_size 0: no such group.
+  ZeroPartition(const ModelSpec& spec, int rank, int size, int expert_rank = 0,
+                int expert_size = 0);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Whether the unit is sharded over the expert-data-parallel group; its group's size and this
+  // rank's place there.
+  bool expert(int unit) const {
+    return expert_size_ > 0 && units_[size_t(unit)].kind == UnitKind::Experts;
+  }
+  int group_size(int unit) const { return expert(unit) ? expert_size_ : size_; }
+  int group_rank(int unit) const { return expert(unit) ? expert_rank_ : rank_; }
   // Elements of every rank's chunk of the unit.
-  int64_t chunk(int unit) const { return units_[size_t(unit)].numel / size_; }
+  int64_t chunk(int unit) const { return units_[size_t(unit)].numel / group_size(unit); }
   // Flat offset of this rank's chunk of the unit.
-  int64_t chunk_begin(int unit) const { return units_[size_t(unit)].offset + rank_ * chunk(unit); }
+  int64_t chunk_begin(int unit) const {
+    return units_[size_t(unit)].offset + group_rank(unit) * chunk(unit);
+  }
   // Offset of the unit's chunk in the packed partition.
-  int64_t packed_offset(int unit) const { return units_[size_t(unit)].offset / size_; }
+  int64_t packed_offset(int unit) const { return packed_[size_t(unit)]; }
   // Every parameter's part inside an owned chunk, with state_offset its place in the packed
   // partition (padding belongs to no range): the Optimizer's ranges.
   const std::vector<ParamRange>& owned_ranges() const { return owned_ranges_; }
@@ -82,8 +98,9 @@ class ZeroPartition {
   const std::vector<UnitSpec>& units() const { return units_; }
 
  private:
-  int rank_, size_;
+  int rank_, size_, expert_rank_, expert_size_;
   std::vector<UnitSpec> units_;
+  std::vector<int64_t> packed_;  // by unit
   std::vector<ParamRange> owned_ranges_;
   int64_t owned_numel_ = 0;
 };

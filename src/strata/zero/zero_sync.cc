@@ -8,22 +8,30 @@
 namespace strata {
 
 std::unique_ptr<ZeroPartition> ZeroSync::make_partition(const comm::Communicator& shard,
+                                                        const comm::Communicator* experts,
                                                         const ModelSpec& spec, int stage) {
   if (stage == 0) return nullptr;
-  return std::make_unique<ZeroPartition>(spec, shard.rank(), shard.size());
+  return std::make_unique<ZeroPartition>(spec, shard.rank(), shard.size(),
+                                         experts != nullptr ? experts->rank() : 0,
+                                         experts != nullptr ? experts->size() : 0);
 }
 
 ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, const ModelSpec& spec,
-                   const ZeroOptions& o, void* full_params, void* full_grads)
+                   const ZeroOptions& o, void* full_params, void* full_grads,
+                   comm::Communicator* experts)
     : shard_(shard),
       replicas_(replicas),
+      experts_(experts),
+      units_(spec.units),
       stage_(o.stage),
       o_(o),
       ps_(dtype_size(o.param_dtype)),
       gs_(dtype_size(o.grad_dtype)),
       numel_(spec.numel),
-      part_(make_partition(shard, spec, o.stage)),
-      bufs_(o.stage >= 1 ? zero_buffers(spec, shard.size(), o) : ZeroBuffers{}),
+      part_(make_partition(shard, experts, spec, o.stage)),
+      bufs_(o.stage >= 1
+                ? zero_buffers(spec, shard.size(), o, experts != nullptr ? experts->size() : 0)
+                : ZeroBuffers{}),
       full_params_(static_cast<char*>(full_params)),
       full_grads_(static_cast<char*>(full_grads)),
       grad_part_buf_(MemCategory::Grads, size_t(bufs_.grad_partition)),
@@ -31,7 +39,7 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
       param_part_buf_(MemCategory::Params, size_t(bufs_.param_partition)),
       persistent_buf_(MemCategory::Params, size_t(bufs_.persistent)),
       param_slot_buf_(MemCategory::Params, size_t(bufs_.param_slots)),
-      reducer_(shard, spec, part_.get(), o, bufs_, o.stage <= 1 ? full_grads : nullptr,
+      reducer_(shard, experts, spec, part_.get(), o, bufs_, o.stage <= 1 ? full_grads : nullptr,
                grad_part_buf_.data(), grad_slot_buf_.data()),
       gathers_(spec.units.size()) {
   STRATA_CHECK(stage_ >= 0 && stage_ <= 3, "ZeRO stages are 0-3, got ", stage_);
@@ -39,6 +47,8 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
                "ZeRO: flat parameters are given exactly below stage 3");
   STRATA_CHECK((full_grads_ != nullptr) == (stage_ <= 1),
                "ZeRO: flat gradients are given exactly at stages 0-1");
+  STRATA_CHECK(experts_ == nullptr || replicas_ == nullptr,
+               "ZeRO: MiCS replica groups with expert parallelism are not built");
   if (stage_ < 3) return;
   std::vector<char*> persistent(spec.units.size(), nullptr);  // per unit, its whole copy
   char* pers = persistent_buf_.as<char>();
@@ -51,8 +61,8 @@ ZeroSync::ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, cons
       spec, o_, bufs_, ps_, param_slot_buf_.as<char>(), std::move(persistent),
       [this](int unit, void* dst, const ops::Event& released) {
         const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(unit)) * ps_;
-        return shard_.all_gather_async(mine, dst, size_t(part_->chunk(unit)), o_.param_dtype,
-                                       released);
+        return group_of(units_[size_t(unit)])
+            .all_gather_async(mine, dst, size_t(part_->chunk(unit)), o_.param_dtype, released);
       });
 }
 
@@ -135,8 +145,20 @@ double ZeroSync::sum_squares(const std::vector<ReplicatedRange>& replicated) {
   for (const ReplicatedRange& r : replicated) {
     rep += (1.0 - 1.0 / r.replicas) * local_sum_squares(r.offset, r.numel);
   }
-  if (stage_ == 0) {
+  if (stage_ == 0 && experts_ == nullptr) {
     return sq(full_grads_, numel_) - rep;  // summed already
+  }
+  if (stage_ == 0) {
+    // Every rank of the group holds the summed gradients of the dense units, and those of its
+    // experts' units alike with its expert-data-parallel group: each counted 1/(the ranks holding
+    // it) and summed over the group, so that each element counts once.
+    double sum = 0.0;
+    for (const UnitSpec& u : units_) {
+      sum += sq(full_grads_ + size_t(u.offset) * gs_, u.numel) / group_of(u).size();
+    }
+    float total = float(sum - rep / shard_.size());
+    shard_.all_reduce(&total, 1, DType::F32, DType::F32);
+    return total;
   }
   double sum = 0.0;
   if (stage_ >= 2) {
@@ -164,13 +186,14 @@ void ZeroSync::after_step() {
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t c = part_->chunk(int(u));
     if (c == 0) continue;  // a unit on another pipeline stage
+    comm::Communicator& g = group_of(units[u]);
     if (stage_ < 3) {
       char* out = full_params_ + size_t(units[u].offset) * ps_;
-      gathers_[u] = shard_.all_gather_async(full_params_ + size_t(part_->chunk_begin(int(u))) * ps_,
-                                            out, size_t(c), o_.param_dtype, stepped);
+      gathers_[u] = g.all_gather_async(full_params_ + size_t(part_->chunk_begin(int(u))) * ps_, out,
+                                       size_t(c), o_.param_dtype, stepped);
     } else if (char* whole = cache_->persistent(int(u))) {
       const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(int(u))) * ps_;
-      gathers_[u] = shard_.all_gather_async(mine, whole, size_t(c), o_.param_dtype, stepped);
+      gathers_[u] = g.all_gather_async(mine, whole, size_t(c), o_.param_dtype, stepped);
     }
   }
   if (cache_) cache_->drop_all();
@@ -191,8 +214,8 @@ void ZeroSync::gather_all_params(void* out) {
   const std::vector<UnitSpec>& units = part_->units();
   for (size_t u = 0; u < units.size(); ++u) {
     const char* mine = param_part_buf_.as<char>() + size_t(part_->packed_offset(int(u))) * ps_;
-    shard_.all_gather(mine, o + size_t(units[u].offset) * ps_, size_t(part_->chunk(int(u))),
-                      o_.param_dtype);
+    group_of(units[u]).all_gather(mine, o + size_t(units[u].offset) * ps_,
+                                  size_t(part_->chunk(int(u))), o_.param_dtype);
   }
 }
 

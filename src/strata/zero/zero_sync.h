@@ -40,8 +40,12 @@ class ZeroSync final : public UnitHook {
   // replicas: the MiCS replica group (same chunk on other shard groups), or nullptr.
   // full_params: the flat parameters (stages 0-2; nullptr for stage 3). full_grads: the flat
   // gradients (stages 0-1; nullptr for stages 2-3). Both outlive this object.
+  // experts: under expert parallelism the expert-data-parallel group (the ranks of the shard
+  // group holding this rank's experts), over which the Experts units are summed and sharded;
+  // nullptr without (no MiCS with it).
   ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, const ModelSpec& spec,
-           const ZeroOptions& o, void* full_params, void* full_grads);
+           const ZeroOptions& o, void* full_params, void* full_grads,
+           comm::Communicator* experts = nullptr);
   ~ZeroSync() override;
 
   // Stages 1-3: the partition (the Optimizer's ranges and packing).
@@ -90,10 +94,17 @@ class ZeroSync final : public UnitHook {
 
  private:
   static std::unique_ptr<ZeroPartition> make_partition(const comm::Communicator& shard,
+                                                       const comm::Communicator* experts,
                                                        const ModelSpec& spec, int stage);
+  // The group unit u is summed, sharded and gathered over.
+  comm::Communicator& group_of(const UnitSpec& u) const {
+    return experts_ != nullptr && u.kind == UnitKind::Experts ? *experts_ : shard_;
+  }
 
   comm::Communicator& shard_;
   comm::Communicator* replicas_;
+  comm::Communicator* experts_;
+  std::vector<UnitSpec> units_;
   const int stage_;
   ZeroOptions o_;
   size_t ps_, gs_;

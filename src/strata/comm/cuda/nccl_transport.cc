@@ -182,6 +182,21 @@ void run(Transport& t, const Op& op, int rank, int size) {
       STRATA_NCCL_CHECK(ncclGroupEnd());
       break;
     }
+    case OpKind::AllToAllV: {
+      const char* in = static_cast<const char*>(op.in);
+      char* out = static_cast<char*>(op.out);
+      STRATA_NCCL_CHECK(ncclGroupStart());
+      for (int j = 0; j < size; ++j) {
+        const size_t send = op.counts[j], receive = op.counts[size + j];
+        if (send > 0) STRATA_NCCL_CHECK(ncclSend(in, send, nccl_type(op.dtype), j, t.comm, s));
+        if (receive > 0) {
+          STRATA_NCCL_CHECK(ncclRecv(out, receive, nccl_type(op.dtype), j, t.comm, s));
+        }
+        in += send * ds, out += receive * ds;
+      }
+      STRATA_NCCL_CHECK(ncclGroupEnd());
+      break;
+    }
     case OpKind::SendRecv:
       STRATA_NCCL_CHECK(ncclGroupStart());
       STRATA_NCCL_CHECK(ncclSend(op.in, op.n, nccl_type(op.dtype), op.peer, t.comm, s));

@@ -1,6 +1,7 @@
 #include "strata/kernels/cpu/moe.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -18,36 +19,126 @@ void gather_rows(S* out, const S* x, const int32_t* rows, int64_t R, int64_t C) 
   }
 }
 
+namespace {
+
+// A row's logsumexp of its E logits, and its maximum.
+struct RowMax {
+  float max, sum;
+};
+RowMax row_exp_sum(const float* l, int E) {
+  float mx = l[0];
+  for (int e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+  float sum = 0.0f;
+  for (int e = 0; e < E; ++e) sum += std::exp(l[e] - mx);
+  return {mx, sum};
+}
+
+// t (k): the k experts of the largest key(e), descending; equal keys: the lower expert first.
+// g (k): value(t[j]).
+template <typename Key, typename Value>
+void top_k_of(int32_t* t, float* g, int E, int k, Key key, Value value) {
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int e = 0; e < E; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken |= t[i] == e;
+      if (!taken && (best < 0 || key(e) > key(best))) best = e;
+    }
+    t[j] = best, g[j] = value(best);
+  }
+}
+
+}  // namespace
+
 void moe_route_forward(float* probs, float* lse, int32_t* top, float* gates, const float* logits,
                        int64_t N, int E, int k, bool norm_topk) {
 #pragma omp parallel for schedule(static) if (parallel : N * E >= kParallelMinWork)
   for (int64_t n = 0; n < N; ++n) {
     const float* l = logits + n * E;
     float* p = probs + n * E;
-    float mx = l[0];
-    for (int e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - mx));
-    const float inv = 1.0f / sum;
-    for (int e = 0; e < E; ++e) p[e] *= inv;
-    lse[n] = mx + std::log(sum);
-    // Top k by probability, descending; equal probabilities: the lower expert first.
-    int32_t* t = top + n * k;
+    const RowMax r = row_exp_sum(l, E);
+    const float inv = 1.0f / r.sum;
+    for (int e = 0; e < E; ++e) p[e] = std::exp(l[e] - r.max) * inv;
+    lse[n] = r.max + std::log(r.sum);
+    const auto prob = [&](int e) { return p[e]; };
     float* g = gates + n * k;
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      for (int e = 0; e < E; ++e) {
-        bool taken = false;
-        for (int i = 0; i < j; ++i) taken |= t[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
-      t[j] = best, g[j] = p[best];
-    }
+    top_k_of(top + n * k, g, E, k, prob, prob);
     if (norm_topk) {
       float s = 0.0f;
       for (int j = 0; j < k; ++j) s += g[j];
       for (int j = 0; j < k; ++j) g[j] /= s;
     }
+  }
+}
+
+void moe_route_sigmoid_forward(float* probs, float* lse, int32_t* top, float* gates,
+                               const float* logits, const float* bias, int64_t N, int E, int k,
+                               bool norm_topk, int groups, int topk_groups, float scale) {
+  const int per = E / groups;
+#pragma omp parallel for schedule(static) if (parallel : N * E >= kParallelMinWork)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* l = logits + n * E;
+    float* s = probs + n * E;
+    const RowMax r = row_exp_sum(l, E);  // before s overwrites l (in place)
+    lse[n] = r.max + std::log(r.sum);
+    for (int e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-l[e]));
+    // The groups' values: the sum of each group's two largest choices (score + bias).
+    auto choice = [&](int e) { return s[e] + (bias != nullptr ? bias[e] : 0.0f); };
+    std::array<float, kMaxExpertGroups> value{};
+    for (int g = 0; g < groups; ++g) {
+      float a = -INFINITY, b = -INFINITY;  // the largest, the second
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        const float c = choice(e);
+        if (c > a) {
+          b = a, a = c;
+        } else if (c > b) {
+          b = c;
+        }
+      }
+      value[size_t(g)] = a + b;
+    }
+    // The topk_groups best groups keep their choices; the others' count as 0.
+    std::array<bool, kMaxExpertGroups> kept{};
+    for (int j = 0; j < topk_groups; ++j) {
+      int best = -1;
+      for (int g = 0; g < groups; ++g) {
+        if (!kept[size_t(g)] && (best < 0 || value[size_t(g)] > value[size_t(best)])) best = g;
+      }
+      kept[size_t(best)] = true;
+    }
+    float* g = gates + n * k;
+    top_k_of(
+        top + n * k, g, E, k, [&](int e) { return kept[size_t(e / per)] ? choice(e) : 0.0f; },
+        [&](int e) { return s[e]; });
+    if (norm_topk) {
+      float total = 0.0f;
+      for (int j = 0; j < k; ++j) total += g[j];
+      total += 1e-20f;
+      for (int j = 0; j < k; ++j) g[j] /= total;
+    }
+    for (int j = 0; j < k; ++j) g[j] *= scale;
+  }
+}
+
+void moe_route_sigmoid_backward(float* dlogits, const float* dgates, const float* scores,
+                                const int32_t* top, int64_t N, int E, int k, bool norm_topk,
+                                float scale) {
+#pragma omp parallel for schedule(static) if (parallel : N * E >= kParallelMinWork)
+  for (int64_t n = 0; n < N; ++n) {
+    const float* s = scores + n * E;
+    const int32_t* t = top + n * k;
+    const float* dg = dgates + n * k;
+    float* d = dlogits + n * E;  // first the gradient of the scores
+    std::fill(d, d + E, 0.0f);
+    if (norm_topk) {  // gate_j = scale · s_j / S, S = Σ_i s_i + 1e-20 over the chosen
+      float total = 0.0f, dot = 0.0f;
+      for (int j = 0; j < k; ++j) total += s[t[j]], dot += dg[j] * s[t[j]];
+      total += 1e-20f;
+      for (int j = 0; j < k; ++j) d[t[j]] += scale * (dg[j] - dot / total) / total;
+    } else {
+      for (int j = 0; j < k; ++j) d[t[j]] += scale * dg[j];
+    }
+    for (int e = 0; e < E; ++e) d[e] *= s[e] * (1.0f - s[e]);  // through the sigmoid
   }
 }
 

@@ -6,11 +6,21 @@
 
 namespace strata::kernels {
 
+// The most expert groups the sigmoid router takes (config/model.cc refuses more).
+inline constexpr int kMaxExpertGroups = 64;
+
 template <typename S>
 void gather_rows(S* out, const S* x, const int32_t* rows, int64_t R, int64_t C);
 
 void moe_route_forward(float* probs, float* lse, int32_t* top, float* gates, const float* logits,
                        int64_t N, int E, int k, bool norm_topk);
+// DeepSeek-V3's (ops::MoeRoute::sigmoid). bias: E, or nullptr.
+void moe_route_sigmoid_forward(float* probs, float* lse, int32_t* top, float* gates,
+                               const float* logits, const float* bias, int64_t N, int E, int k,
+                               bool norm_topk, int groups, int topk_groups, float scale);
+void moe_route_sigmoid_backward(float* dlogits, const float* dgates, const float* scores,
+                                const int32_t* top, int64_t N, int E, int k, bool norm_topk,
+                                float scale);
 void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, const float* probs,
               int64_t N, int E, int k, int64_t capacity, int64_t group, bool by_probs);
 void moe_balance_stats(float* stats, const float* probs, const int32_t* top, int64_t N, int E,

@@ -101,7 +101,7 @@ void sgd_step(Tensor master, Tensor param, Tensor grad, Tensor buf, const SgdArg
 
 // --- mixture of experts (moe.cu) -----------------------------------------------------------------
 void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
-                       const MoeRoute& r);
+                       const MoeRoute& r, Tensor bias);
 void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, int experts,
               const MoeCapacity& capacity);
 void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);

@@ -83,6 +83,88 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// DeepSeek-V3's router (kernels/cpu/moe.cc moe_route_sigmoid_forward's formulas), a thread per row.
+__global__ void __launch_bounds__(kThreads)
+    sigmoid_route_kernel(float* probs, float* lse, int32_t* top, float* gates, const float* logits,
+                         const float* bias, int64_t N, int E, int k, bool norm, int groups,
+                         int topk_groups, float scale) {
+  const int per = E / groups;
+  for (int64_t n = packs::thread_index(); n < N; n += packs::thread_count()) {
+    const float* l = logits + n * E;
+    float* s = probs + n * E;
+    float mx = l[0];
+    for (int e = 1; e < E; ++e) mx = fmaxf(mx, l[e]);
+    float sum = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      sum += expf(l[e] - mx);
+      s[e] = 1.0f / (1.0f + expf(-l[e]));
+    }
+    lse[n] = mx + logf(sum);
+    // Kept groups as bits (at most kMaxExpertGroups = 64).
+    uint64_t kept = 0;
+    for (int j = 0; j < topk_groups; ++j) {
+      int best = -1;
+      float best_value = 0.0f;
+      for (int g = 0; g < groups; ++g) {
+        if ((kept >> g) & 1u) continue;
+        float a = -INFINITY, b = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; ++e) {
+          const float c = s[e] + (bias != nullptr ? bias[e] : 0.0f);
+          if (c > a) {
+            b = a, a = c;
+          } else if (c > b) {
+            b = c;
+          }
+        }
+        if (best < 0 || a + b > best_value) best = g, best_value = a + b;
+      }
+      kept |= uint64_t(1) << best;
+    }
+    int32_t* t = top + n * k;
+    float* g = gates + n * k;
+    for (int j = 0; j < k; ++j) {
+      int best = -1;
+      float best_value = 0.0f;
+      for (int e = 0; e < E; ++e) {
+        bool taken = false;
+        for (int i = 0; i < j; ++i) taken |= t[i] == e;
+        const float c = (kept >> (e / per)) & 1u ? s[e] + (bias != nullptr ? bias[e] : 0.0f) : 0.0f;
+        if (!taken && (best < 0 || c > best_value)) best = e, best_value = c;
+      }
+      t[j] = best, g[j] = s[best];
+    }
+    if (norm) {
+      float total = 0.0f;
+      for (int j = 0; j < k; ++j) total += g[j];
+      total += 1e-20f;
+      for (int j = 0; j < k; ++j) g[j] /= total;
+    }
+    for (int j = 0; j < k; ++j) g[j] *= scale;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sigmoid_route_backward_kernel(float* dlogits, const float* dgates, const float* scores,
+                                  const int32_t* top, int64_t N, int E, int k, bool norm,
+                                  float scale) {
+  for (int64_t n = packs::thread_index(); n < N; n += packs::thread_count()) {
+    const float* s = scores + n * E;
+    const int32_t* t = top + n * k;
+    const float* dg = dgates + n * k;
+    float* d = dlogits + n * E;
+    for (int e = 0; e < E; ++e) d[e] = 0.0f;
+    if (norm) {
+      float total = 0.0f, dot = 0.0f;
+      for (int j = 0; j < k; ++j) total += s[t[j]], dot += dg[j] * s[t[j]];
+      total += 1e-20f;
+      for (int j = 0; j < k; ++j) d[t[j]] += scale * (dg[j] - dot / total) / total;
+    } else {
+      for (int j = 0; j < k; ++j) d[t[j]] += scale * dg[j];
+    }
+    for (int e = 0; e < E; ++e) d[e] *= s[e] * (1.0f - s[e]);
+  }
+}
+
 // One thread per (sequence, expert): its choices and the sum of its probability over the
 // sequence's rows, in row order.
 __global__ void __launch_bounds__(kThreads)
@@ -187,9 +269,17 @@ T* staged(std::vector<T>& v, size_t n) {
 }  // namespace
 
 void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tensor logits,
-                       const MoeRoute& r) {
+                       const MoeRoute& r, Tensor bias) {
   const int64_t N = logits.numel() / r.experts;
   if (N == 0) return;
+  if (r.sigmoid) {
+    sigmoid_route_kernel<<<grid(N), kThreads, 0, compute_stream()>>>(
+        dev<float>(probs), dev<float>(lse), dev<int32_t>(top), dev<float>(gates),
+        dev<const float>(logits), bias.data != nullptr ? dev<const float>(bias) : nullptr, N,
+        r.experts, r.top_k, r.norm_topk_prob, r.groups, r.topk_groups, r.scale);
+    STRATA_CUDA_LAUNCHED();
+    return;
+  }
   route_kernel<<<grid(N), kThreads, 0, compute_stream()>>>(
       dev<float>(probs), dev<float>(lse), dev<int32_t>(top), dev<float>(gates),
       dev<const float>(logits), N, r.experts, r.top_k, r.norm_topk_prob);
@@ -230,6 +320,13 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
                         Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r) {
   const int64_t N = probs.numel() / r.experts;
   if (N == 0) return;
+  if (r.sigmoid) {
+    sigmoid_route_backward_kernel<<<grid(N), kThreads, 0, compute_stream()>>>(
+        dev<float>(dlogits), dev<const float>(dgates), dev<const float>(probs),
+        dev<const int32_t>(top), N, r.experts, r.top_k, r.norm_topk_prob, r.scale);
+    STRATA_CUDA_LAUNCHED();
+    return;
+  }
   route_backward_kernel<<<grid(N), kThreads, 0, compute_stream()>>>(
       dev<float>(dlogits), dev<const float>(dgates), dev<const float>(probs), dev<const float>(lse),
       dev<const int32_t>(top), dev<const float>(gates), dev<const float>(coef), N, r.experts,
