@@ -75,7 +75,7 @@ std::vector<std::vector<std::string>> table_rows(const std::string& out) {
 }
 
 const std::string kTableHeader =
-    "| # | layout | GiB/rank | compute s | bubble s | comm s (tp+cp+pp+dp exposed) | step s | "
+    "| # | layout | GiB/rank | compute s | bubble s | comm s (tp+cp+ep+pp+dp exposed) | step s | "
     "tokens/s | MFU |";
 
 class PlanCli : public ::testing::Test {

@@ -1,11 +1,11 @@
 // The planner against the engine, under mpirun: for a spread of the layouts `strata plan` calls
 // valid at this world size (data, tensor, context (Ulysses and ring) and pipeline parallelism with
-// every schedule, ZeRO 0-3 and MiCS, sequence parallelism, recompute, micro-batch ×
-// accumulation), the engine is built and
-// steps once, and every memory category each rank allocates equals the planner's prediction for
-// that rank's stage, byte for byte: the model states, activations and checkpoints exactly; the
-// communication buffers and workspace at least (see below). The layouts the planner refuses are
-// refused by the engine's own checks with the same message.
+// every schedule, ZeRO 0-3 and MiCS, sequence parallelism, recompute, expert parallelism,
+// micro-batch × accumulation), the engine is built and steps once, and every memory category each
+// rank allocates equals the planner's prediction for that rank's stage, byte for byte: the model
+// states, activations and checkpoints exactly; the communication buffers and workspace at least
+// (see below). The layouts the planner refuses are refused by the engine's own checks with the same
+// message.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,7 +102,8 @@ std::vector<planner::Row> sample(const std::vector<planner::Row>& rows) {
     const std::string kind = std::to_string(r.c.tp) + "/" + std::to_string(r.c.pp) + "/" +
                              r.c.schedule + "/" + std::to_string(r.c.zero) + "/" +
                              std::to_string(r.c.sequence_parallel) + "/" + r.c.recompute + "/" +
-                             std::to_string(r.c.cp) + r.c.context_impl;
+                             std::to_string(r.c.cp) + r.c.context_impl + "/" +
+                             std::to_string(r.c.ep);
     const bool fresh = std::find(seen.begin(), seen.end(), kind) == seen.end();
     if (fresh) seen.push_back(kind);
     if ((fresh && out.size() < 40) || i++ % 7 == 0) out.push_back(r);
@@ -163,15 +164,18 @@ TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
                                       {"aux_loss", "per_layer"},
                                       {"router_aux_loss_coef", 0.01},
                                       {"z_loss_coef", 0.001}}}}};
+  int expert_parallel = 0;  // rows with the experts over ranks (the MoE model's, 2 ranks or more)
   for (const nlohmann::json& model : models) {
     const planner::PlanInput in = input(model, 8);
     const std::vector<planner::Row> rows = sample(planner::plan(in));
     for (const planner::Row& r : rows) {
       expect_matches(in, r, model.value("preset", model.value("family", std::string())));
       ++checked;
+      expert_parallel += r.c.ep > 1 ? 1 : 0;
     }
   }
   EXPECT_GE(checked, 12);
+  EXPECT_GE(expert_parallel, world_size() > 1 ? 1 : 0);
 }
 
 // ZeRO-3 under a pipeline, as the planner now enumerates it: every unit gathered (persistence 0),

@@ -56,14 +56,15 @@ std::string gib(size_t b) {
 
 void print_table(const std::vector<planner::Row>& rows, int top) {
   std::printf(
-      "| # | layout | GiB/rank | compute s | bubble s | comm s (tp+cp+pp+dp exposed) | step s | "
+      "| # | layout | GiB/rank | compute s | bubble s | comm s (tp+cp+ep+pp+dp exposed) | step s | "
       "tokens/s | MFU |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int i = 0; i < top && i < int(rows.size()) && rows[size_t(i)].valid(); ++i) {
     const planner::Prediction& p = rows[size_t(i)].p;
     std::printf("| %d | %s | %s | %.4f | %.4f | %.4f | %.4f | %.0f | %.1f%% |\n", i + 1,
                 planner::describe(rows[size_t(i)].c).c_str(), gib(p.device_bytes).c_str(),
-                p.compute_s, p.bubble_s, p.tp_comm_s + p.cp_comm_s + p.pp_comm_s + p.dp_exposed_s,
-                p.step_s, p.tokens_per_s, 100.0 * p.mfu);
+                p.compute_s, p.bubble_s,
+                p.tp_comm_s + p.cp_comm_s + p.ep_comm_s + p.pp_comm_s + p.dp_exposed_s, p.step_s,
+                p.tokens_per_s, 100.0 * p.mfu);
   }
 }
 

@@ -18,7 +18,7 @@ double collective_s(const Link& l, double bytes, int steps) {
 // context-parallel collectives in each), and of them the recompute, the collectives and the
 // weight gradients' GEMMs (which zero-bubble schedules defer).
 struct StageTimes {
-  double forward = 0, backward = 0, recompute = 0, tp = 0, cp = 0, weight_grad = 0;
+  double forward = 0, backward = 0, recompute = 0, tp = 0, cp = 0, ep = 0, weight_grad = 0;
 };
 
 StageTimes stage_times(const Config& cfg, const DeviceProfile& d, const StepShape& c,
@@ -27,6 +27,8 @@ StageTimes stage_times(const Config& cfg, const DeviceProfile& d, const StepShap
   const DType pt = cfg.param_dtype();
   const Link& tp_link = d.intra_node;  // check_tp_within_hosts holds
   const Link& cp_link = int64_t(c.tp) * c.cp <= c.per_node ? d.intra_node : d.inter_node;
+  // An expert-parallel group: ep consecutive ranks of dp × cp, tp apart.
+  const Link& ep_link = int64_t(c.tp) * c.ep <= c.per_node ? d.intra_node : d.inter_node;
   const double eff_call = sc.gemm_call_flops;
   auto gemm = [&](double f) {
     // Calls of the typical size: their count times one call's time.
@@ -49,15 +51,18 @@ StageTimes stage_times(const Config& cfg, const DeviceProfile& d, const StepShap
                                 std::max(0.0, collective_s(cp_link, sc.cp_overlapped_bytes, 0) -
                                                   gemm(3 * sc.forward_flops))
                           : 0.0;
+  const double ep_s = c.ep > 1 ? collective_s(ep_link, sc.ep_bytes, sc.ep_collectives) : 0.0;
   const double linear = sc.forward_flops - sc.attention_flops;
-  t.forward = gemm(linear) + attention(sc.attention_flops) + ew + calls + tp_s / 2 + cp_s / 2;
+  t.forward =
+      gemm(linear) + attention(sc.attention_flops) + ew + calls + tp_s / 2 + cp_s / 2 + ep_s / 2;
   t.recompute = sc.recompute_flops > 0 ? gemm(sc.recompute_flops - sc.attention_recompute_flops) +
                                              attention(sc.attention_recompute_flops) + ew + calls
                                        : 0.0;
   t.backward = gemm(2 * linear) + attention(2 * sc.attention_flops) + 2 * ew + 2 * calls +
-               tp_s / 2 + cp_s / 2 + t.recompute;
+               tp_s / 2 + cp_s / 2 + ep_s / 2 + t.recompute;
   t.tp = tp_s;
   t.cp = cp_s;
+  t.ep = ep_s;
   // Of the backward, the weight gradients' GEMMs (zero-bubble schedules defer them): the
   // elementwise kernels, attention and the input gradients' GEMMs stay with the input pass.
   const double stash = d.memory_seconds(sc.deferred_bytes, running);
@@ -76,7 +81,7 @@ void count_calls(const Config& cfg, const StepShape& c, const StageWork& sc, Ste
   const int dpn = c.dp * c.cp;  // the gradients' group
   const bool zero = c.zero, overlap = cfg.zero.overlap_comm;
   double coll = c.tp > 1 ? double(m) * sc.tp_collectives : 0.0;
-  coll += double(m) * sc.cp_collectives;
+  coll += double(m) * (sc.cp_collectives + sc.ep_collectives);
   if (dpn > 1 || zero) {  // ZeRO on a group of one still runs its reductions
     const double units = sc.units;
     if (!zero || cfg.zero.stage == 0) {
@@ -159,20 +164,22 @@ StepTime predict_step_time(const Config& cfg, const DeviceProfile& d, const Step
   const bool dp_intra = int64_t(c.tp) * c.cp * c.dp <= c.per_node;
   const int m = int(cfg.gradient_accumulation_steps);
   std::vector<double> fwd(size_t(c.pp)), bwd(size_t(c.pp)), rec(size_t(c.pp)), tpc(size_t(c.pp));
-  std::vector<double> cpc(size_t(c.pp)), wgrad(size_t(c.pp));
+  std::vector<double> cpc(size_t(c.pp)), epc(size_t(c.pp)), wgrad(size_t(c.pp));
   for (int s = 0; s < c.pp; ++s) {
     const StageTimes t = stage_times(cfg, d, c, stages[size_t(s)], running);
     fwd[size_t(s)] = t.forward, bwd[size_t(s)] = t.backward, rec[size_t(s)] = t.recompute;
-    tpc[size_t(s)] = t.tp, cpc[size_t(s)] = t.cp, wgrad[size_t(s)] = t.weight_grad;
+    tpc[size_t(s)] = t.tp, cpc[size_t(s)] = t.cp, epc[size_t(s)] = t.ep;
+    wgrad[size_t(s)] = t.weight_grad;
   }
   size_t slowest = 0;
   for (size_t s = 1; s < fwd.size(); ++s) {
     if (fwd[s] + bwd[s] > fwd[slowest] + bwd[slowest]) slowest = s;
   }
-  p.compute_s = m * (fwd[slowest] + bwd[slowest] - tpc[slowest] - cpc[slowest]);
+  p.compute_s = m * (fwd[slowest] + bwd[slowest] - tpc[slowest] - cpc[slowest] - epc[slowest]);
   p.recompute_s = m * rec[slowest];
   p.tp_comm_s = m * tpc[slowest];
   p.cp_comm_s = m * cpc[slowest];
+  p.ep_comm_s = m * epc[slowest];
   double span = m * (fwd[slowest] + bwd[slowest]);
   // The schedule as simulated (one stage: its micro-batches in a row), kept for the cores' share.
   pipeline::ScheduleSpec sim_spec{pipeline::ScheduleKind::OneFOneB, 1, m, 1};
@@ -205,7 +212,7 @@ StepTime predict_step_time(const Config& cfg, const DeviceProfile& d, const Step
     sim_spec = spec, sim_costs = costs, sim_scale = scale;
     p.pp_comm_s = 2.0 * m * v * costs.send;
   }
-  p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s - p.cp_comm_s);
+  p.bubble_s = std::max(0.0, span - p.compute_s - p.tp_comm_s - p.cp_comm_s - p.ep_comm_s);
 
   // Data parallel and ZeRO, over the slowest stage's parameters.
   const StageWork& sc = stages[slowest];
@@ -311,11 +318,12 @@ StepTime predict_step_time(const Config& cfg, const DeviceProfile& d, const Step
     for (int s = 0; s < c.pp; ++s) {
       const StageWork& st = stages[size_t(s)];
       p.contended_collectives = std::max(
-          p.contended_collectives, double(m) * sim.contended[size_t(s)] *
-                                       ((c.tp > 1 ? st.tp_collectives : 0.0) + st.cp_collectives));
+          p.contended_collectives,
+          double(m) * sim.contended[size_t(s)] *
+              ((c.tp > 1 ? st.tp_collectives : 0.0) + st.cp_collectives + st.ep_collectives));
     }
     p.bubble_s = std::max(0.0, p.model_step_s - p.compute_s - p.tp_comm_s - p.cp_comm_s -
-                                   p.dp_exposed_s - p.optimizer_s);
+                                   p.ep_comm_s - p.dp_exposed_s - p.optimizer_s);
   }
   count_calls(cfg, c, stages[slowest], p);
   apply_step_fit(cfg, d, c, p);

@@ -41,6 +41,9 @@ struct StageWork {
   // calls, and the ring's key/value passes (overlapped with the blocks' compute).
   double cp_bytes = 0, cp_overlapped_bytes = 0;
   int cp_collectives = 0;
+  // Expert parallelism, per micro-batch: the MoE layers' all-to-alls (the compute waits for them).
+  double ep_bytes = 0;
+  int ep_collectives = 0;
   double forward_calls = 0;  // kernel calls per micro-batch forward
   int units = 0;             // ZeRO's units held here
   int gathered_units = 0;    // of which stage 3 gathers (above the persistence threshold)
@@ -50,6 +53,7 @@ struct StageWork {
 struct StepShape {
   int world = 1, per_node = 1;  // ranks, and ranks per node
   int dp = 1, tp = 1, pp = 1, cp = 1;
+  int ep = 1;              // parallelism.expert (over dp × cp)
   int virtual_stages = 1;  // with pp > 1
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB;
   std::string context_impl = "ulysses";
@@ -71,6 +75,7 @@ struct StepTime {
   double tp_comm_s = 0;        // tensor-parallel collectives (all exposed)
   double cp_comm_s = 0;        // context-parallel exchanges (Ulysses' all-to-alls, the ring's
                                // gradient hops; the ring's key/value passes overlap compute)
+  double ep_comm_s = 0;        // expert-parallel all-to-alls (all exposed)
   double pp_comm_s = 0;        // pipeline sends of the slowest stage
   double bubble_s = 0;         // the span beyond the slowest stage's own work
   double bubble_fraction = 0;  // the schedule checker's, over every stage

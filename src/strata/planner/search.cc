@@ -38,6 +38,7 @@ std::string describe(const Candidate& c) {
   std::string s = "dp" + std::to_string(c.dp) + " tp" + std::to_string(c.tp);
   if (c.sequence_parallel) s += "+sp";
   if (c.cp > 1) s += " cp" + std::to_string(c.cp) + "/" + c.context_impl;
+  if (c.ep > 1) s += " ep" + std::to_string(c.ep);
   s += " pp" + std::to_string(c.pp);
   if (c.pp > 1) {
     s += "/" + c.schedule;
@@ -85,6 +86,11 @@ json candidate_config(const json& base, const Candidate& c) {
   } else {
     p.erase("context"), p.erase("context_impl");
   }
+  if (c.ep > 1) {
+    p["expert"] = c.ep;
+  } else {
+    p.erase("expert");
+  }
   json& z = j["zero_optimization"];
   if (!z.is_object()) z = json::object();
   z["stage"] = c.zero;
@@ -124,6 +130,14 @@ std::vector<Candidate> enumerate(const PlanInput& in) {
         const int dp = N / tp / pp / cp;
         if (G % dp != 0) continue;  // no micro-batch × accumulation gives the global batch
         const int64_t per_rank = G / dp;
+        // Expert parallelism: every size dividing both the experts and dp × cp, on the CPU
+        // backend (a mixture of experts runs there only).
+        std::vector<int> experts = {1};
+        if (base.model.moe.experts > 0 && !in.device.gpu) {
+          for (int ep : divisors(dp * cp, base.model.moe.experts)) {
+            if (ep > 1 && base.model.moe.experts % ep == 0) experts.push_back(ep);
+          }
+        }
         std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
         if (pp > 1) {
           schedules = {{"1f1b", 1}, {"gpipe", 1}, {"zero_bubble", 1}};
@@ -140,12 +154,15 @@ std::vector<Candidate> enumerate(const PlanInput& in) {
                 if (g > 0 && zero == 0) continue;
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                   for (const char* rc : {"none", "selective", "full"}) {
-                    Candidate c;
-                    c.dp = dp, c.tp = tp, c.pp = pp, c.virtual_stages = v, c.schedule = sched;
-                    c.zero = zero, c.mics = g, c.sequence_parallel = sp != 0, c.recompute = rc;
-                    c.cp = cp, c.context_impl = impl;
-                    c.micro_batch = mb, c.accumulation = per_rank / mb;
-                    out.push_back(c);
+                    for (int ep : experts) {
+                      if (ep > 1 && g > 0) continue;  // MiCS with expert parallelism: refused
+                      Candidate c;
+                      c.dp = dp, c.tp = tp, c.pp = pp, c.virtual_stages = v, c.schedule = sched;
+                      c.zero = zero, c.mics = g, c.sequence_parallel = sp != 0, c.recompute = rc;
+                      c.cp = cp, c.context_impl = impl, c.ep = ep;
+                      c.micro_batch = mb, c.accumulation = per_rank / mb;
+                      out.push_back(c);
+                    }
                   }
                 }
               }
@@ -166,7 +183,7 @@ struct SpecCache {
     pipeline::StagePlan plan;
     pipeline::UnitFlops flops;
   };
-  std::map<std::array<int, 5>, Entry> entries;
+  std::map<std::array<int, 6>, Entry> entries;
   // A chunk's arena bytes by (its cut, units, B, slots, input slots, deferred weight gradients,
   // recompute, sequence parallelism): sizing one walks every unit and parameter of the spec.
   std::map<std::tuple<const Entry*, int, int, int, int, int, bool, std::string, bool, int, int>,
@@ -197,8 +214,10 @@ struct SpecCache {
     }
     return it->second[size_t(stage)];
   }
+  // The spec of expert-parallel rank 0 of cfg's parallelism.expert (every rank of the group holds
+  // as many experts).
   Entry& at(const Config& cfg, int tp, int pp, int v, int shard, int stage) {
-    const std::array<int, 5> key{tp, pp, v, shard, stage};
+    const std::array<int, 6> key{tp, pp, v, shard, stage, cfg.parallelism.expert};
     auto it = entries.find(key);
     if (it != entries.end()) return it->second;
     Entry e;
@@ -356,6 +375,27 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
       s.cp_collectives = 4 * s.blocks + 2 * recomputed;
     }
   }
+  // Expert parallelism, per micro-batch and MoE block of the stage: the counts and the rows to
+  // the experts' ranks and back forward, the outputs' and inputs' gradients backward, the
+  // forward's again for a full recompute; each moving (ep−1)/ep of the rank's rows·top_k·C
+  // (balanced routing).
+  if (c.ep > 1) {
+    int moe = 0, moe_recomputed = 0;
+    for (int k = 0; k < o.virtual_stages; ++k) {
+      const int g = c.pp > 1 ? pipeline::global_chunk(k, stage, c.pp) : 0;
+      const int first = c.pp > 1 ? plan.layers_begin[size_t(g)] : 0;
+      const int n = c.pp > 1 ? plan.blocks[size_t(g)] : cfg.model.layers;
+      for (int blk = first; blk < first + n; ++blk) {
+        if (!cfg.model.moe_layer(blk)) continue;
+        ++moe;
+        moe_recomputed += o.recompute.is_full(blk) ? 1 : 0;
+      }
+    }
+    const double f = double(c.ep - 1) / c.ep, b = double(dtype_size(pt));
+    const double routed = rows * double(cfg.model.moe.top_k) * C;
+    s.ep_bytes = (4.0 * moe + 2.0 * moe_recomputed) * f * routed * b;
+    s.ep_collectives = 5 * moe + 3 * moe_recomputed;
+  }
   // The pipeline's buffers: the send ring and a receive buffer per direction and chunk (and a
   // GPU's receive stage in host memory).
   if (c.pp > 1) {
@@ -388,6 +428,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     // Gradients are summed and ZeRO shards over dp × cp (the parameters are whole on every
     // context-parallel rank).
     const int shard = shard_group_size(cfg, c.dp * c.cp, dp_group);
+    check_expert_grid(cfg, c.dp * c.cp);
     check_pipeline_layout(cfg, c.pp);
     const bool zero = zero_in_effect(cfg, dp_group);
     const cost::DeviceProfile& d = in.device;
@@ -423,7 +464,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     // Time: the cost model's (cost/step_time.h) over the stages' work.
     cost::StepShape shape;
     shape.world = world, shape.per_node = in.cluster.per_node;
-    shape.dp = c.dp, shape.tp = c.tp, shape.pp = c.pp, shape.cp = c.cp;
+    shape.dp = c.dp, shape.tp = c.tp, shape.pp = c.pp, shape.cp = c.cp, shape.ep = c.ep;
     shape.context_impl = c.context_impl, shape.sequence_parallel = c.sequence_parallel;
     shape.micro_batch = c.micro_batch, shape.accumulation = c.accumulation;
     shape.shard = shard, shape.zero = zero;
@@ -483,10 +524,11 @@ std::string explain(const PlanInput& in, const Row& r) {
        "needing a dtype conversion)\n";
   std::snprintf(line, sizeof line,
                 "step %.4f s = compute %.4f (recompute %.4f) + tensor-parallel %.4f + "
-                "context-parallel %.4f + bubble %.4f (checker: %.1f%% idle, sends %.4f) + exposed "
-                "data-parallel %.4f (of %.4f) + optimizer %.4f\n",
-                p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.cp_comm_s, p.bubble_s,
-                100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s, p.optimizer_s);
+                "context-parallel %.4f + expert-parallel %.4f + bubble %.4f (checker: %.1f%% "
+                "idle, sends %.4f) + exposed data-parallel %.4f (of %.4f) + optimizer %.4f\n",
+                p.step_s, p.compute_s, p.recompute_s, p.tp_comm_s, p.cp_comm_s, p.ep_comm_s,
+                p.bubble_s, 100.0 * p.bubble_fraction, p.pp_comm_s, p.dp_exposed_s, p.dp_comm_s,
+                p.optimizer_s);
   s += line;
   if (p.cores_bound_s > 0) {
     std::snprintf(line, sizeof line,

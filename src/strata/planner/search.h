@@ -38,6 +38,7 @@ struct Candidate {
   bool sequence_parallel = false;
   int cp = 1;                            // parallelism.context
   std::string context_impl = "ulysses";  // ulysses | ring (with cp > 1)
+  int ep = 1;                            // parallelism.expert (a mixture of experts)
   std::string recompute = "none";        // none | selective | full
   int64_t micro_batch = 1, accumulation = 1;
 };
