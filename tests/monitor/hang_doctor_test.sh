@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Hangs explained (comm/flight_recorder.h, `strata doctor`): one rank of a 4-rank job stops alive
-# on purpose (--fault phase=hang|hang-forward|hang-backward) under data, tensor and pipeline
-# parallelism. The others' watchdogs (parallelism.timeout_s = 6) end the job; every rank must
+# on purpose (--fault phase=hang|hang-forward|hang-backward) under data, tensor, pipeline and
+# expert parallelism. The others' watchdogs (parallelism.timeout_s = 6) end the job; every rank must
 # have left its flight record, and `strata doctor` must name the stopped rank, its grid place and
-# what it was doing, and the operation the others wait in. A second hang in the same run
+# what it was doing, and the operation the others wait in (under expert parallelism: the MoE
+# layer's all-to-all on the ep group). A second hang in the same run
 # directory keeps the first one's records (flight.1); bad doctor input is an error (exit 2).
 #
 #   tests/monitor/hang_doctor_test.sh STRATA_BINARY
@@ -16,12 +17,18 @@ export OMP_NUM_THREADS=1
 python3 "$here/monitor_peer.py" data "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 
+# A mixture of experts whose 4 experts are spread over the 4 ranks (parallelism.expert).
+moe='{"family": "mixtral", "layers": 2, "hidden": 32, "heads": 4, "kv_heads": 2, "ffn_hidden": 48,
+      "vocab": 64, "seq_len": 16, "moe": {"experts": 4, "top_k": 2}}'
+
 check() {  # name, tensor, pipeline, stopped rank, its place, fault phase, what the others wait in
+           # [, the model block, the expert-parallel size]
   local name=$1 tp=$2 pp=$3 rank=$4 place=$5 phase=$6 waited=$7
+  local model=${8:-'{"preset": "gpt2-tiny"}'} ep=${9:-1}
   cat >"$work/$name.json" <<JSON
 {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "steps_per_print": 100,
- "model": {"preset": "gpt2-tiny"},
- "parallelism": {"tensor": $tp, "pipeline": $pp, "timeout_s": 6}}
+ "model": $model,
+ "parallelism": {"tensor": $tp, "pipeline": $pp, "expert": $ep, "timeout_s": 6}}
 JSON
   local start=$SECONDS
   if "$strata" launch -n 4 -- train --config "$work/$name.json" --data "$work/train.bin" \
@@ -48,6 +55,8 @@ JSON
 check dp4 1 1 2 "dp 2 tp 0 pp 0" hang "dp all_reduce #"
 check tp2 2 1 1 "dp 0 tp 1 pp 0" hang-forward "tp all_reduce #"
 check pp2 1 2 3 "dp 1 tp 0 pp 1" hang-backward "pp-p2p recv #[0-9]* from rank 3"
+# The experts' group: the others wait in the MoE layer's count exchange over ep.
+check ep4 1 1 2 "dp 2 tp 0 pp 0" hang-forward "ep all_to_all #" "$moe" 4
 
 # A second hang in the same run directory: the first one's records move to flight.1.
 first=$(cat "$work/pp2/flight/rank0.json")

@@ -166,6 +166,8 @@ void TransformerImpl::ep_exchange_counts(Slot& s, int l) {
     ep_->all_to_all(counts32_.data(), ep_counts32_.data(), size_t(El_), DType::I32);
     ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } else {  // a dry run: no rows arrive
+    STRATA_CHECK(ops::dry_run(), "expert parallelism over ", ep_size_,
+                 " ranks needs its group (ChunkOptions::experts)");
     std::fill(ep_counts32_.begin(), ep_counts32_.end(), 0);
   }
   std::fill(rows.begin(), rows.end(), 0);
