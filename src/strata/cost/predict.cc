@@ -56,13 +56,13 @@ MemoryPrediction predict_memory(const Layout& l, const ModelSpec& spec, int shar
       m.formula = (p + g + k) * psi;
       break;
     case 1:
-      m.formula = (p + g) * psi + k * psi / N;
+      m.formula = (p + g) * psi + k * part;
       break;
     case 2:
-      m.formula = p * psi + (g + k) * psi / N;
+      m.formula = p * psi + (g + k) * part;
       break;
     default:
-      m.formula = (p + g + k) * psi / N;
+      m.formula = (p + g + k) * part;
       break;
   }
   m.buffers = size_t(b.persistent + b.param_slots + b.grad_slots);

@@ -494,7 +494,9 @@ class TransformerImpl final : public Transformer {
   int32_t* ep_idx_ = nullptr;
   std::vector<int32_t> ep_idx_host_, ep_counts32_;
   std::vector<size_t> ep_v_counts_;
-  double ep_seconds_ = 0.0;             // in the all-to-alls since take_ep_seconds
+  double ep_seconds_ = 0.0;  // in the all-to-alls since take_ep_seconds
+  template <typename F>
+  void timed_ep(F&& collective);        // an expert-parallel collective, timed into ep_seconds_
   const float* expert_bias_ = nullptr;  // set_expert_bias; copied to moe_bias_ (E) per forward
   float* moe_bias_ = nullptr;
   ops::MoeRoute route_;

@@ -144,6 +144,14 @@ int64_t TransformerImpl::kept_rows(const Slot& s, int l) const {
   return kept;
 }
 
+// Runs an expert-parallel collective, its time added to ep_seconds_.
+template <typename F>
+void TransformerImpl::timed_ep(F&& collective) {
+  const auto t0 = std::chrono::steady_clock::now();
+  collective();
+  ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 int64_t TransformerImpl::local_rows(const Slot& s, int l) const {
   if (ep_size_ == 1) return kept_rows(s, l);
   int64_t rows = 0;
@@ -162,9 +170,8 @@ void TransformerImpl::ep_exchange_counts(Slot& s, int l) {
   std::vector<int64_t>& got = s.ep_counts[b];
   std::vector<int64_t>& rows = s.ep_rows[b];
   if (ep_ != nullptr) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ep_->all_to_all(counts32_.data(), ep_counts32_.data(), size_t(El_), DType::I32);
-    ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    timed_ep(
+        [&] { ep_->all_to_all(counts32_.data(), ep_counts32_.data(), size_t(El_), DType::I32); });
   } else {  // a dry run: no rows arrive
     STRATA_CHECK(ops::dry_run(), "expert parallelism over ", ep_size_,
                  " ranks needs its group (ChunkOptions::experts)");
@@ -228,9 +235,7 @@ void TransformerImpl::ep_to_experts(const Slot& s, int l, const void* plan_rows,
   const int64_t rows = local_rows(s, l);
   ep_set_counts(s, l, width, true);
   if (ep_ != nullptr) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ep_->all_to_all_v(plan_rows, ep_recv_, ep_v_counts_.data(), pt_);
-    ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    timed_ep([&] { ep_->all_to_all_v(plan_rows, ep_recv_, ep_v_counts_.data(), pt_); });
   }
   ops::gather_rows(mat(local, pt_, rows, width), mat(ep_recv_, pt_, rows, width),
                    ep_permutation(s, l, true));
@@ -243,9 +248,7 @@ void TransformerImpl::ep_from_experts(const Slot& s, int l, const void* local, v
                    ep_permutation(s, l, false));
   ep_set_counts(s, l, width, false);
   if (ep_ != nullptr) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ep_->all_to_all_v(ep_recv_, plan_rows, ep_v_counts_.data(), pt_);
-    ep_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    timed_ep([&] { ep_->all_to_all_v(ep_recv_, plan_rows, ep_v_counts_.data(), pt_); });
   }
 }
 
