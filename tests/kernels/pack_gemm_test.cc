@@ -1,8 +1,9 @@
 // pack_gemm, the GEMM that widens half-precision operands as it packs them: every micro-kernel
 // this CPU runs, against a double-precision reference over operand types, layouts, partial tiles
 // and blocks; rounding of a half result exactly once, bit for bit as core/dtype.h rounds; results
-// that do not depend on the thread count or on which rows and columns a call computes; and
-// matmul choosing it for large products on the widened path.
+// that do not depend on the thread count or on which rows and columns a call computes; grouped
+// products equal to one product per group; and matmul choosing it for large products on the
+// widened path.
 #include "strata/kernels/cpu/pack_gemm.h"
 
 #include <gtest/gtest.h>
@@ -211,6 +212,68 @@ TEST_P(PackGemm, ElementsDoNotDependOnTheSplitOrTheThreads) {
   omp_set_num_threads(threads);
   for (size_t i = 0; i < whole.size(); ++i) {
     ASSERT_EQ(std::bit_cast<uint32_t>(one[i]), std::bit_cast<uint32_t>(whole[i])) << i;
+  }
+}
+
+// A grouped product gives each group's elements bit for bit as pack_gemm gives them for that
+// group alone, whatever the threads (1 and 3) and however their split falls across the groups:
+// groups of 0, 1, 5, 200 and 700 rows, depths of 1100 (three blocks, through a bf16 result's
+// fp32 partial sums) beside 40, and a group of no depth, whose c stays as it was.
+TEST_P(PackGemm, GroupedIsEachGroupAloneBitForBit) {
+  const int64_t N = 70;
+  struct Shape {
+    int64_t M, K;
+  };
+  const Shape shapes[] = {{200, 1100}, {0, 40}, {1, 1100}, {700, 40}, {5, 0}, {5, 1100}, {13, 40}};
+  for (const DType ct : {DType::F32, DType::BF16}) {
+    for (const bool accumulate : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(ct) << " accumulate=" << accumulate);
+      std::vector<Mat<bf16>> as, bs;
+      std::vector<Mat<float>> c32;
+      std::vector<Mat<bf16>> c16;
+      for (const Shape& s : shapes) {
+        as.push_back(random_mat<bf16>(s.M, s.K, false, "a"));
+        bs.push_back(random_mat<bf16>(s.K, N, true, "b"));
+        c32.push_back(random_mat<float>(s.M, N, false, "c"));
+        c16.push_back(random_mat<bf16>(s.M, N, false, "c"));
+      }
+      // The reference: one pack_gemm per group (none for a group without rows or depth).
+      auto ref32 = c32;
+      auto ref16 = c16;
+      const auto out = [&](std::vector<Mat<float>>& f, std::vector<Mat<bf16>>& h, size_t g) {
+        return ct == DType::F32 ? MatOut{f[g].data.data(), ct, f[g].ld()}
+                                : MatOut{h[g].data.data(), ct, h[g].ld()};
+      };
+      for (size_t g = 0; g < std::size(shapes); ++g) {
+        if (shapes[g].M == 0 || shapes[g].K == 0) continue;
+        pack_gemm(GetParam(), out(ref32, ref16, g), as[g].operand(), bs[g].operand(), shapes[g].M,
+                  N, shapes[g].K, 0.5f, accumulate);
+      }
+      const int threads = omp_get_max_threads();
+      for (const int t : {1, 3}) {
+        auto g32 = c32;
+        auto g16 = c16;
+        std::vector<MatGroup> groups;
+        for (size_t g = 0; g < std::size(shapes); ++g) {
+          groups.push_back(
+              {out(g32, g16, g), as[g].operand(), bs[g].operand(), shapes[g].M, shapes[g].K});
+        }
+        omp_set_num_threads(t);
+        pack_gemm_grouped(GetParam(), groups, N, 0.5f, accumulate);
+        omp_set_num_threads(threads);
+        for (size_t g = 0; g < std::size(shapes); ++g) {
+          for (size_t i = 0; i < g32[g].data.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(g32[g].data[i]),
+                      std::bit_cast<uint32_t>(ref32[g].data[i]))
+                << "threads " << t << " group " << g << " element " << i;
+          }
+          for (size_t i = 0; i < g16[g].data.size(); ++i) {
+            ASSERT_EQ(g16[g].data[i].bits, ref16[g].data[i].bits)
+                << "threads " << t << " group " << g << " element " << i;
+          }
+        }
+      }
+    }
   }
 }
 

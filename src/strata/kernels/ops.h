@@ -394,7 +394,8 @@ void moe_gate_forward(Tensor out, Tensor s, Tensor g);
 void moe_gate_backward(Tensor ds, Tensor dg, Tensor dout, Tensor s, Tensor g);
 // Grouped linear layers: x's rows in consecutive groups of counts[g] rows (host memory, summing
 // to its rows), group g through weight g, rows [g·N, (g+1)·N) of w (G·N, K). One call per
-// projection, however many groups are empty.
+// projection, however many groups are empty: on the CPU one grouped product whose threads split
+// all the groups' rows at once (kernels::grouped_matmul), on a GPU a gemm per group with rows.
 // y (R, N) = x_g (R_g, K) · w_gᵀ per group.
 void grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t* counts, int groups);
 // dx (R, K) = dy_g · w_g per group (dx written).

@@ -1,7 +1,10 @@
 // ops.h: a mixture of experts' routing, dispatch, combine and grouped linear layers (the
-// dispatch: dispatch.h; the CUDA kernels: kernels/cuda/moe.cu). The grouped layers are one gemm
-// per group on the views' device.
+// dispatch: dispatch.h; the CUDA kernels: kernels/cuda/moe.cu). The grouped layers are one
+// grouped product on the CPU (kernels::grouped_matmul), a gemm per group on a GPU.
+#include <vector>
+
 #include "strata/kernels/cpu/common.h"
+#include "strata/kernels/cpu/matmul.h"
 #include "strata/kernels/cpu/moe.h"
 #include "strata/kernels/dispatch.h"
 #include "strata/kernels/ops.h"
@@ -271,8 +274,7 @@ Grouped grouped_size(const char* op, const Tensor& w, const Tensor& x, const int
   return {K, N, R};
 }
 
-// f(group, its first row, its rows) for each group that has rows: one gemm each (ops::gemm, on
-// the views' device).
+// f(group, its first row, its rows) for each group that has rows.
 template <typename F>
 void for_each_group(const int64_t* counts, int groups, F&& f) {
   for (int64_t e = 0, r = 0; e < groups; r += counts[e++]) {
@@ -280,47 +282,101 @@ void for_each_group(const int64_t* counts, int groups, F&& f) {
   }
 }
 
+// Element offset of row `row` of a (_, width) view.
+template <typename T>
+T* at_row(const Tensor& t, int64_t row, int64_t width) {
+  return reinterpret_cast<T*>(static_cast<char*>(t.data) +
+                              size_t(row * width) * dtype_size(t.dtype));
+}
+
+// One grouped product, inside the call `on`: on a GPU cuda(e, r, m) runs a gemm per group with
+// rows (group e, first row r, m rows); on the CPU the groups' products go in one call
+// (kernels::grouped_matmul), product(e, r, m) giving group e's MatGroup.
+template <typename Cuda, typename Cpu>
+void grouped(const Call& on, const int64_t* counts, int groups, int64_t N, float alpha,
+             bool accumulate, Cuda&& cuda, Cpu&& product) {
+  if (on.cuda) {
+    for_each_group(counts, groups, cuda);
+    return;
+  }
+  std::vector<kernels::MatGroup> batch;
+  batch.reserve(size_t(groups));
+  for_each_group(counts, groups,
+                 [&](int64_t e, int64_t r, int64_t m) { batch.push_back(product(e, r, m)); });
+  kernels::grouped_matmul(batch, N, alpha, accumulate);
+}
+
 }  // namespace
 
 void grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t* counts, int groups) {
   constexpr const char* op = "grouped_linear_forward";
-  if (dry_runs > 0) return;
+  const Call access = on_device(op, {y, x, w});
+  if (access.dry) return;
   const auto [K, N, R] = grouped_size(op, w, x, counts, groups);
   expect_numel(op, "y", y, R * N);
   Gemm g;
   g.N = N, g.K = K, g.trans_b = true, g.lda = K, g.ldb = K, g.ldc = N;
-  for_each_group(counts, groups, [&](int64_t e, int64_t r, int64_t m) {
-    g.M = m;
-    gemm(rows_view(y, r, m, N), rows_view(x, r, m, K), rows_view(w, e * N, N, K), g);
-  });
+  grouped(
+      access, counts, groups, N, 1.0f, false,
+      [&](int64_t e, int64_t r, int64_t m) {
+        g.M = m;
+        gemm(rows_view(y, r, m, N), rows_view(x, r, m, K), rows_view(w, e * N, N, K), g);
+      },
+      [&](int64_t e, int64_t r, int64_t m) {
+        return kernels::MatGroup{{at_row<void>(y, r, N), y.dtype, N},
+                                 {at_row<const void>(x, r, K), x.dtype, K, 1},
+                                 {at_row<const void>(w, e * N, K), w.dtype, 1, K},
+                                 m,
+                                 K};
+      });
 }
 
 void grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t* counts,
                                    int groups) {
   constexpr const char* op = "grouped_linear_backward_input";
-  if (dry_runs > 0) return;
+  const Call access = on_device(op, {dx, dy, w});
+  if (access.dry) return;
   const auto [K, N, R] = grouped_size(op, w, dx, counts, groups);
   expect_numel(op, "dy", dy, R * N);
   Gemm g;
   g.N = K, g.K = N, g.lda = N, g.ldb = K, g.ldc = K;
-  for_each_group(counts, groups, [&](int64_t e, int64_t r, int64_t m) {
-    g.M = m;
-    gemm(rows_view(dx, r, m, K), rows_view(dy, r, m, N), rows_view(w, e * N, N, K), g);
-  });
+  grouped(
+      access, counts, groups, K, 1.0f, false,
+      [&](int64_t e, int64_t r, int64_t m) {
+        g.M = m;
+        gemm(rows_view(dx, r, m, K), rows_view(dy, r, m, N), rows_view(w, e * N, N, K), g);
+      },
+      [&](int64_t e, int64_t r, int64_t m) {
+        return kernels::MatGroup{{at_row<void>(dx, r, K), dx.dtype, K},
+                                 {at_row<const void>(dy, r, N), dy.dtype, N, 1},
+                                 {at_row<const void>(w, e * N, K), w.dtype, K, 1},
+                                 m,
+                                 N};
+      });
 }
 
 void grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t* counts,
                                     int groups) {
   constexpr const char* op = "grouped_linear_backward_weight";
-  if (dry_runs > 0) return;
+  const Call access = on_device(op, {dw, dy, x});
+  if (access.dry) return;
   const auto [K, N, R] = grouped_size(op, dw, x, counts, groups);
   expect_numel(op, "dy", dy, R * N);
   Gemm g;
   g.M = N, g.N = K, g.trans_a = true, g.lda = N, g.ldb = K, g.ldc = K, g.accumulate = true;
-  for_each_group(counts, groups, [&](int64_t e, int64_t r, int64_t m) {
-    g.K = m;
-    gemm(rows_view(dw, e * N, N, K), rows_view(dy, r, m, N), rows_view(x, r, m, K), g);
-  });
+  grouped(
+      access, counts, groups, K, 1.0f, true,
+      [&](int64_t e, int64_t r, int64_t m) {
+        g.K = m;
+        gemm(rows_view(dw, e * N, N, K), rows_view(dy, r, m, N), rows_view(x, r, m, K), g);
+      },
+      [&](int64_t e, int64_t r, int64_t m) {
+        return kernels::MatGroup{{at_row<void>(dw, e * N, K), dw.dtype, K},
+                                 {at_row<const void>(dy, r, N), dy.dtype, 1, N},
+                                 {at_row<const void>(x, r, K), x.dtype, K, 1},
+                                 N,
+                                 m};
+      });
 }
 
 }  // namespace strata::ops

@@ -254,6 +254,19 @@ bool matmul_widens(DType t, int64_t rows) {
   return t != DType::F32 && !runs_native(t, t, t) && !(rows > 0 && packs(rows, 1, 1, 1));
 }
 
+void grouped_matmul(std::span<const MatGroup> groups, int64_t N, float alpha, bool accumulate) {
+  if (N <= 0) return;
+  const std::vector<PackKernel>& k = pack_gemm_kernels();
+  if (!k.empty()) {
+    pack_gemm_grouped(k.front(), groups, N, alpha, accumulate);
+    return;
+  }
+  const int64_t batch[2] = {1, 1};
+  for (const MatGroup& g : groups) {
+    if (g.M > 0 && g.K > 0) matmul(g.c, g.a, g.b, g.M, N, g.K, batch, alpha, accumulate);
+  }
+}
+
 const float* widen_input(int slot, const void* src, DType t, int64_t rows, int64_t cols) {
   STRATA_CHECK(slot == 0 || slot == 1, "widen_input: slot ", slot, " is not 0 or 1");
   float* dst = reserve_floats(widen_buffers().inputs[slot], rows * cols);

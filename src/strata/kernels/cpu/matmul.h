@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "strata/core/dtype.h"
 
@@ -46,6 +47,19 @@ const float* widen_input(int slot, const void* src, DType t, int64_t rows, int64
 // batch = {B0, B1}, each >= 1. With accumulate, c is read and added to (the += of backward).
 void matmul(MatOut c, MatOperand a, MatOperand b, int64_t M, int64_t N, int64_t K,
             const int64_t batch[2], float alpha = 1.0f, bool accumulate = false);
+
+// One product of a grouped GEMM: c (M, N) = alpha · a (M, K) · b (K, N) (+ c), N shared.
+struct MatGroup {
+  MatOut c;
+  MatOperand a, b;
+  int64_t M = 0, K = 0;
+};
+// Every group's product, unbatched; a group with no rows or no depth is skipped. On pack_gemm
+// where this CPU runs it (pack_gemm_grouped: one parallel pass over all the groups, each element
+// what pack_gemm gives for its group alone, whatever the other groups hold), else one matmul per
+// group.
+void grouped_matmul(std::span<const MatGroup> groups, int64_t N, float alpha = 1.0f,
+                    bool accumulate = false);
 
 // Linear layers, weights stored [N, K] (out_features, in_features) as PyTorch does.
 // out (M,N) = inp (M,K) · weight (N,K)ᵀ + bias (N) [bias may be null]

@@ -301,89 +301,163 @@ Workspace& workspace() {
   return w;
 }
 
+// One thread's share of a product: rows [m0, m1) of c, every column, the thread's packing
+// buffers ap (KC, MC + MR) and bp0 (KC, NCt + NR). csum: where a half-precision c with K > KC
+// keeps its fp32 partial sums, (M, ≤ NCt) from c's first row (else nullptr).
+template <typename Kern>
+void rows_of_c(float* ap, float* bp0, const MatOut& c, const MatOperand& a, const MatOperand& b,
+               int64_t m0, int64_t m1, int64_t N, int64_t K, int64_t NCt, float alpha,
+               bool accumulate, float* csum) {
+  constexpr int64_t MR = Kern::MR, NR = Kern::NR;
+  const bool half_c = c.dtype != DType::F32;
+  float* cf = half_c ? nullptr : static_cast<float*>(c.ptr);
+  alignas(64) float tile[MR * NR] = {};  // rows and columns past the edge stay finite
+  for (int64_t jc = 0; jc < N && m0 < m1; jc += NCt) {
+    const int64_t nc = std::min(NCt, N - jc), panels = (nc + NR - 1) / NR;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+      const int64_t kc = std::min(KC, K - pc);
+      const bool last = pc + kc == K;
+      for (int64_t p = 0; p < panels; ++p) {
+        pack<NR>(bp0 + p * kc * NR, b, pc * b.row_stride + (jc + p * NR) * b.col_stride,
+                 b.col_stride, b.row_stride, std::min(NR, nc - p * NR), kc);
+      }
+      for (int64_t ic = m0; ic < m1; ic += MC) {
+        const int64_t mc = std::min(MC, m1 - ic);
+        pack<MR>(ap, a, ic * a.row_stride + pc * a.col_stride, a.row_stride, a.col_stride, mc, kc);
+        for (int64_t p = 0; p < panels; ++p) {
+          const int64_t j0 = jc + p * NR, cols = std::min(NR, nc - p * NR);
+          const float* bp = bp0 + p * kc * NR;
+          for (int64_t i0 = ic; i0 < ic + mc; i0 += MR) {
+            const int64_t rows = std::min(MR, ic + mc - i0);
+            const float* aq = ap + (i0 - ic) * kc;
+            // Where this block's sums go: c itself (fp32), or the fp32 partial sums of a
+            // half-precision c, whose last block is rounded into c.
+            float* t = nullptr;
+            int64_t ldt = 0;
+            bool add = pc > 0;
+            if (!half_c) {
+              t = cf + i0 * c.row_stride + j0, ldt = c.row_stride, add = add || accumulate;
+            } else if (csum != nullptr) {
+              t = csum + i0 * nc + (j0 - jc), ldt = nc;
+            }
+            const bool round = half_c && last;
+            if (rows == MR && cols == NR && (!round || c.dtype == DType::BF16)) {
+              Dst d{t != nullptr ? t : tile, t != nullptr ? ldt : NR, add};
+              if (round) {
+                d.h = static_cast<bf16*>(c.ptr) + i0 * c.row_stride + j0;
+                d.ldh = c.row_stride, d.h_add = accumulate;
+              }
+              Kern::kernel(kc, aq, bp, alpha, d);
+              continue;
+            }
+            // A partial tile, or an fp16 c: through the tile, which starts from the sums t
+            // holds, so that the arithmetic is that of a whole tile.
+            if (add) {
+              for (int64_t r = 0; r < rows; ++r) std::copy_n(t + r * ldt, cols, tile + r * NR);
+            }
+            Kern::kernel(kc, aq, bp, alpha, Dst{tile, NR, add});
+            if (!round) {
+              for (int64_t r = 0; r < rows; ++r) std::copy_n(tile + r * NR, cols, t + r * ldt);
+            } else if (c.dtype == DType::BF16) {
+              narrow_tile<bf16, NR>(c, i0, j0, tile, rows, cols, accumulate);
+            } else {
+              narrow_tile<f16, NR>(c, i0, j0, tile, rows, cols, accumulate);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The threads and the width of each one's blocks of b for a product of `work` multiply-adds.
+// Each thread packs its own blocks of b, NCt columns wide: packing b once per thread costs far
+// less than the two barriers per block a shared block needs, at each of which every thread waits
+// for the slowest (bench-23M's bf16 step on a 2-core AVX2 EPYC: 2.67 s against 2.85 s, medians
+// of 7 runs).
+struct Threads {
+  int threads;
+  int64_t NCt;
+};
+template <typename Kern>
+Threads threads_for(int64_t work) {
+  const int threads = work >= 64 * kParallelMinWork ? omp_get_max_threads() : 1;
+  return {threads, (NC / threads + Kern::NR - 1) / Kern::NR * Kern::NR};
+}
+
 template <typename Kern>
 void run(const MatOut& c, const MatOperand& a, const MatOperand& b, int64_t M, int64_t N, int64_t K,
          float alpha, bool accumulate) {
   constexpr int64_t MR = Kern::MR, NR = Kern::NR;
-  const bool half_c = c.dtype != DType::F32;
-  const bool parallel = M * N * K >= 64 * kParallelMinWork;
-  const int threads = parallel ? omp_get_max_threads() : 1;
-  // Each thread packs its own blocks of b, NCt columns wide: packing b once per thread costs far
-  // less than the two barriers per block a shared block needs, at each of which every thread
-  // waits for the slowest (bench-23M's bf16 step on a 2-core AVX2 EPYC: 2.67 s against 2.85 s,
-  // medians of 7 runs).
-  const int64_t NCt = (NC / threads + NR - 1) / NR * NR;
+  const auto [threads, NCt] = threads_for<Kern>(M * N * K);
   Workspace& w = workspace();
   float* bpack = reserve_floats(w.b, threads * KC * (NCt + NR));
   float* apack = reserve_floats(w.a, threads * KC * (MC + MR));
-  float* csum = half_c && K > KC ? reserve_floats(w.cs, M * std::min(N, NCt)) : nullptr;
-  float* cf = half_c ? nullptr : static_cast<float*>(c.ptr);
+  const bool half_sums = c.dtype != DType::F32 && K > KC;
+  float* csum = half_sums ? reserve_floats(w.cs, M * std::min(N, NCt)) : nullptr;
+
+#pragma omp parallel num_threads(threads)
+  {
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+    // Each thread's rows: a multiple of MR, so that only the last thread's last panel is partial.
+    const int64_t per = ((M + nth - 1) / nth + MR - 1) / MR * MR;
+    const int64_t m0 = std::min(M, tid * per), m1 = std::min(M, m0 + per);
+    rows_of_c<Kern>(apack + tid * KC * (MC + MR), bpack + tid * KC * (NCt + NR), c, a, b, m0, m1, N,
+                    K, NCt, alpha, accumulate, csum);
+  }
+}
+
+// The grouped product: the groups' panels of MR rows in one sequence, each panel costing its
+// group's depth, cut into one contiguous run per thread of about equal cost. A thread packs b
+// once per group it reaches (the loop of one product per group: once per group and thread), and
+// a group of few rows shares a thread with its neighbours instead of splitting in slivers.
+template <typename Kern>
+void run_grouped(std::span<const MatGroup> groups, int64_t N, float alpha, bool accumulate) {
+  constexpr int64_t MR = Kern::MR, NR = Kern::NR;
+  const size_t G = groups.size();
+  std::vector<int64_t> cost(G + 1, 0), sums(G + 1, 0);  // prefix: panel cost, half sums' rows
+  int64_t work = 0;
+  bool half_sums = false;
+  for (size_t g = 0; g < G; ++g) {
+    const MatGroup& q = groups[g];
+    const bool live = q.M > 0 && q.K > 0;
+    cost[g + 1] = cost[g] + (live ? (q.M + MR - 1) / MR * q.K : 0);
+    const bool h = live && q.c.dtype != DType::F32 && q.K > KC;
+    sums[g + 1] = sums[g] + (h ? q.M : 0);
+    half_sums = half_sums || h;
+    if (live) work += q.M * N * q.K;
+  }
+  if (work == 0) return;
+  const auto [threads, NCt] = threads_for<Kern>(work);
+  Workspace& w = workspace();
+  float* bpack = reserve_floats(w.b, threads * KC * (NCt + NR));
+  float* apack = reserve_floats(w.a, threads * KC * (MC + MR));
+  float* csum = half_sums ? reserve_floats(w.cs, sums[G] * std::min(N, NCt)) : nullptr;
+  const int64_t total = cost[G];
 
 #pragma omp parallel num_threads(threads)
   {
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     float* ap = apack + tid * KC * (MC + MR);
-    float* bp0 = bpack + tid * KC * (NCt + NR);
-    // Each thread's rows: a multiple of MR, so that only the last thread's last panel is partial.
-    const int64_t per = ((M + nth - 1) / nth + MR - 1) / MR * MR;
-    const int64_t m0 = std::min(M, tid * per), m1 = std::min(M, m0 + per);
-    alignas(64) float tile[MR * NR] = {};  // rows and columns past the edge stay finite
-    for (int64_t jc = 0; jc < N && m0 < m1; jc += NCt) {
-      const int64_t nc = std::min(NCt, N - jc), panels = (nc + NR - 1) / NR;
-      for (int64_t pc = 0; pc < K; pc += KC) {
-        const int64_t kc = std::min(KC, K - pc);
-        const bool last = pc + kc == K;
-        for (int64_t p = 0; p < panels; ++p) {
-          pack<NR>(bp0 + p * kc * NR, b, pc * b.row_stride + (jc + p * NR) * b.col_stride,
-                   b.col_stride, b.row_stride, std::min(NR, nc - p * NR), kc);
-        }
-        for (int64_t ic = m0; ic < m1; ic += MC) {
-          const int64_t mc = std::min(MC, m1 - ic);
-          pack<MR>(ap, a, ic * a.row_stride + pc * a.col_stride, a.row_stride, a.col_stride, mc,
-                   kc);
-          for (int64_t p = 0; p < panels; ++p) {
-            const int64_t j0 = jc + p * NR, cols = std::min(NR, nc - p * NR);
-            const float* bp = bp0 + p * kc * NR;
-            for (int64_t i0 = ic; i0 < ic + mc; i0 += MR) {
-              const int64_t rows = std::min(MR, ic + mc - i0);
-              const float* aq = ap + (i0 - ic) * kc;
-              // Where this block's sums go: c itself (fp32), or the fp32 partial sums of a
-              // half-precision c, whose last block is rounded into c.
-              float* t = nullptr;
-              int64_t ldt = 0;
-              bool add = pc > 0;
-              if (!half_c) {
-                t = cf + i0 * c.row_stride + j0, ldt = c.row_stride, add = add || accumulate;
-              } else if (csum != nullptr) {
-                t = csum + i0 * nc + (j0 - jc), ldt = nc;
-              }
-              const bool round = half_c && last;
-              if (rows == MR && cols == NR && (!round || c.dtype == DType::BF16)) {
-                Dst d{t != nullptr ? t : tile, t != nullptr ? ldt : NR, add};
-                if (round) {
-                  d.h = static_cast<bf16*>(c.ptr) + i0 * c.row_stride + j0;
-                  d.ldh = c.row_stride, d.h_add = accumulate;
-                }
-                Kern::kernel(kc, aq, bp, alpha, d);
-                continue;
-              }
-              // A partial tile, or an fp16 c: through the tile, which starts from the sums t
-              // holds, so that the arithmetic is that of a whole tile.
-              if (add) {
-                for (int64_t r = 0; r < rows; ++r) std::copy_n(t + r * ldt, cols, tile + r * NR);
-              }
-              Kern::kernel(kc, aq, bp, alpha, Dst{tile, NR, add});
-              if (!round) {
-                for (int64_t r = 0; r < rows; ++r) std::copy_n(tile + r * NR, cols, t + r * ldt);
-              } else if (c.dtype == DType::BF16) {
-                narrow_tile<bf16, NR>(c, i0, j0, tile, rows, cols, accumulate);
-              } else {
-                narrow_tile<f16, NR>(c, i0, j0, tile, rows, cols, accumulate);
-              }
-            }
-          }
-        }
-      }
+    float* bp = bpack + tid * KC * (NCt + NR);
+    // Panel p of group g starts at cost s = cost[g] + p·K and belongs to the thread t with
+    // t·total <= s·nth < (t+1)·total: the first panel at or past a thread's share.
+    const auto first_panel = [&](size_t g, int64_t t) {
+      const MatGroup& q = groups[g];
+      const int64_t panels = (q.M + MR - 1) / MR;
+      if (t >= nth) return panels;
+      const int64_t need = t * total - cost[g] * nth;  // p·K·nth >= need
+      if (need <= 0) return int64_t(0);
+      return std::min(panels, (need + q.K * nth - 1) / (q.K * nth));
+    };
+    for (size_t g = 0; g < G; ++g) {
+      const MatGroup& q = groups[g];
+      if (q.M <= 0 || q.K <= 0 || cost[g + 1] * nth <= tid * total) continue;
+      if (cost[g] * nth >= (tid + 1) * total) break;
+      const int64_t m0 = std::min(q.M, first_panel(g, tid) * MR);
+      const int64_t m1 = std::min(q.M, first_panel(g, tid + 1) * MR);
+      float* gs = q.c.dtype != DType::F32 && q.K > KC ? csum + sums[g] * std::min(N, NCt) : nullptr;
+      rows_of_c<Kern>(ap, bp, q.c, q.a, q.b, m0, m1, N, q.K, NCt, alpha, accumulate, gs);
     }
   }
 }
@@ -423,6 +497,19 @@ void pack_gemm(PackKernel kernel, const MatOut& c, const MatOperand& a, const Ma
     run<Avx512>(c, a, b, M, N, K, alpha, accumulate);
   } else {
     run<Avx2>(c, a, b, M, N, K, alpha, accumulate);
+  }
+}
+
+void pack_gemm_grouped(PackKernel kernel, std::span<const MatGroup> groups, int64_t N, float alpha,
+                       bool accumulate) {
+  const std::vector<PackKernel>& k = pack_gemm_kernels();
+  STRATA_CHECK(std::find(k.begin(), k.end(), kernel) != k.end(), "this CPU (",
+               cpu_features().flags(), ") cannot run the ", pack_kernel_name(kernel),
+               " micro-kernel");
+  if (kernel == PackKernel::Avx512) {
+    run_grouped<Avx512>(groups, N, alpha, accumulate);
+  } else {
+    run_grouped<Avx2>(groups, N, alpha, accumulate);
   }
 }
 

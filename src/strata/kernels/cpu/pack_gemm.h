@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "strata/kernels/cpu/matmul.h"
@@ -34,5 +35,12 @@ void pack_gemm(const MatOut& c, const MatOperand& a, const MatOperand& b, int64_
 // The same on a chosen kernel of pack_gemm_kernels() (tests cover each on one CPU).
 void pack_gemm(PackKernel kernel, const MatOut& c, const MatOperand& a, const MatOperand& b,
                int64_t M, int64_t N, int64_t K, float alpha, bool accumulate);
+
+// Every group's product (matmul.h's MatGroup) in one parallel pass (a mixture of experts'
+// projections, one group per expert): the threads split the groups' rows by cost, not each group's
+// rows. A group with no rows or no depth is skipped (its c untouched). Each element is what
+// pack_gemm gives for its group alone, bit for bit.
+void pack_gemm_grouped(PackKernel kernel, std::span<const MatGroup> groups, int64_t N, float alpha,
+                       bool accumulate);
 
 }  // namespace strata::kernels
