@@ -157,6 +157,8 @@ const Implemented kImplemented[] = {
     {"parallelism.expert",
      "Engine's ep and edp groups; the spec's ExpertLayout, the MoE layers' all-to-all dispatch"},
     {"parallelism.expert_tensor", "checked against parallelism.tensor (only tensor is built)"},
+    {"parallelism.expert_dispatch",
+     "the MoE layers' dispatch: all-to-all or all-gather (transformer_moe.cc)"},
     {"data.path", "open_dataset"},
     {"data.format", "open_dataset"},
     {"train.steps", "train_command: steps run"},

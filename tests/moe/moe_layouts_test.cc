@@ -253,16 +253,18 @@ TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
 // Expert parallelism folded into the data and context-parallel ranks (ep 2 and 4 over 4 experts,
 // so one or two experts a rank), beside accumulation, ZeRO-0..3, tensor parallelism with sequence
 // parallelism, pipelines (1F1B, zero-bubble's deferred weight gradients, interleaved) and context
-// parallelism: the tokens go to their experts' ranks and back, and the step is the single-process
-// one.
+// parallelism: the tokens go to their experts' ranks and back, by all-to-all or by all-gather and
+// reduce-scatter, and the step is the single-process one.
 TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
   const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
   const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
   const nlohmann::json selective = {{"recompute_granularity", "selective"}};
   const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
+  const nlohmann::json ag = "all_gather";
   std::vector<Layout> layouts = {
       {{{"expert", 2}}, z0, nullptr, 2},
       {{{"expert", 2}}, zero3, full, 1},
+      {{{"expert", 2}, {"expert_dispatch", ag}}, z1, full, 2},
   };
   if (world_size() == 4) {
     layouts = {
@@ -277,6 +279,16 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
          nullptr,
          4},
         {{{"expert", 4}, {"context", 2}, {"context_impl", "ulysses"}}, z0, nullptr, 2},
+        // The all-gather dispatch: one expert a rank, tensor parallelism, deferred weights.
+        {{{"expert", 4}, {"expert_dispatch", ag}}, zero3, nullptr, 1},
+        {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_dispatch", ag}},
+         z2,
+         nullptr,
+         1},
+        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}, {"expert_dispatch", ag}},
+         z0,
+         nullptr,
+         4},
     };
   }
   for (const char* aux : {"per_layer", "capacity", "sigmoid"}) {

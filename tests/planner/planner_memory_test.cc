@@ -130,6 +130,27 @@ void expect_matches(const planner::PlanInput& in, const planner::Row& r, const s
   }
 }
 
+// A mixture of experts: a gated shared expert, a dense layer.
+nlohmann::json moe_model() {
+  return {{"family", "qwen2_moe"},
+          {"layers", 4},
+          {"hidden", 32},
+          {"heads", 4},
+          {"kv_heads", 2},
+          {"ffn_hidden", 64},
+          {"vocab", 64},
+          {"seq_len", 16},
+          {"moe",
+           {{"experts", 4},
+            {"top_k", 2},
+            {"ffn_hidden", 16},
+            {"shared_ffn_hidden", 32},
+            {"mlp_only_layers", {2}},
+            {"aux_loss", "per_layer"},
+            {"router_aux_loss_coef", 0.01},
+            {"z_loss_coef", 0.001}}}};
+}
+
 TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
   int checked = 0;
   // GPT-2, Llama, a Gemma 3 block (sandwich norms, q/k norms, a head_dim of its own) and a
@@ -146,24 +167,7 @@ TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
                                     {"vocab", 64},
                                     {"seq_len", 16},
                                     {"sliding_window", 4}},
-                                   // A mixture of experts: a gated shared expert, a dense layer.
-                                   {{"family", "qwen2_moe"},
-                                    {"layers", 4},
-                                    {"hidden", 32},
-                                    {"heads", 4},
-                                    {"kv_heads", 2},
-                                    {"ffn_hidden", 64},
-                                    {"vocab", 64},
-                                    {"seq_len", 16},
-                                    {"moe",
-                                     {{"experts", 4},
-                                      {"top_k", 2},
-                                      {"ffn_hidden", 16},
-                                      {"shared_ffn_hidden", 32},
-                                      {"mlp_only_layers", {2}},
-                                      {"aux_loss", "per_layer"},
-                                      {"router_aux_loss_coef", 0.01},
-                                      {"z_loss_coef", 0.001}}}}};
+                                   moe_model()};
   int expert_parallel = 0;  // rows with the experts over ranks (the MoE model's, 2 ranks or more)
   for (const nlohmann::json& model : models) {
     const planner::PlanInput in = input(model, 8);
@@ -176,6 +180,25 @@ TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {
   }
   EXPECT_GE(checked, 12);
   EXPECT_GE(expert_parallel, world_size() > 1 ? 1 : 0);
+}
+
+// The all-gather dispatch's buffers (every rank's tokens, plans and gates) in the planner's figures
+// as the engine allocates them: the first layout of each expert-parallel size, pipeline and
+// recompute policy.
+TEST_F(PlannerMemory, AllGatherDispatchMatchesTheEngine) {
+  if (world_size() < 2) GTEST_SKIP() << "expert parallelism needs 2 ranks";
+  planner::PlanInput in = input(moe_model(), 8);
+  in.base["parallelism"] = {{"expert_dispatch", "all_gather"}};
+  std::vector<std::string> seen;
+  for (const planner::Row& r : planner::plan(in)) {
+    if (!r.valid() || r.c.ep < 2) continue;
+    const std::string kind =
+        std::to_string(r.c.ep) + "/" + std::to_string(r.c.pp) + "/" + r.c.recompute;
+    if (std::find(seen.begin(), seen.end(), kind) != seen.end()) continue;
+    seen.push_back(kind);
+    expect_matches(in, r, "all_gather");
+  }
+  EXPECT_GE(seen.size(), 2u);
 }
 
 // ZeRO-3 under a pipeline, as the planner now enumerates it: every unit gathered (persistence 0),

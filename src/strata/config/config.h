@@ -38,6 +38,12 @@ struct ParallelismConfig {
   // which is the same where tensor is 1.
   int expert = 1;
   int expert_tensor = 0;  // 0: not given (the tensor-parallel size)
+  // How the tokens reach the experts' ranks: "all_to_all" (each rank's routed rows to the ranks
+  // of their experts and the outputs back; Megatron's alltoall dispatcher), or "all_gather"
+  // (every rank's tokens and routing gathered on every rank of the group, each rank's experts'
+  // outputs weighted and summed back by a reduce-scatter; Megatron's allgather dispatcher, which
+  // sends each token once however many experts it chooses).
+  std::string expert_dispatch = "all_to_all";
   // How the blocks are cut into pipeline chunks: "uniform" | "parameters" | "time" | "explicit"
   // (partition_blocks: the blocks of each chunk, stages × virtual_stages counts).
   std::string partition = "uniform";

@@ -381,10 +381,11 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
 // out (R, C) row r = x (N, C) row rows[r].
 void gather_rows(Tensor out, Tensor x, Tensor rows);
 // out (N, C) row n = Σ_j w[n, j] · y[pos[n, j]] (w (N, k) fp32; absent: 1) over the choices not
-// dropped (pos -1), summed in fp32 in j order and rounded once.
+// dropped (pos -1), summed in fp32 in j order and rounded once. y (R, C): the plan's rows (R =
+// N·k), or any rows the positions index (the all-gather dispatch's: one rank's experts').
 void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w);
-// The combine's backward: dy[pos[n, j]] = w[n, j] · dout[n]; dw (N, k) fp32 = <dout[n], y[pos]>
-// (0 where dropped).
+// The combine's backward: dy[pos[n, j]] = w[n, j] · dout[n] (dy as y, (R, C); rows no position
+// names untouched); dw (N, k) fp32 = <dout[n], y[pos]> (0 where dropped).
 void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor pos, Tensor w);
 // A sigmoid-gated branch: g (N) fp32 holds the gate's logits, replaced by sigmoid(g); out (N, C)
 // += g[n] · s[n].

@@ -157,7 +157,7 @@ namespace {
 
 // (N, k, C) of a combine: out (N, C), y (R, C) with R = N·k rows, pos (N, k).
 struct Combine {
-  int64_t N, k, C;
+  int64_t N, k, C, R;  // R: y's rows
 };
 Combine combine_size(const char* op, const Call& access, const Tensor& out, const Tensor& y,
                      const Tensor& pos, const Tensor& w) {
@@ -165,15 +165,16 @@ Combine combine_size(const char* op, const Call& access, const Tensor& out, cons
   const int64_t k = pos.numel() / N;
   STRATA_CHECK(k >= 1 && pos.numel() == N * k, op, ": pos ", pos.shape_str(), " for ", N, " rows");
   expect_i32(op, "pos", pos);
-  expect_numel(op, "y", y, N * k * C);
+  STRATA_CHECK(y.numel() % C == 0, op, ": y ", y.shape_str(), " is not rows of ", C);
+  const int64_t R = y.numel() / C;
   expect_f32(op, "w", w);
   expect_numel(op, "w", w, N * k);
-  if (access.cuda) return {N, k, C};  // the positions are the device's
+  if (access.cuda) return {N, k, C, R};  // the positions are the device's
   const int32_t* at = p<const int32_t>(pos);
   for (int64_t i = 0; i < N * k; ++i) {
-    STRATA_CHECK(at[i] >= -1 && at[i] < N * k, op, ": position ", at[i], " of ", N * k);
+    STRATA_CHECK(at[i] >= -1 && at[i] < R, op, ": position ", at[i], " of ", R, " rows of y");
   }
-  return {N, k, C};
+  return {N, k, C, R};
 }
 
 }  // namespace
@@ -183,7 +184,7 @@ void moe_combine(Tensor out, Tensor y, Tensor pos, Tensor w) {
   const Call access = on_device(op, {out, y, pos, w});
   if (access.dry) return;
   same_dtype(op, {out, y});
-  const auto [N, k, C] = combine_size(op, access, out, y, pos, w);
+  const auto [N, k, C, R] = combine_size(op, access, out, y, pos, w);
   STRATA_ON_CUDA(access, moe_combine(out, y, pos, w));
   with_s(op, y.dtype, [&](auto s) {
     using S = decltype(s);
@@ -198,8 +199,8 @@ void moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor po
   if (access.dry) return;
   same_dtype(op, {dy, dout, y});
   STRATA_CHECK(w.data != nullptr && dw.data != nullptr, op, ": needs the weights and dw");
-  const auto [N, k, C] = combine_size(op, access, dout, y, pos, w);
-  expect_numel(op, "dy", dy, N * k * C);
+  const auto [N, k, C, R] = combine_size(op, access, dout, y, pos, w);
+  expect_numel(op, "dy", dy, R * C);
   expect_f32(op, "dw", dw);
   expect_numel(op, "dw", dw, N * k);
   STRATA_ON_CUDA(access, moe_combine_backward(dy, dw, dout, y, pos, w));

@@ -147,6 +147,8 @@ struct TpLayout {
 struct ExpertLayout {
   int size = 1, rank = 0;
   int64_t experts = 0, first = 0;
+  // The dispatch (config.h ParallelismConfig::expert_dispatch): all-gather, or all-to-all.
+  bool all_gather = false;
 };
 
 struct ModelSpec {

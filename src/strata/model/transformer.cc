@@ -99,6 +99,11 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
                  ep_size_, " but the group is rank ", ep_->rank(), " of ", ep_->size());
     // Each token goes to at most min(k, El) of this rank's experts, from every rank of the group.
     R_ = ep_size_ > 1 ? int64_t(ep_size_) * N_ * std::min<int64_t>(K_, El_) : NK_;
+    ep_gather_ = spec_.ep.all_gather && ep_size_ > 1;
+    if (ep_gather_) {
+      ep_pos_host_.assign(size_t(ep_size_) * NK_, 0);
+      ep_gathered_counts_.assign(size_t(ep_size_) * E_, 0);
+    }
     if (ep_size_ > 1) {
       ep_idx_host_.assign(size_t(R_), 0);
       ep_counts32_.assign(size_t(ep_size_) * El_, 0);
@@ -272,7 +277,11 @@ void TransformerImpl::layout() {
     a.xp = act(R_ * C, ps);
     a.efch = act(R_ * 2 * Fel_, ps);
     a.eact = act(R_ * Fel_, ps);
-    a.ey = act(NK * C, ps);
+    a.ey = act((ep_gather_ ? R_ : NK) * C, ps);
+    if (ep_gather_) {
+      a.ag_pos = static_cast<int32_t*>(act(ep_size_ * NK, 4));
+      a.ag_gates = static_cast<float*>(act(ep_size_ * NK, f4));
+    }
     if (Fsl_ > 0) a.sout = act(N * C, ps);
     if (cfg_.moe.shared_gate) a.sgate = static_cast<float*>(act(N, f4));
   };
@@ -383,7 +392,11 @@ void TransformerImpl::layout() {
     deact_ = wk(R_ * Fel_, ps);
     dey_ = wk(R_ * C, ps);
     defch_ = wk(R_ * 2 * Fel_, ps);
-    if (ep_size_ > 1) {
+    if (ep_gather_) {
+      ep_all_ = wk(int64_t(ep_size_) * N * C, ps);
+      ep_dgates_ = static_cast<float*>(wk(int64_t(ep_size_) * NK_, f4));
+      ep_idx_ = static_cast<int32_t*>(wk(R_, 4));
+    } else if (ep_size_ > 1) {
       ep_send_ = wk(NK_ * C, ps);
       ep_recv_ = wk(R_ * C, ps);
       ep_out_ = wk(R_ * C, ps);

@@ -86,7 +86,9 @@ struct BlockActs {
   // (E), pos (N, k), rows (N·k) int32; the rows this rank's experts take (R: N·k, or the most
   // the expert-parallel group can send them), grouped by expert: their input (R, C), gate|up
   // (R, 2Fe) and activation (R, Fe); the experts' output for this rank's rows in the plan's order
-  // (N·k, C). The shared expert's gate|up and activation are
+  // (N·k, C), or under the all-gather dispatch the outputs of this rank's experts (R, C), with
+  // the group's plans ag_pos (ep·N, k: each choice's row among them, -1 elsewhere) and gates
+  // ag_gates (ep·N, k). The shared expert's gate|up and activation are
   // fch and fch_act (2Fs and Fs wide), its output sout (N, C); its gate sgate (N) fp32.
   float* router_probs;
   float* router_lse;
@@ -94,6 +96,8 @@ struct BlockActs {
   float* moe_gates;
   void *xp, *efch, *eact, *ey, *sout;
   float* sgate;
+  int32_t* ag_pos;
+  float* ag_gates;
 };
 
 // The output gradients a deferred weight-gradient backward needs, per block.
@@ -267,6 +271,12 @@ class TransformerImpl final : public Transformer {
   void ep_to_experts(const Slot& s, int l, const void* plan_rows, void* local, int64_t width);
   void ep_from_experts(const Slot& s, int l, const void* local, void* plan_rows, int64_t width);
   Tensor ep_permutation(const Slot& s, int l, bool to_experts);
+  // The all-gather dispatch (transformer_moe.cc): the group's tokens and plans to this rank's
+  // experts' rows (a.xp, a.ag_pos); the weighted sum back over the group; its backward.
+  void ep_gather_to_experts(Slot& s, int l, const Tensor& x);
+  void ep_gather_combine(const BlockActs& a, int64_t rows, void* y, const float* gates, Tensor out);
+  void ep_gather_combine_backward(const Slot& s, int l, const Tensor& dy, void* dey,
+                                  const Tensor& dgates);
   void ep_set_counts(const Slot& s, int l, int64_t width, bool to_experts);
   Tensor moe_coef(const Slot& s, int l);
   bool balanced() const { return moe_ && cfg_.moe.router_aux_loss_coef > 0; }
@@ -493,6 +503,13 @@ class TransformerImpl final : public Transformer {
   void *ep_send_ = nullptr, *ep_recv_ = nullptr, *ep_out_ = nullptr;
   int32_t* ep_idx_ = nullptr;
   std::vector<int32_t> ep_idx_host_, ep_counts32_;
+  // The all-gather dispatch (spec_.ep.all_gather): every rank's tokens (or the output's
+  // gradient), then the partial outputs (or input gradients) of every rank's tokens (ep·N, C);
+  // the gates' gradients of every rank's choices (ep·N·k); the group's plans on the host.
+  bool ep_gather_ = false;
+  void* ep_all_ = nullptr;
+  float* ep_dgates_ = nullptr;
+  std::vector<int32_t> ep_pos_host_, ep_gathered_counts_;
   std::vector<size_t> ep_v_counts_;
   double ep_seconds_ = 0.0;  // in the all-to-alls since take_ep_seconds
   template <typename F>

@@ -17,6 +17,14 @@
 // backward sends the outputs' gradients the same way and the inputs' gradients back. Under tensor
 // parallelism every rank of a tensor-parallel group dispatches every row to the ranks of its
 // expert-parallel group with its tensor coordinate, which hold its column share of their experts.
+//
+// The all-gather dispatch (spec_.ep.all_gather) moves whole tokens instead: every rank gathers
+// the group's tokens, plans and gates, takes the rows its experts were chosen for (in the
+// all-to-all's order, so its experts compute the same rows alike), and sums, for every token of
+// the group, the gate-weighted outputs of the choices its experts took; a reduce-scatter sums
+// the ranks' sums into each rank's own tokens. Backward: the output's gradient gathered, the
+// gates' and the inputs' gradients reduce-scattered. A token's k outputs are then summed per rank
+// and over the ranks, not in its fixed choice order: equal to the one-process sum to rounding.
 #include <algorithm>
 #include <chrono>
 
@@ -100,7 +108,9 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
   // The experts: their rows gathered in the plan's order (and sent to their ranks), gate|up,
   // SwiGLU, down (and the outputs sent back).
   const Tensor moe_rows = Tensor(a.moe_rows, DType::I32, {kept}, dev_);
-  if (ep_size_ > 1) {
+  if (ep_gather_) {
+    ep_gather_to_experts(s, l, x);
+  } else if (ep_size_ > 1) {
     ops::gather_rows(mat(ep_send_, pt_, kept, C_), x, moe_rows);
     ep_exchange_counts(s, l);
     ep_to_experts(s, l, ep_send_, a.xp, C_);
@@ -113,18 +123,22 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
   const int64_t* per = local_counts(s, l);
   const Tensor xp = mat(a.xp, pt_, rows, C_), efch = mat(a.efch, pt_, rows, 2 * Fel_);
   const Tensor eact = mat(a.eact, pt_, rows, Fel_);
-  const Tensor ey = mat(ep_size_ > 1 ? ep_out_ : a.ey, pt_, rows, C_);
+  const Tensor ey = mat(ep_size_ > 1 && !ep_gather_ ? ep_out_ : a.ey, pt_, rows, C_);
   ops::grouped_linear_forward(efch, xp, param(l, R::ExpertGateUpW, PE, pt_), per, El_);
   ops::swiglu_forward(eact, efch);
   ops::grouped_linear_forward(ey, eact, param(l, R::ExpertDownW, PE, pt_), per, El_);
   release(hook, ue);
-  if (ep_size_ > 1) ep_from_experts(s, l, ep_out_, a.ey, C_);
+  if (ep_size_ > 1 && !ep_gather_) ep_from_experts(s, l, ep_out_, a.ey, C_);
   // This rank's partial output: the gate-weighted experts plus the (gated) shared expert, summed
   // over the group into res3. A recompute needs only the gate's sigmoid of it (res3 is kept).
   void* out = project ? a.res3 : moe_part_;
   const bool partial = tp_->size() > 1 && project;
   const Tensor o = full(partial && sp_ ? moe_part_ : out);
-  ops::moe_combine(o, mat(a.ey, pt_, NK_, C_), plan, gates);
+  if (ep_gather_) {
+    ep_gather_combine(a, rows, a.ey, a.ag_gates, o);
+  } else {
+    ops::moe_combine(o, mat(a.ey, pt_, NK_, C_), plan, gates);
+  }
   if (Fsl_ > 0 && cfg_.moe.shared_gate) {
     ops::moe_gate_forward(o, full(a.sout), f32(a.sgate, N_));
   } else if (Fsl_ > 0) {
@@ -252,6 +266,110 @@ void TransformerImpl::ep_from_experts(const Slot& s, int l, const void* local, v
   }
 }
 
+// Every rank's counts (by global expert), tokens, plan and gates gathered; the rows each rank
+// routes to this rank's experts (s.ep_counts, s.ep_rows, as the all-to-all's count exchange
+// gives them); the gathered plans turned into each choice's row among this rank's experts' rows
+// (a.ag_pos, -1 where another rank's expert or none takes it), those rows in the all-to-all's
+// order (by expert, then sending rank, then the sender's plan order), gathered into a.xp.
+void TransformerImpl::ep_gather_to_experts(Slot& s, int l, const Tensor& x) {
+  BlockActs& a = s.blocks[size_t(l - l0_)];
+  const size_t b = size_t(l - l0_), P = size_t(ep_size_), E = size_t(E_), El = size_t(El_);
+  const int64_t all_rows = int64_t(P) * N_;
+  std::vector<int32_t>& counts = ep_gathered_counts_;  // (ep, E)
+  if (ep_ != nullptr) {
+    timed_ep([&] {
+      ep_->all_gather(counts32_.data(), counts.data(), E, DType::I32);
+      ep_->all_gather(x.data, ep_all_, size_t(N_ * C_), pt_);
+      ep_->all_gather(a.moe_pos, a.ag_pos, size_t(NK_), DType::I32);
+      ep_->all_gather(a.moe_gates, a.ag_gates, size_t(NK_), DType::F32);
+    });
+  } else {  // a dry run: no rows arrive
+    STRATA_CHECK(ops::dry_run(), "expert parallelism over ", ep_size_,
+                 " ranks needs its group (ChunkOptions::experts)");
+    std::fill(counts.begin(), counts.end(), 0);
+  }
+  std::vector<int64_t>& got = s.ep_counts[b];
+  std::vector<int64_t>& per = s.ep_rows[b];
+  std::fill(per.begin(), per.end(), 0);
+  for (size_t r = 0; r < P; ++r) {
+    for (size_t e = 0; e < El; ++e) {
+      got[r * El + e] = counts[r * E + size_t(e0_) + e];
+      per[e] += got[r * El + e];
+    }
+  }
+  const int64_t rows = local_rows(s, l);
+  STRATA_CHECK(rows <= R_, "expert-parallel rank ", spec_.ep.rank, " takes ", rows,
+               " rows for its experts, more than the ", R_, " it holds room for");
+  if (ops::dry_run()) return;
+  // first[r·El + e]: the row of sender r's first row for local expert e; off: a sender's plan
+  // rows by global expert (its counts' prefix sums).
+  std::vector<int64_t> first(P * El), off(E + 1);
+  for (size_t e = 0, at = 0; e < El; ++e) {
+    for (size_t r = 0; r < P; ++r) first[r * El + e] = int64_t(at), at += size_t(got[r * El + e]);
+  }
+  const Tensor pos(a.ag_pos, DType::I32, {all_rows * K_}, dev_);
+  int32_t* p = ep_pos_host_.data();
+  int32_t* idx = ep_idx_host_.data();
+  ops::copy_to_host(p, pos);
+  for (size_t r = 0; r < P; ++r) {
+    off[0] = 0;
+    for (size_t g = 0; g < E; ++g) off[g + 1] = off[g] + counts[r * E + g];
+    for (int64_t i = 0; i < NK_; ++i) {
+      int32_t& q = p[int64_t(r) * NK_ + i];
+      if (q < 0) continue;
+      const auto g = size_t(std::upper_bound(off.begin(), off.end(), int64_t(q)) - off.begin() - 1);
+      if (g < size_t(e0_) || g >= size_t(e0_) + El) {
+        q = -1;
+        continue;
+      }
+      const int64_t row = first[r * El + (g - size_t(e0_))] + (q - off[g]);
+      idx[row] = int32_t(int64_t(r) * N_ + i / K_);
+      q = int32_t(row);
+    }
+  }
+  ops::copy_from_host(pos, p);
+  const Tensor order(ep_idx_, DType::I32, {rows}, dev_);
+  ops::copy_from_host(order, idx);
+  ops::gather_rows(mat(a.xp, pt_, rows, C_), mat(ep_all_, pt_, all_rows, C_), order);
+}
+
+// out (N, C) = the sum over the group of each rank's rows of y (`rows` of this rank's experts'
+// rows) for this rank's tokens, each weighted by its gate (gates nullptr: unweighted, the input
+// gradient's sum): each rank sums the choices its experts took for every token of the group,
+// then a reduce-scatter sums the ranks' sums.
+void TransformerImpl::ep_gather_combine(const BlockActs& a, int64_t rows, void* y,
+                                        const float* gates, Tensor out) {
+  const int64_t all_rows = int64_t(ep_size_) * N_;
+  ops::moe_combine(
+      mat(ep_all_, pt_, all_rows, C_), mat(y, pt_, rows, C_),
+      mat(a.ag_pos, DType::I32, all_rows, K_),
+      gates != nullptr ? mat(const_cast<float*>(gates), DType::F32, all_rows, K_) : Tensor());
+  if (ep_ != nullptr) {
+    timed_ep([&] { ep_->reduce_scatter(ep_all_, out.data, size_t(N_ * C_), pt_, pt_); });
+  }
+}
+
+// The combine's backward: the output's gradient dy (N, C) gathered from every rank; this rank's
+// experts' rows' gradients (dey, in their order) and the gates' gradients of the choices they
+// took (0 elsewhere), summed over the group into each rank's dgates (N·k): one rank's value and
+// zeros, exact.
+void TransformerImpl::ep_gather_combine_backward(const Slot& s, int l, const Tensor& dy, void* dey,
+                                                 const Tensor& dgates) {
+  const BlockActs& a = s.blocks[size_t(l - l0_)];
+  const int64_t all_rows = int64_t(ep_size_) * N_, rows = local_rows(s, l);
+  if (ep_ != nullptr) {
+    timed_ep([&] { ep_->all_gather(dy.data, ep_all_, size_t(N_ * C_), pt_); });
+  }
+  ops::moe_combine_backward(mat(dey, pt_, rows, C_), f32(ep_dgates_, all_rows * K_),
+                            mat(ep_all_, pt_, all_rows, C_), mat(a.ey, pt_, rows, C_),
+                            mat(a.ag_pos, DType::I32, all_rows, K_),
+                            mat(a.ag_gates, DType::F32, all_rows, K_));
+  if (ep_ != nullptr) {
+    timed_ep(
+        [&] { ep_->reduce_scatter(ep_dgates_, dgates.data, size_t(NK_), DType::F32, DType::F32); });
+  }
+}
+
 void TransformerImpl::take_expert_tokens(std::vector<double>& tokens) {
   STRATA_CHECK(int64_t(tokens.size()) == int64_t(cfg_.layers) * E_,
                "take_expert_tokens: ", tokens.size(), " values for ", cfg_.layers, " layers of ",
@@ -340,10 +458,14 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   // The experts' output gradients in the plan's order (this rank's rows), then grouped by expert
   // on the rows this rank's experts took: one buffer without expert parallelism.
   void* dey_local = fuse ? dey_ : st.dey;
-  void* dey_plan = ep_size_ > 1 ? ep_send_ : dey_local;
+  void* dey_plan = ep_size_ > 1 && !ep_gather_ ? ep_send_ : dey_local;
   const Tensor dgates = f32(dgw_, N_ * K_), dsgate = f32(dgw_ + N_ * K_, N_);
-  ops::moe_combine_backward(mat(dey_plan, pt_, NK_, C_), dgates, dy, mat(a.ey, pt_, NK_, C_), plan,
-                            gates);
+  if (ep_gather_) {
+    ep_gather_combine_backward(s, l, dy, dey_local, dgates);
+  } else {
+    ops::moe_combine_backward(mat(dey_plan, pt_, NK_, C_), dgates, dy, mat(a.ey, pt_, NK_, C_),
+                              plan, gates);
+  }
   const Tensor ds = full(fuse ? dshared_ : st.dfc2);
   if (Fsl_ > 0 && cfg_.moe.shared_gate) {
     ops::moe_gate_backward(ds, dsgate, dy, full(a.sout), f32(a.sgate, N_));
@@ -362,7 +484,7 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   if (!fuse && cfg_.moe.shared_gate) ops::copy(f32(st.dsgate, N_), dsgate);
   // The experts, backward: down, SwiGLU, gate|up; their unit first (it follows the MLP's in the
   // flat order, so it is reported done first).
-  if (ep_size_ > 1) ep_to_experts(s, l, dey_plan, dey_local, C_);
+  if (ep_size_ > 1 && !ep_gather_) ep_to_experts(s, l, dey_plan, dey_local, C_);
   const int64_t rows = local_rows(s, l);
   const int64_t* per = local_counts(s, l);
   void* PE = acquire(hook, ue);
@@ -384,7 +506,7 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   }
   release(hook, ue);
   if (fuse) done(hook, ue, true);
-  if (ep_size_ > 1) ep_from_experts(s, l, dxp_, ep_send_, C_);
+  if (ep_size_ > 1 && !ep_gather_) ep_from_experts(s, l, dxp_, ep_send_, C_);
   // The MLP unit: the input gradient (N, C), a partial sum over the group: the experts' rows
   // summed back to their tokens, the shared expert's, the gate's and the router's (these two
   // where moe_input_rows says).
@@ -393,7 +515,11 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   if (fuse) begin_partials(um), G = grads_of(hook, um);
   const Tensor x = fuse ? column_input(mlp_input(a)) : Tensor();
   const Tensor dfull = full(sp_ ? part_ : dln);
-  ops::moe_combine(dfull, mat(ep_size_ > 1 ? ep_send_ : dxp_, pt_, NK_, C_), plan, Tensor());
+  if (ep_gather_) {
+    ep_gather_combine(a, rows, dxp_, nullptr, dfull);
+  } else {
+    ops::moe_combine(dfull, mat(ep_size_ > 1 ? ep_send_ : dxp_, pt_, NK_, C_), plan, Tensor());
+  }
   if (Fsl_ > 0) {
     const Tensor dact = mat(d_proj_in_, pt_, N_, Fsl_);
     const Tensor dfch = mat(fuse ? d_wide_out_ : st.dfch, pt_, N_, 2 * Fsl_);

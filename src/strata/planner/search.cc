@@ -375,10 +375,13 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
       s.cp_collectives = 4 * s.blocks + 2 * recomputed;
     }
   }
-  // Expert parallelism, per micro-batch and MoE block of the stage: the counts and the rows to
-  // the experts' ranks and back forward, the outputs' and inputs' gradients backward, the
-  // forward's again for a full recompute; each moving (ep−1)/ep of the rank's rows·top_k·C
-  // (balanced routing).
+  // Expert parallelism, per micro-batch and MoE block of the stage, the forward's again for a
+  // full recompute. All-to-all: the counts and the rows to the experts' ranks and back forward,
+  // the outputs' and inputs' gradients backward; each moving (ep−1)/ep of the rank's
+  // rows·top_k·C (balanced routing). All-gather: the counts, tokens, plans and gates gathered and
+  // the outputs reduce-scattered forward; the outputs' gradients gathered, the gates' and the
+  // inputs' reduce-scattered backward; a ring's (ep−1)·rows·C of tokens each (and top_k int32 or
+  // fp32 values a row for the plans and gates).
   if (c.ep > 1) {
     int moe = 0, moe_recomputed = 0;
     for (int k = 0; k < o.virtual_stages; ++k) {
@@ -392,9 +395,17 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
       }
     }
     const double f = double(c.ep - 1) / c.ep, b = double(dtype_size(pt));
-    const double routed = rows * double(cfg.model.moe.top_k) * C;
-    s.ep_bytes = (4.0 * moe + 2.0 * moe_recomputed) * f * routed * b;
-    s.ep_collectives = 5 * moe + 3 * moe_recomputed;
+    const double k = double(cfg.model.moe.top_k);
+    if (cfg.parallelism.expert_dispatch == "all_gather") {
+      const double tokens = double(c.ep - 1) * rows * C * b,
+                   plans = double(c.ep - 1) * rows * k * 4;
+      s.ep_bytes =
+          (4.0 * moe + 2.0 * moe_recomputed) * tokens + (3.0 * moe + 2.0 * moe_recomputed) * plans;
+      s.ep_collectives = 8 * moe + 5 * moe_recomputed;
+    } else {
+      s.ep_bytes = (4.0 * moe + 2.0 * moe_recomputed) * f * rows * k * C * b;
+      s.ep_collectives = 5 * moe + 3 * moe_recomputed;
+    }
   }
   // The pipeline's buffers: the send ring and a receive buffer per direction and chunk (and a
   // GPU's receive stage in host memory).

@@ -94,6 +94,7 @@ ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, in
   ModelSpec full =
       build_model_spec(cfg.model, shard, tp, tp_rank,
                        cfg.model.moe.experts > 0 ? cfg.parallelism.expert : 1, ep_rank);
+  full.ep.all_gather = full.ep.size > 1 && cfg.parallelism.expert_dispatch == "all_gather";
   set_weight_decay(cfg.optimizer, full);
   plan = plan_chunks(full, cfg.parallelism, stages);
   if (stages == 1) return full;
