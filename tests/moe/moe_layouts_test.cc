@@ -6,8 +6,8 @@
 // and validation loss, under data parallelism with accumulation, ZeRO-1/2/3, tensor parallelism
 // with and without sequence parallelism, pipelines (1F1B, zero-bubble, interleaved), context
 // parallelism (Ulysses, ring) and activation recomputation (full, selective). Runs under mpirun
-// with 2 and 4 ranks (tests/CMakeLists.txt); each rank computes the single-process reference
-// itself. The model's match with transformers' Mixtral, Qwen2-MoE and Qwen3-MoE is
+// with 2 and 4 ranks, and 8 for ep 8 (tests/CMakeLists.txt); each rank computes the single-process
+// reference itself. The model's match with transformers' Mixtral, Qwen2-MoE and Qwen3-MoE is
 // tests/ckpt/hf_families_test.sh's.
 #include <gtest/gtest.h>
 
@@ -299,6 +299,27 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
       expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
                   std::string(aux) + " " + describe(l));
     }
+  }
+}
+
+// ep 8 (moe_equivalence_np8 runs this test alone): eight experts, one a rank, by all-to-all under
+// ZeRO-1 and by all-gather under ZeRO-3, and ep 4 beside tensor parallelism with sequence
+// parallelism (two experts a rank), against the single-process run over 50 steps.
+TEST_F(MoeLayouts, EightExpertsOverEightRanks) {
+  if (world_size() != 8) GTEST_SKIP() << "runs on 8 ranks (moe_equivalence_np8)";
+  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
+  const nlohmann::json z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
+  nlohmann::json j = config("per_layer");
+  j["model"]["moe"]["experts"] = 8;
+  const Trace ref = run(j, nullptr, 1);
+  const Layout layouts[] = {
+      {{{"expert", 8}}, z1, nullptr, 1},
+      {{{"expert", 8}, {"expert_dispatch", "all_gather"}}, zero3, nullptr, 1},
+      {{{"expert", 4}, {"tensor", 2}, {"sequence_parallel", true}}, z2, nullptr, 1},
+  };
+  for (const Layout& l : layouts) {
+    expect_same(run(with_layout(j, l), l.parallelism, l.micro), ref,
+                "eight experts " + describe(l));
   }
 }
 
