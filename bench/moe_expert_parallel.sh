@@ -6,17 +6,23 @@
 # Reports the median step time, tokens/s, the step's time in the expert-parallel collectives
 # (ep_comm_s, from metrics.jsonl) and the model-state bytes per rank (Params + Grads + master +
 # moments, from the start-up prediction line), and that all give the same losses.
-#   bench/moe_expert_parallel.sh [ROUNDS] [STEPS]          (defaults 3 and 12)
+# SHARED > 0 adds a gated shared expert of that many units (Qwen2-MoE's) and a fourth run, ep 2
+# with the shared expert computed while the all-to-all is in flight (parallelism.expert_overlap).
+#   bench/moe_expert_parallel.sh [ROUNDS] [STEPS] [SHARED]          (defaults 3, 12 and 0)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 strata=${STRATA:-$repo/build/strata}
 rounds=${1:-3}
 steps=${2:-12}
+shared=${3:-0}
+[ "$shared" -gt 0 ] && shared_moe=", \"shared_ffn_hidden\": $shared, \"shared_gate\": true" || shared_moe=""
 work=$(mktemp -d /tmp/strata_ep_bench_XXXXXX)
 trap 'rm -rf "$work"' EXIT
 layouts=(dp ep2 ep2ag)
 declare -A parallelism=([dp]='{"expert": 1}' [ep2]='{"expert": 2}'
-  [ep2ag]='{"expert": 2, "expert_dispatch": "all_gather"}')
+  [ep2ag]='{"expert": 2, "expert_dispatch": "all_gather"}'
+  [ep2ov]='{"expert": 2, "expert_overlap": true}')
+[ "$shared" -gt 0 ] && layouts+=(ep2ov)
 for ep in "${layouts[@]}"; do
   cat >"$work/$ep.json" <<JSON
 {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "steps_per_print": 1000,
@@ -24,7 +30,7 @@ for ep in "${layouts[@]}"; do
  "model": {"family": "mixtral", "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4,
            "ffn_hidden": 512, "vocab": 512, "seq_len": 256,
            "moe": {"experts": 8, "top_k": 2, "ffn_hidden": 512, "aux_loss": "per_layer",
-                   "router_aux_loss_coef": 0.01}},
+                   "router_aux_loss_coef": 0.01$shared_moe}},
  "parallelism": ${parallelism[$ep]},
  "train": {"steps": $steps}}
 JSON

@@ -159,6 +159,8 @@ const Implemented kImplemented[] = {
     {"parallelism.expert_tensor", "checked against parallelism.tensor (only tensor is built)"},
     {"parallelism.expert_dispatch",
      "the MoE layers' dispatch: all-to-all or all-gather (transformer_moe.cc)"},
+    {"parallelism.expert_overlap",
+     "the shared expert computed while the dispatch is in flight (transformer_moe.cc)"},
     {"data.path", "open_dataset"},
     {"data.format", "open_dataset"},
     {"train.steps", "train_command: steps run"},

@@ -254,7 +254,8 @@ TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
 // so one or two experts a rank), beside accumulation, ZeRO-0..3, tensor parallelism with sequence
 // parallelism, pipelines (1F1B, zero-bubble's deferred weight gradients, interleaved) and context
 // parallelism: the tokens go to their experts' ranks and back, by all-to-all or by all-gather and
-// reduce-scatter, and the step is the single-process one.
+// reduce-scatter (either in flight while the shared expert runs, expert_overlap), and the step is
+// the single-process one.
 TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
   const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
   const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
@@ -262,7 +263,7 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
   const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
   const nlohmann::json ag = "all_gather";
   std::vector<Layout> layouts = {
-      {{{"expert", 2}}, z0, nullptr, 2},
+      {{{"expert", 2}, {"expert_overlap", true}}, z0, nullptr, 2},
       {{{"expert", 2}}, zero3, full, 1},
       {{{"expert", 2}, {"expert_dispatch", ag}}, z1, full, 2},
   };
@@ -280,7 +281,7 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
          4},
         {{{"expert", 4}, {"context", 2}, {"context_impl", "ulysses"}}, z0, nullptr, 2},
         // The all-gather dispatch: one expert a rank, tensor parallelism, deferred weights.
-        {{{"expert", 4}, {"expert_dispatch", ag}}, zero3, nullptr, 1},
+        {{{"expert", 4}, {"expert_dispatch", ag}, {"expert_overlap", true}}, zero3, nullptr, 1},
         {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_dispatch", ag}},
          z2,
          nullptr,

@@ -696,18 +696,32 @@ void Communicator::all_to_all(const void* in, void* out, size_t n_per_rank, DTyp
        .wire = dtype});
 }
 
-void Communicator::all_to_all_v(const void* in, void* out, const size_t* counts, DType dtype) {
-  const auto [send, receive] = v_totals(*s_, {.counts = counts});
-  check_buffer(*s_, in, send, "all_to_all_v");
-  check_buffer(*s_, out, receive, "all_to_all_v");
+namespace {
+
+Op all_to_all_v_op(const CommState& s, const void* in, void* out, const size_t* counts,
+                   DType dtype) {
+  const auto [send, receive] = v_totals(s, {.counts = counts});
+  check_buffer(s, in, send, "all_to_all_v");
+  check_buffer(s, out, receive, "all_to_all_v");
   STRATA_CHECK(!overlaps(in, send * dtype_size(dtype), out, receive * dtype_size(dtype)),
-               "all_to_all_v on group ", s_->name, ": the output overlaps the input");
-  run({.kind = OpKind::AllToAllV,
-       .in = in,
-       .out = out,
-       .dtype = dtype,
-       .wire = dtype,
-       .counts = counts});
+               "all_to_all_v on group ", s.name, ": the output overlaps the input");
+  return {.kind = OpKind::AllToAllV,
+          .in = in,
+          .out = out,
+          .dtype = dtype,
+          .wire = dtype,
+          .counts = counts};
+}
+
+}  // namespace
+
+void Communicator::all_to_all_v(const void* in, void* out, const size_t* counts, DType dtype) {
+  run(all_to_all_v_op(*s_, in, out, counts, dtype));
+}
+
+Handle Communicator::all_to_all_v_async(const void* in, void* out, const size_t* counts,
+                                        DType dtype, const ops::Event& after) {
+  return enqueue(all_to_all_v_op(*s_, in, out, counts, dtype), after);
 }
 
 namespace {

@@ -135,6 +135,9 @@ class Communicator {
   Handle all_gather_async(const void* in, void* out, size_t n_per_rank, DType dtype,
                           const ops::Event& after = {});
   Handle broadcast_async(void* buf, size_t n, DType dtype, int root, const ops::Event& after = {});
+  // counts must stay as they are until the operation has completed.
+  Handle all_to_all_v_async(const void* in, void* out, const size_t* counts, DType dtype,
+                            const ops::Event& after = {});
   // Point-to-point and barrier run in issue order like the collectives: pair sends and receives
   // across ranks as the blocking forms would be paired.
   Handle send_async(const void* buf, size_t n, DType dtype, int dst, int tag,

@@ -44,6 +44,11 @@ struct ParallelismConfig {
   // outputs weighted and summed back by a reduce-scatter; Megatron's allgather dispatcher, which
   // sends each token once however many experts it chooses).
   std::string expert_dispatch = "all_to_all";
+  // The shared expert (model.moe.shared_ffn_hidden) computed while the dispatch is in flight
+  // (Megatron's moe_shared_expert_overlap), the dispatch's collectives issued before it and
+  // waited for after. Off by default: on CPU ranks that share their cores the communication
+  // thread takes the compute's core (bench/moe_expert_parallel.sh: slower on 2 cores).
+  bool expert_overlap = false;
   // How the blocks are cut into pipeline chunks: "uniform" | "parameters" | "time" | "explicit"
   // (partition_blocks: the blocks of each chunk, stages × virtual_stages counts).
   std::string partition = "uniform";

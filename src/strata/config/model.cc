@@ -566,6 +566,7 @@ void parse_layout_blocks(const Block& top, Config& c) {
     pb.fail("expert_tensor", "1 or parallelism.tensor (" + std::to_string(p.tensor) + ")");
   }
   pb.get_choice("expert_dispatch", p.expert_dispatch, {"all_to_all", "all_gather"});
+  pb.get_bool("expert_overlap", p.expert_overlap);
   STRATA_INPUT_CHECK(p.tensor == 1 || p.expert_tensor != 1,
                      "parallelism.expert_tensor=1 with parallelism.tensor=", p.tensor,
                      " (whole experts beside tensor-parallel attention) is not built: remove "

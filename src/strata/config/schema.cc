@@ -173,7 +173,7 @@ const Keys kModel = {"preset",
 const Keys kParallelism = {
     "tensor",       "pipeline",  "virtual_stages", "schedule",         "sequence_parallel",
     "order",        "timeout_s", "partition",      "partition_blocks", "context",
-    "context_impl", "expert",    "expert_tensor",  "expert_dispatch"};
+    "context_impl", "expert",    "expert_tensor",  "expert_dispatch",  "expert_overlap"};
 const Keys kData = {"path",
                     "format",
                     "val_path",

@@ -149,6 +149,7 @@ struct ExpertLayout {
   int64_t experts = 0, first = 0;
   // The dispatch (config.h ParallelismConfig::expert_dispatch): all-gather, or all-to-all.
   bool all_gather = false;
+  bool overlap = false;  // ParallelismConfig::expert_overlap
 };
 
 struct ModelSpec {

@@ -271,9 +271,15 @@ class TransformerImpl final : public Transformer {
   void ep_to_experts(const Slot& s, int l, const void* plan_rows, void* local, int64_t width);
   void ep_from_experts(const Slot& s, int l, const void* local, void* plan_rows, int64_t width);
   Tensor ep_permutation(const Slot& s, int l, bool to_experts);
-  // The all-gather dispatch (transformer_moe.cc): the group's tokens and plans to this rank's
-  // experts' rows (a.xp, a.ag_pos); the weighted sum back over the group; its backward.
-  void ep_gather_to_experts(Slot& s, int l, const Tensor& x);
+  // The all-to-all's two halves: plan_rows sent (issued; counts exchanged before), and received
+  // into `local` grouped by expert.
+  comm::Handle ep_send(const Slot& s, int l, const void* plan_rows, int64_t width);
+  void ep_receive(const Slot& s, int l, comm::Handle& sent, void* local, int64_t width);
+  // The all-gather dispatch (transformer_moe.cc): the group's counts, tokens, plans and gates
+  // gathered (issued), then this rank's experts' rows (a.xp, a.ag_pos); the weighted sum back
+  // over the group; its backward.
+  comm::Handle ep_gather_start(const BlockActs& a, const Tensor& x);
+  void ep_gather_finish(Slot& s, int l, comm::Handle& gathered);
   void ep_gather_combine(const BlockActs& a, int64_t rows, void* y, const float* gates, Tensor out);
   void ep_gather_combine_backward(const Slot& s, int l, const Tensor& dy, void* dey,
                                   const Tensor& dgates);

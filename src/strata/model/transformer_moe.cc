@@ -93,6 +93,28 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
   if (cfg_.moe.z_loss_coef > 0) {  // each row's logsumexp, for the z-loss's value
     ops::copy_to_host(s.moe_lse[size_t(l - l0_)].data(), f32(a.router_lse, N_));
   }
+  // The experts' rows gathered in the plan's order; under expert parallelism sent to their ranks
+  // (the counts' exchange, a few integers, first), the shared expert running meanwhile where
+  // spec_.ep.overlap says.
+  const Tensor moe_rows = Tensor(a.moe_rows, DType::I32, {kept}, dev_);
+  comm::Handle in_flight;
+  if (ep_gather_) {
+    in_flight = ep_gather_start(a, x);
+  } else if (ep_size_ > 1) {
+    ops::gather_rows(mat(ep_send_, pt_, kept, C_), x, moe_rows);
+    ep_exchange_counts(s, l);
+    in_flight = ep_send(s, l, ep_send_, C_);
+  } else {
+    ops::gather_rows(mat(a.xp, pt_, kept, C_), x, moe_rows);
+  }
+  const auto arrive = [&] {
+    if (ep_gather_) {
+      ep_gather_finish(s, l, in_flight);
+    } else if (ep_size_ > 1) {
+      ep_receive(s, l, in_flight, a.xp, C_);
+    }
+  };
+  if (!spec_.ep.overlap) arrive();
   if (Fsl_ > 0) {  // the shared expert, every row; its gate's logits
     const Tensor fch = mat(a.fch, pt_, N_, 2 * Fsl_), act = mat(a.fch_act, pt_, N_, Fsl_);
     ops::linear_forward(fch, x, param(l, R::SharedFcW, P, pt_), Tensor());
@@ -105,18 +127,8 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
     }
   }
   release(hook, mlp_[size_t(l)]);
-  // The experts: their rows gathered in the plan's order (and sent to their ranks), gate|up,
-  // SwiGLU, down (and the outputs sent back).
-  const Tensor moe_rows = Tensor(a.moe_rows, DType::I32, {kept}, dev_);
-  if (ep_gather_) {
-    ep_gather_to_experts(s, l, x);
-  } else if (ep_size_ > 1) {
-    ops::gather_rows(mat(ep_send_, pt_, kept, C_), x, moe_rows);
-    ep_exchange_counts(s, l);
-    ep_to_experts(s, l, ep_send_, a.xp, C_);
-  } else {
-    ops::gather_rows(mat(a.xp, pt_, kept, C_), x, moe_rows);
-  }
+  if (spec_.ep.overlap) arrive();
+  // The experts: gate|up, SwiGLU, down (and the outputs sent back).
   const int ue = experts_[size_t(l)];
   void* PE = acquire(hook, ue);
   const int64_t rows = local_rows(s, l);
@@ -244,15 +256,27 @@ Tensor TransformerImpl::ep_permutation(const Slot& s, int l, bool to_experts) {
   return t;
 }
 
-void TransformerImpl::ep_to_experts(const Slot& s, int l, const void* plan_rows, void* local,
-                                    int64_t width) {
-  const int64_t rows = local_rows(s, l);
+comm::Handle TransformerImpl::ep_send(const Slot& s, int l, const void* plan_rows, int64_t width) {
   ep_set_counts(s, l, width, true);
-  if (ep_ != nullptr) {
-    timed_ep([&] { ep_->all_to_all_v(plan_rows, ep_recv_, ep_v_counts_.data(), pt_); });
-  }
+  if (ep_ == nullptr) return {};
+  return ep_->all_to_all_v_async(plan_rows, ep_recv_, ep_v_counts_.data(), pt_,
+                                 ops::record(ops::compute_stream()));
+}
+
+void TransformerImpl::ep_receive(const Slot& s, int l, comm::Handle& sent, void* local,
+                                 int64_t width) {
+  const int64_t rows = local_rows(s, l);
+  const ops::Event arrived = sent.event();
+  timed_ep([&] { sent.wait(); });
+  ops::wait(ops::compute_stream(), arrived);
   ops::gather_rows(mat(local, pt_, rows, width), mat(ep_recv_, pt_, rows, width),
                    ep_permutation(s, l, true));
+}
+
+void TransformerImpl::ep_to_experts(const Slot& s, int l, const void* plan_rows, void* local,
+                                    int64_t width) {
+  comm::Handle sent = ep_send(s, l, plan_rows, width);
+  ep_receive(s, l, sent, local, width);
 }
 
 void TransformerImpl::ep_from_experts(const Slot& s, int l, const void* local, void* plan_rows,
@@ -266,28 +290,35 @@ void TransformerImpl::ep_from_experts(const Slot& s, int l, const void* local, v
   }
 }
 
-// Every rank's counts (by global expert), tokens, plan and gates gathered; the rows each rank
-// routes to this rank's experts (s.ep_counts, s.ep_rows, as the all-to-all's count exchange
-// gives them); the gathered plans turned into each choice's row among this rank's experts' rows
-// (a.ag_pos, -1 where another rank's expert or none takes it), those rows in the all-to-all's
-// order (by expert, then sending rank, then the sender's plan order), gathered into a.xp.
-void TransformerImpl::ep_gather_to_experts(Slot& s, int l, const Tensor& x) {
+// Every rank's counts (by global expert), tokens, plan and gates gathered (issued here; the
+// handle of the last).
+comm::Handle TransformerImpl::ep_gather_start(const BlockActs& a, const Tensor& x) {
+  if (ep_ == nullptr) {  // a dry run: no rows arrive
+    STRATA_CHECK(ops::dry_run(), "expert parallelism over ", ep_size_,
+                 " ranks needs its group (ChunkOptions::experts)");
+    std::fill(ep_gathered_counts_.begin(), ep_gathered_counts_.end(), 0);
+    return {};
+  }
+  const ops::Event written = ops::record(ops::compute_stream());
+  ep_->all_gather_async(counts32_.data(), ep_gathered_counts_.data(), size_t(E_), DType::I32);
+  ep_->all_gather_async(x.data, ep_all_, size_t(N_ * C_), pt_, written);
+  ep_->all_gather_async(a.moe_pos, a.ag_pos, size_t(NK_), DType::I32, written);
+  return ep_->all_gather_async(a.moe_gates, a.ag_gates, size_t(NK_), DType::F32, written);
+}
+
+// After the gathers: the rows each rank routes to this rank's experts (s.ep_counts, s.ep_rows,
+// as the all-to-all's count exchange gives them); the gathered plans turned into each choice's
+// row among this rank's experts' rows (a.ag_pos, -1 where another rank's expert or none takes
+// it), those rows in the all-to-all's order (by expert, then sending rank, then the sender's
+// plan order), gathered into a.xp.
+void TransformerImpl::ep_gather_finish(Slot& s, int l, comm::Handle& gathered) {
   BlockActs& a = s.blocks[size_t(l - l0_)];
   const size_t b = size_t(l - l0_), P = size_t(ep_size_), E = size_t(E_), El = size_t(El_);
   const int64_t all_rows = int64_t(P) * N_;
-  std::vector<int32_t>& counts = ep_gathered_counts_;  // (ep, E)
-  if (ep_ != nullptr) {
-    timed_ep([&] {
-      ep_->all_gather(counts32_.data(), counts.data(), E, DType::I32);
-      ep_->all_gather(x.data, ep_all_, size_t(N_ * C_), pt_);
-      ep_->all_gather(a.moe_pos, a.ag_pos, size_t(NK_), DType::I32);
-      ep_->all_gather(a.moe_gates, a.ag_gates, size_t(NK_), DType::F32);
-    });
-  } else {  // a dry run: no rows arrive
-    STRATA_CHECK(ops::dry_run(), "expert parallelism over ", ep_size_,
-                 " ranks needs its group (ChunkOptions::experts)");
-    std::fill(counts.begin(), counts.end(), 0);
-  }
+  const ops::Event arrived = gathered.event();
+  timed_ep([&] { gathered.wait(); });  // and every gather issued before it
+  ops::wait(ops::compute_stream(), arrived);
+  const std::vector<int32_t>& counts = ep_gathered_counts_;  // (ep, E)
   std::vector<int64_t>& got = s.ep_counts[b];
   std::vector<int64_t>& per = s.ep_rows[b];
   std::fill(per.begin(), per.end(), 0);

@@ -95,6 +95,7 @@ ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, in
       build_model_spec(cfg.model, shard, tp, tp_rank,
                        cfg.model.moe.experts > 0 ? cfg.parallelism.expert : 1, ep_rank);
   full.ep.all_gather = full.ep.size > 1 && cfg.parallelism.expert_dispatch == "all_gather";
+  full.ep.overlap = full.ep.size > 1 && cfg.parallelism.expert_overlap;
   set_weight_decay(cfg.optimizer, full);
   plan = plan_chunks(full, cfg.parallelism, stages);
   if (stages == 1) return full;
