@@ -109,6 +109,17 @@ double tolerance(DType c) {
   return c == DType::BF16 ? 0x1p-7 : c == DType::F16 ? 0x1p-10 : 1e-5;
 }
 
+// A bf16 result of M×N×K against the same product's fp32 result rounded, bit for bit.
+void expect_bf16_is_fp32_rounded(PackKernel kernel, int64_t M, int64_t N, int64_t K) {
+  const auto a = random_mat<bf16>(M, K, false, "a");
+  const auto b = random_mat<bf16>(K, N, true, "b");
+  std::vector<float> c32(size_t(M * N));
+  std::vector<bf16> c16(size_t(M * N));
+  pack_gemm(kernel, {c32.data(), DType::F32, N}, a.operand(), b.operand(), M, N, K, 0.5f, false);
+  pack_gemm(kernel, {c16.data(), DType::BF16, N}, a.operand(), b.operand(), M, N, K, 0.5f, false);
+  for (size_t i = 0; i < c32.size(); ++i) ASSERT_EQ(c16[i].bits, f32_to_bf16(c32[i]).bits) << i;
+}
+
 class PackGemm : public testing::TestWithParam<PackKernel> {};
 
 // Shapes: partial tiles on both edges (MR and NR never divide 37 or 45), depth across the
@@ -168,18 +179,16 @@ TEST_P(PackGemm, Bf16ResultRoundsOnceAsCoreDtype) {
 
 // Without accumulate, a bf16 result equals the same product's fp32 result rounded: the sums are
 // the same, in the same order, whether they end in fp32 or in bf16 (here across three blocks of
-// depth, so through the fp32 partial sums).
+// depth, so through the fp32 partial sums; and on 3 threads across two column blocks of 1024 and
+// 76, where a thread of few rows reaches the narrow block while the others sum the wide one).
 TEST_P(PackGemm, Bf16ResultIsTheFp32ResultRounded) {
-  const int64_t M = 50, N = 70, K = 1300;
-  const auto a = random_mat<bf16>(M, K, false, "a");
-  const auto b = random_mat<bf16>(K, N, true, "b");
-  std::vector<float> c32(size_t(M * N));
-  std::vector<bf16> c16(size_t(M * N));
-  pack_gemm(GetParam(), {c32.data(), DType::F32, N}, a.operand(), b.operand(), M, N, K, 0.5f,
-            false);
-  pack_gemm(GetParam(), {c16.data(), DType::BF16, N}, a.operand(), b.operand(), M, N, K, 0.5f,
-            false);
-  for (size_t i = 0; i < c32.size(); ++i) ASSERT_EQ(c16[i].bits, f32_to_bf16(c32[i]).bits) << i;
+  const int threads = omp_get_max_threads();
+  for (const int64_t N : {int64_t(70), int64_t(1100)}) {
+    omp_set_num_threads(N == 70 ? threads : 3);
+    SCOPED_TRACE(testing::Message() << "N=" << N);
+    expect_bf16_is_fp32_rounded(GetParam(), 50, N, 1300);
+  }
+  omp_set_num_threads(threads);
 }
 
 // Each element is the same sum whichever rows and columns a call computes (data, tensor and

@@ -22,6 +22,7 @@
 #include "strata/planner/search.h"
 #include "strata/train/engine.h"
 #include "tests/mpi_world.h"
+#include "tests/tiny_moe.h"
 
 namespace strata {
 namespace {
@@ -132,23 +133,7 @@ void expect_matches(const planner::PlanInput& in, const planner::Row& r, const s
 
 // A mixture of experts: a gated shared expert, a dense layer.
 nlohmann::json moe_model() {
-  return {{"family", "qwen2_moe"},
-          {"layers", 4},
-          {"hidden", 32},
-          {"heads", 4},
-          {"kv_heads", 2},
-          {"ffn_hidden", 64},
-          {"vocab", 64},
-          {"seq_len", 16},
-          {"moe",
-           {{"experts", 4},
-            {"top_k", 2},
-            {"ffn_hidden", 16},
-            {"shared_ffn_hidden", 32},
-            {"mlp_only_layers", {2}},
-            {"aux_loss", "per_layer"},
-            {"router_aux_loss_coef", 0.01},
-            {"z_loss_coef", 0.001}}}};
+  return test::tiny_qwen2_moe(4, 2);
 }
 
 TEST_F(PlannerMemory, EveryCategoryMatchesTheEngine) {

@@ -18,6 +18,7 @@
 #include "strata/core/memory.h"
 #include "strata/train/engine.h"
 #include "tests/alloc_hooks.h"
+#include "tests/tiny_moe.h"
 
 namespace strata {
 namespace {
@@ -133,24 +134,8 @@ TEST(StepAllocations, SteadyStateStepAllocatesNothing) {
 #else
   // GPT-2, Llama, and a mixture of experts (a gated shared expert, a dense layer, balancing and
   // z-losses, a capacity).
-  const nlohmann::json moe = {{"family", "qwen2_moe"},
-                              {"layers", 3},
-                              {"hidden", 32},
-                              {"heads", 4},
-                              {"kv_heads", 2},
-                              {"ffn_hidden", 64},
-                              {"vocab", 64},
-                              {"seq_len", 16},
-                              {"moe",
-                               {{"experts", 4},
-                                {"top_k", 2},
-                                {"ffn_hidden", 16},
-                                {"shared_ffn_hidden", 32},
-                                {"mlp_only_layers", {1}},
-                                {"capacity_factor", 1.25},
-                                {"aux_loss", "per_layer"},
-                                {"router_aux_loss_coef", 0.01},
-                                {"z_loss_coef", 0.001}}}};
+  nlohmann::json moe = test::tiny_qwen2_moe(3, 1);
+  moe["moe"]["capacity_factor"] = 1.25;
   for (const nlohmann::json& model :
        {nlohmann::json{{"preset", "gpt2-tiny"}}, nlohmann::json{{"preset", "llama-tiny"}}, moe}) {
     const std::string preset = model.value("preset", std::string("qwen2_moe"));

@@ -155,7 +155,7 @@ void gather_rows(Tensor out, Tensor x, Tensor rows) {
 
 namespace {
 
-// (N, k, C) of a combine: out (N, C), y (R, C) with R = N·k rows, pos (N, k).
+// (N, k, C, R) of a combine: out (N, C), y (R, C) of any rows the positions index, pos (N, k).
 struct Combine {
   int64_t N, k, C, R;  // R: y's rows
 };
@@ -300,8 +300,8 @@ void grouped(const Call& on, const int64_t* counts, int groups, int64_t N, float
     for_each_group(counts, groups, cuda);
     return;
   }
-  std::vector<kernels::MatGroup> batch;
-  batch.reserve(size_t(groups));
+  static thread_local std::vector<kernels::MatGroup> batch;  // kept: a step allocates nothing
+  batch.clear();
   for_each_group(counts, groups,
                  [&](int64_t e, int64_t r, int64_t m) { batch.push_back(product(e, r, m)); });
   kernels::grouped_matmul(batch, N, alpha, accumulate);

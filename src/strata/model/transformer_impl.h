@@ -517,7 +517,9 @@ class TransformerImpl final : public Transformer {
   float* ep_dgates_ = nullptr;
   std::vector<int32_t> ep_pos_host_, ep_gathered_counts_;
   std::vector<size_t> ep_v_counts_;
-  double ep_seconds_ = 0.0;  // in the all-to-alls since take_ep_seconds
+  // Exposed time in the expert-parallel collectives since take_ep_seconds: blocking calls, and
+  // the waits for those issued ahead.
+  double ep_seconds_ = 0.0;
   template <typename F>
   void timed_ep(F&& collective);        // an expert-parallel collective, timed into ep_seconds_
   const float* expert_bias_ = nullptr;  // set_expert_bias; copied to moe_bias_ (E) per forward

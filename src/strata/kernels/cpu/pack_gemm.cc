@@ -295,6 +295,7 @@ struct Workspace {
   Buffer b;   // each thread's packed block of b (KC, NC / threads)
   Buffer a;   // each thread's packed rows of a (MC, KC)
   Buffer cs;  // half-precision c with K > KC: the fp32 partial sums of a column block (M, nc)
+  std::vector<int64_t> cost, sums;  // a grouped product's prefix sums (run_grouped)
 };
 Workspace& workspace() {
   static Workspace w;
@@ -303,7 +304,9 @@ Workspace& workspace() {
 
 // One thread's share of a product: rows [m0, m1) of c, every column, the thread's packing
 // buffers ap (KC, MC + MR) and bp0 (KC, NCt + NR). csum: where a half-precision c with K > KC
-// keeps its fp32 partial sums, (M, ≤ NCt) from c's first row (else nullptr).
+// keeps its fp32 partial sums, (M, min(N, NCt)) from c's first row (else nullptr): a row's sums
+// of a column block at the same place whatever the block's width, so that a thread already in
+// the last, narrower block never writes where another still sums a wider one.
 template <typename Kern>
 void rows_of_c(float* ap, float* bp0, const MatOut& c, const MatOperand& a, const MatOperand& b,
                int64_t m0, int64_t m1, int64_t N, int64_t K, int64_t NCt, float alpha,
@@ -311,6 +314,7 @@ void rows_of_c(float* ap, float* bp0, const MatOut& c, const MatOperand& a, cons
   constexpr int64_t MR = Kern::MR, NR = Kern::NR;
   const bool half_c = c.dtype != DType::F32;
   float* cf = half_c ? nullptr : static_cast<float*>(c.ptr);
+  const int64_t sum_ld = std::min(N, NCt);
   alignas(64) float tile[MR * NR] = {};  // rows and columns past the edge stay finite
   for (int64_t jc = 0; jc < N && m0 < m1; jc += NCt) {
     const int64_t nc = std::min(NCt, N - jc), panels = (nc + NR - 1) / NR;
@@ -338,7 +342,7 @@ void rows_of_c(float* ap, float* bp0, const MatOut& c, const MatOperand& a, cons
             if (!half_c) {
               t = cf + i0 * c.row_stride + j0, ldt = c.row_stride, add = add || accumulate;
             } else if (csum != nullptr) {
-              t = csum + i0 * nc + (j0 - jc), ldt = nc;
+              t = csum + i0 * sum_ld + (j0 - jc), ldt = sum_ld;
             }
             const bool round = half_c && last;
             if (rows == MR && cols == NR && (!round || c.dtype == DType::BF16)) {
@@ -415,7 +419,11 @@ template <typename Kern>
 void run_grouped(std::span<const MatGroup> groups, int64_t N, float alpha, bool accumulate) {
   constexpr int64_t MR = Kern::MR, NR = Kern::NR;
   const size_t G = groups.size();
-  std::vector<int64_t> cost(G + 1, 0), sums(G + 1, 0);  // prefix: panel cost, half sums' rows
+  // Prefix sums over the groups: the panels' cost, the rows of half-precision partial sums.
+  Workspace& w = workspace();
+  std::vector<int64_t>& cost = w.cost;
+  std::vector<int64_t>& sums = w.sums;
+  cost.assign(G + 1, 0), sums.assign(G + 1, 0);
   int64_t work = 0;
   bool half_sums = false;
   for (size_t g = 0; g < G; ++g) {
@@ -429,7 +437,6 @@ void run_grouped(std::span<const MatGroup> groups, int64_t N, float alpha, bool 
   }
   if (work == 0) return;
   const auto [threads, NCt] = threads_for<Kern>(work);
-  Workspace& w = workspace();
   float* bpack = reserve_floats(w.b, threads * KC * (NCt + NR));
   float* apack = reserve_floats(w.a, threads * KC * (MC + MR));
   float* csum = half_sums ? reserve_floats(w.cs, sums[G] * std::min(N, NCt)) : nullptr;
