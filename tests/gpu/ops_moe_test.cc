@@ -100,15 +100,21 @@ TEST(GpuMoe, SigmoidRouteAndBackwardAgainstCpu) {
       ops::moe_route_forward(probs->t, lse->t, top->t, gates->t, logits->t, how, bias->t);
       auto dg = make(d, DType::F32, {N, K}, random(size_t(N * K), 76));
       auto dl = make(d, DType::F32, {N, E}, std::vector<float>(N * E, 9.0f));
-      ops::moe_route_backward(dl->t, dg->t, probs->t, lse->t, top->t, gates->t, Tensor(), T, 0.0f,
+      // The sequence-wise balancing: normalised scores' statistics and their gradient.
+      auto stats = make(d, DType::F32, {N / T, 2, E}, std::vector<float>(N / T * 2 * E, 9.0f));
+      ops::moe_balance_stats(stats->t, probs->t, top->t, T, true);
+      auto coef = make(d, DType::F32, {N / T, E}, random(size_t(N / T * E), 77, 0.1f));
+      ops::moe_route_backward(dl->t, dg->t, probs->t, lse->t, top->t, gates->t, coef->t, T, 0.0f,
                               how);
-      return std::make_tuple(values(probs->t), values(gates->t), ints(top->t), values(dl->t));
+      return std::make_tuple(values(probs->t), values(gates->t), ints(top->t), values(dl->t),
+                             values(stats->t));
     };
     const auto got = run(kGpu), want = run(kCpu);
     EXPECT_TRUE(close(std::get<0>(got), std::get<0>(want), 1e-6)) << "scores";
     EXPECT_TRUE(close(std::get<1>(got), std::get<1>(want), 1e-6)) << "gates";
     EXPECT_EQ(std::get<2>(got), std::get<2>(want)) << "choices";
     EXPECT_TRUE(close(std::get<3>(got), std::get<3>(want), 1e-5)) << "dlogits";
+    EXPECT_TRUE(close(std::get<4>(got), std::get<4>(want), 1e-6)) << "normalised statistics";
   }
 }
 

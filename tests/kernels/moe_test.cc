@@ -191,6 +191,46 @@ TEST(Moe, SigmoidRouteBackwardIsTheGradient) {
   }
 }
 
+// DeepSeek-V3's sequence-wise balancing: loss = Σ_b Σ_e coef[b, e] · Σ_{n in b} s'_{n,e}, s' each
+// row's scores over their sum (+1e-20): moe_balance_stats' normalised sums, and the gradient
+// moe_route_backward adds for coef (beside the gates'), against finite differences.
+TEST(Moe, SigmoidSequenceBalancingIsTheGradient) {
+  const int T = N / 2;  // two sequences
+  std::vector<float> logits = test::randn(N * E, "moe sigmoid balance logits", 1.0f);
+  const std::vector<float> coef = test::randn(2 * E, "moe sigmoid coef", 0.5f);
+  const MoeRoute how{E, K, true, true, 2, 1, 1.0f};
+  Routed r{std::vector<float>(N * E), std::vector<float>(N), std::vector<float>(N * K),
+           std::vector<int32_t>(N * K)};
+  moe_route_forward(view(r.probs, {N, E}), view(r.lse, {N}), ids(r.top, {N, K}),
+                    view(r.gates, {N, K}), view(logits, {N, E}), how);
+  const auto normalised = [&](int n, int e) {
+    double total = 1e-20;
+    for (int x = 0; x < E; ++x) total += 1.0 / (1.0 + std::exp(-double(logits[size_t(n * E + x)])));
+    return 1.0 / (1.0 + std::exp(-double(logits[size_t(n * E + e)]))) / total;
+  };
+  std::vector<float> stats(2 * 2 * E);
+  moe_balance_stats(view(stats, {2, 2, E}), view(r.probs, {N, E}), ids(r.top, {N, K}), T, true);
+  for (int b = 0; b < 2; ++b) {
+    for (int e = 0; e < E; ++e) {
+      double want = 0;
+      for (int n = b * T; n < (b + 1) * T; ++n) want += normalised(n, e);
+      EXPECT_NEAR(stats[size_t(b * 2 * E + E + e)], want, 1e-5) << b << "," << e;
+    }
+  }
+  const auto loss = [&]() {
+    double l = 0;
+    for (int n = 0; n < N; ++n) {
+      for (int e = 0; e < E; ++e) l += double(coef[size_t(n / T * E + e)]) * normalised(n, e);
+    }
+    return l;
+  };
+  std::vector<float> d(N * E), dg(N * K, 0.0f), c = coef;
+  moe_route_backward(view(d, {N, E}), view(dg, {N, K}), view(r.probs, {N, E}), view(r.lse, {N}),
+                     ids(r.top, {N, K}), view(r.gates, {N, K}), view(c, {2, E}), T, 0.0f, how);
+  const std::vector<double> want = test::numeric_grad(logits, loss, 1e-3f);
+  EXPECT_LT(test::rel_err(d, want), 2e-3);
+}
+
 TEST(Moe, PlanSortsByExpertAndDropsBeyondCapacity) {
   const std::vector<float> logits = test::randn(N * E, "moe plan logits", 2.0f);
   Routed r = route(logits, true);

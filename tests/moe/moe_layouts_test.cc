@@ -75,7 +75,7 @@ class MoeLayouts : public ::testing::Test {
 
   // aux_loss "pooled" or "per_layer"; "capacity": per_layer with a capacity per sequence;
   // "sigmoid": DeepSeek-V3's router (2 groups of 2 experts, a token's one expert from the better
-  // group, its gate the scaled score) balanced by its expert bias alone.
+  // group, its gate the scaled score) balanced by its expert bias and its sequence-wise loss.
   static nlohmann::json config(const std::string& variant) {
     const bool capacity = variant == "capacity", sigmoid = variant == "sigmoid";
     const std::string aux_loss = capacity || sigmoid ? "per_layer" : variant;
@@ -90,7 +90,7 @@ class MoeLayouts : public ::testing::Test {
       m["router"] = "sigmoid", m["n_group"] = 2, m["topk_group"] = 1;
       m["top_k"] = 1, m["norm_topk_prob"] = false;
       m["routed_scaling_factor"] = 2.5, m["expert_bias_update_rate"] = 0.01;
-      m["router_aux_loss_coef"] = 0.0, m["z_loss_coef"] = 0.0;
+      m["router_aux_loss_coef"] = 0.02, m["z_loss_coef"] = 0.0;  // the sequence-wise loss
     }
     return {{"train_batch_size", kGlobalBatch},
             {"steps_per_print", 0},
@@ -341,6 +341,7 @@ TEST_F(MoeLayouts, CapacityPerMicroBatchDependsOnTheSplit) {
 // second half of the run (the mean over its steps of the worst layer's max over mean).
 TEST_F(MoeLayouts, TheExpertBiasBalances) {
   nlohmann::json j = config("sigmoid");
+  j["model"]["moe"]["router_aux_loss_coef"] = 0.0;  // the bias alone
   const Trace with = run(j, nullptr, 1);
   j["model"]["moe"]["expert_bias_update_rate"] = 0.0;
   const Trace without = run(j, nullptr, 1);
@@ -353,15 +354,20 @@ TEST_F(MoeLayouts, TheExpertBiasBalances) {
   EXPECT_LT(late(with.imbalance), late(without.imbalance));
 }
 
-// The balancing loss is part of the gradient: without it training takes another path.
+// The balancing loss is part of the gradient: without it training takes another path (Megatron's
+// per-layer loss with the z-loss, and the sigmoid router's sequence-wise loss).
 TEST_F(MoeLayouts, TheBalancingLossTrains) {
-  nlohmann::json j = config("per_layer");
-  const Trace with = run(j, nullptr, 1);
-  j["model"]["moe"]["router_aux_loss_coef"] = 0.0;
-  j["model"]["moe"]["z_loss_coef"] = 0.0;
-  const Trace without = run(j, nullptr, 1);
-  EXPECT_EQ(without.aux.front(), 0.0);
-  EXPECT_GT(std::abs((with.losses.back() - with.aux.back()) - without.losses.back()), 1e-4);
+  for (const char* variant : {"per_layer", "sigmoid"}) {
+    nlohmann::json j = config(variant);
+    const Trace with = run(j, nullptr, 1);
+    j["model"]["moe"]["router_aux_loss_coef"] = 0.0;
+    j["model"]["moe"]["z_loss_coef"] = 0.0;
+    const Trace without = run(j, nullptr, 1);
+    EXPECT_GT(with.aux.front(), 0.0) << variant;
+    EXPECT_EQ(without.aux.front(), 0.0) << variant;
+    EXPECT_GT(std::abs((with.losses.back() - with.aux.back()) - without.losses.back()), 1e-4)
+        << variant;
+  }
 }
 
 }  // namespace

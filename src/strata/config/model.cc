@@ -164,10 +164,12 @@ void finalize_moe(ModelConfig& m) {
                        "model.moe.top_k=", e.top_k, " exceeds the ",
                        e.topk_group * (e.experts / e.n_group),
                        " experts of the topk_group=", e.topk_group, " groups a token chooses from");
-    STRATA_INPUT_CHECK(e.router_aux_loss_coef == 0 && e.z_loss_coef == 0,
-                       "model.moe.router \"sigmoid\" balances by its expert bias "
-                       "(expert_bias_update_rate); its auxiliary and z-losses are not built: set "
-                       "model.moe.router_aux_loss_coef and z_loss_coef to 0");
+    STRATA_INPUT_CHECK(e.z_loss_coef == 0,
+                       "model.moe.router \"sigmoid\" has no router z-loss (its scores are not a "
+                       "softmax): set model.moe.z_loss_coef to 0");
+    STRATA_INPUT_CHECK(e.router_aux_loss_coef == 0 || e.aux_loss == "per_layer",
+                       "model.moe.router \"sigmoid\" balances each layer's sequences "
+                       "(DeepSeek-V3's sequence-wise loss): set model.moe.aux_loss \"per_layer\"");
   }
   STRATA_INPUT_CHECK(m.moe_layers() > 0,
                      "model.moe makes no layer a mixture of experts: "

@@ -369,13 +369,16 @@ struct MoeCapacity {
 void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, int experts,
               const MoeCapacity& capacity = {});
 // Per sequence of T rows (N/T of them): stats (B, 2, E) fp32 = the choices of each expert, then
-// the sum of each expert's probability over the sequence's rows.
-void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);
+// the sum of each expert's probability over the sequence's rows; normalized: of each row's
+// probabilities over their sum + 1e-20 (the sigmoid router's scores, DeepSeek-V3's
+// sequence-wise balancing).
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T, bool normalized = false);
 // dlogits (N, E) fp32: the router logits' gradient from dgates (N, k), the gates' (for
 // norm_topk_prob through the renormalisation), plus coef (B, E), optional, added to the gradient
 // of the probabilities of every row of sequence b (the balancing loss's), plus the z-loss's
-// z·lse² per row (z: its weight per row; 0: none). The sigmoid router's through its scores alone
-// (the bias takes no gradient; no coef, z 0).
+// z·lse² per row (z: its weight per row; 0: none). The sigmoid router's through its scores (the
+// bias takes no gradient; z 0), coef then the gradient with respect to each row's normalised
+// scores (moe_balance_stats' normalized).
 void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
                         Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r);
 // out (R, C) row r = x (N, C) row rows[r].

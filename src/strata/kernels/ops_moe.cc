@@ -88,7 +88,7 @@ void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, 
                     N, experts, int(k), capacity.capacity, capacity.group, capacity.by_probs);
 }
 
-void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T, bool normalized) {
   constexpr const char* op = "moe_balance_stats";
   const Call access = on_device(op, {stats, probs, top});
   if (access.dry) return;
@@ -100,9 +100,9 @@ void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
   expect_f32(op, "probs", probs);
   expect_i32(op, "top", top);
   expect_numel(op, "stats", stats, N / T * 2 * E);
-  STRATA_ON_CUDA(access, moe_balance_stats(stats, probs, top, T));
+  STRATA_ON_CUDA(access, moe_balance_stats(stats, probs, top, T, normalized));
   kernels::moe_balance_stats(p<float>(stats), p<const float>(probs), p<const int32_t>(top), N,
-                             int(E), int(k), T);
+                             int(E), int(k), T, normalized);
 }
 
 void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
@@ -120,14 +120,13 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
   expect_numel(op, "top", top, N * r.top_k);
   STRATA_CHECK(T > 0 && N % T == 0, op, ": ", N, " rows are not whole sequences of ", T);
   expect_numel(op, "coef", coef, N / T * r.experts);
-  STRATA_CHECK(!r.sigmoid || (coef.data == nullptr && z == 0.0f), op,
-               ": the sigmoid router takes no balancing or z-loss gradient");
+  STRATA_CHECK(!r.sigmoid || z == 0.0f, op, ": the sigmoid router takes no z-loss gradient");
   STRATA_ON_CUDA(access,
                  moe_route_backward(dlogits, dgates, probs, lse, top, gates, coef, T, z, r));
   if (r.sigmoid) {
-    return kernels::moe_route_sigmoid_backward(p<float>(dlogits), p<const float>(dgates),
-                                               p<const float>(probs), p<const int32_t>(top), N,
-                                               r.experts, r.top_k, r.norm_topk_prob, r.scale);
+    return kernels::moe_route_sigmoid_backward(
+        p<float>(dlogits), p<const float>(dgates), p<const float>(probs), p<const int32_t>(top),
+        p<const float>(coef), N, r.experts, r.top_k, r.norm_topk_prob, r.scale, T);
   }
   kernels::moe_route_backward(p<float>(dlogits), p<const float>(dgates), p<const float>(probs),
                               p<const float>(lse), p<const int32_t>(top), p<const float>(gates),

@@ -84,7 +84,7 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
   const int64_t kept = kept_rows(s, l);  // the rows the experts take (all N·k but those dropped)
   if (balanced()) {  // the balancing statistics of each sequence, summed over its context ranks
     const Tensor stats = f32(moe_stats_, int64_t(B_) * 2 * E_);
-    ops::moe_balance_stats(stats, probs, top, T_);
+    ops::moe_balance_stats(stats, probs, top, T_, route_.sigmoid);
     if (chunk_.context.on() && chunk_.context.comm != nullptr) {
       tp_->all_reduce(stats, chunk_.context.comm);
     }

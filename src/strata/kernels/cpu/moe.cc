@@ -121,8 +121,8 @@ void moe_route_sigmoid_forward(float* probs, float* lse, int32_t* top, float* ga
 }
 
 void moe_route_sigmoid_backward(float* dlogits, const float* dgates, const float* scores,
-                                const int32_t* top, int64_t N, int E, int k, bool norm_topk,
-                                float scale) {
+                                const int32_t* top, const float* coef, int64_t N, int E, int k,
+                                bool norm_topk, float scale, int64_t T) {
 #pragma omp parallel for schedule(static) if (parallel : N * E >= kParallelMinWork)
   for (int64_t n = 0; n < N; ++n) {
     const float* s = scores + n * E;
@@ -130,6 +130,13 @@ void moe_route_sigmoid_backward(float* dlogits, const float* dgates, const float
     const float* dg = dgates + n * k;
     float* d = dlogits + n * E;  // first the gradient of the scores
     std::fill(d, d + E, 0.0f);
+    if (coef != nullptr) {  // Σ_e coef_e · s_e / S, S = Σ_i s_i + 1e-20 over every expert
+      const float* c = coef + n / T * E;
+      float total = 0.0f, dot = 0.0f;
+      for (int e = 0; e < E; ++e) total += s[e], dot += c[e] * s[e];
+      total += 1e-20f;
+      for (int e = 0; e < E; ++e) d[e] = (c[e] - dot / total) / total;
+    }
     if (norm_topk) {  // gate_j = scale · s_j / S, S = Σ_i s_i + 1e-20 over the chosen
       float total = 0.0f, dot = 0.0f;
       for (int j = 0; j < k; ++j) total += s[t[j]], dot += dg[j] * s[t[j]];
@@ -185,15 +192,21 @@ void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, 
 }
 
 void moe_balance_stats(float* stats, const float* probs, const int32_t* top, int64_t N, int E,
-                       int k, int64_t T) {
+                       int k, int64_t T, bool normalized) {
   const int64_t B = N / T;
   for (int64_t b = 0; b < B; ++b) {
     float* c = stats + b * 2 * E;  // counts, then Σ probs
     float* ps = c + E;
     std::fill(c, c + 2 * E, 0.0f);
     for (int64_t n = b * T; n < (b + 1) * T; ++n) {
+      const float* p = probs + n * E;
       for (int j = 0; j < k; ++j) c[top[n * k + j]] += 1.0f;
-      for (int e = 0; e < E; ++e) ps[e] += probs[n * E + e];
+      float total = 1.0f;
+      if (normalized) {
+        total = 1e-20f;
+        for (int e = 0; e < E; ++e) total += p[e];
+      }
+      for (int e = 0; e < E; ++e) ps[e] += normalized ? p[e] / total : p[e];
     }
   }
 }

@@ -18,13 +18,16 @@ void moe_route_forward(float* probs, float* lse, int32_t* top, float* gates, con
 void moe_route_sigmoid_forward(float* probs, float* lse, int32_t* top, float* gates,
                                const float* logits, const float* bias, int64_t N, int E, int k,
                                bool norm_topk, int groups, int topk_groups, float scale);
+// coef (N/T, E), or nullptr: the balancing loss's gradient with respect to each row's normalised
+// scores s_e / (Σ s + 1e-20), per sequence of T rows.
 void moe_route_sigmoid_backward(float* dlogits, const float* dgates, const float* scores,
-                                const int32_t* top, int64_t N, int E, int k, bool norm_topk,
-                                float scale);
+                                const int32_t* top, const float* coef, int64_t N, int E, int k,
+                                bool norm_topk, float scale, int64_t T);
 void moe_plan(int32_t* counts, int32_t* pos, int32_t* rows, const int32_t* top, const float* probs,
               int64_t N, int E, int k, int64_t capacity, int64_t group, bool by_probs);
+// normalized: each row's probabilities over their sum (+1e-20) first (the sigmoid router's).
 void moe_balance_stats(float* stats, const float* probs, const int32_t* top, int64_t N, int E,
-                       int k, int64_t T);
+                       int k, int64_t T, bool normalized);
 void moe_route_backward(float* dlogits, const float* dgates, const float* probs, const float* lse,
                         const int32_t* top, const float* gates, const float* coef, int64_t N, int E,
                         int k, bool norm_topk, int64_t T, float z);

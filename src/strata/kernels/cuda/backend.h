@@ -104,7 +104,7 @@ void moe_route_forward(Tensor probs, Tensor lse, Tensor top, Tensor gates, Tenso
                        const MoeRoute& r, Tensor bias);
 void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, int experts,
               const MoeCapacity& capacity);
-void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T);
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T, bool normalized);
 void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse, Tensor top,
                         Tensor gates, Tensor coef, int64_t T, float z, const MoeRoute& r);
 void gather_rows(Tensor out, Tensor x, Tensor rows);

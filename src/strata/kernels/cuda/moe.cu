@@ -145,14 +145,21 @@ __global__ void __launch_bounds__(kThreads)
 
 __global__ void __launch_bounds__(kThreads)
     sigmoid_route_backward_kernel(float* dlogits, const float* dgates, const float* scores,
-                                  const int32_t* top, int64_t N, int E, int k, bool norm,
-                                  float scale) {
+                                  const int32_t* top, const float* coef, int64_t N, int E, int k,
+                                  bool norm, float scale, int64_t T) {
   for (int64_t n = packs::thread_index(); n < N; n += packs::thread_count()) {
     const float* s = scores + n * E;
     const int32_t* t = top + n * k;
     const float* dg = dgates + n * k;
     float* d = dlogits + n * E;
     for (int e = 0; e < E; ++e) d[e] = 0.0f;
+    if (coef != nullptr) {  // the balancing loss's, through the normalised scores
+      const float* c = coef + n / T * E;
+      float total = 0.0f, dot = 0.0f;
+      for (int e = 0; e < E; ++e) total += s[e], dot += c[e] * s[e];
+      total += 1e-20f;
+      for (int e = 0; e < E; ++e) d[e] = (c[e] - dot / total) / total;
+    }
     if (norm) {
       float total = 0.0f, dot = 0.0f;
       for (int j = 0; j < k; ++j) total += s[t[j]], dot += dg[j] * s[t[j]];
@@ -169,14 +176,19 @@ __global__ void __launch_bounds__(kThreads)
 // sequence's rows, in row order.
 __global__ void __launch_bounds__(kThreads)
     balance_kernel(float* stats, const float* probs, const int32_t* top, int64_t B, int E, int k,
-                   int64_t T) {
+                   int64_t T, bool normalized) {
   for (int64_t i = packs::thread_index(); i < B * E; i += packs::thread_count()) {
     const int64_t b = i / E;
     const int e = int(i % E);
     float c = 0.0f, ps = 0.0f;
     for (int64_t n = b * T; n < (b + 1) * T; ++n) {
       for (int j = 0; j < k; ++j) c += top[n * k + j] == e ? 1.0f : 0.0f;
-      ps += probs[n * E + e];
+      float total = 1.0f;
+      if (normalized) {
+        total = 1e-20f;
+        for (int x = 0; x < E; ++x) total += probs[n * E + x];
+      }
+      ps += normalized ? probs[n * E + e] / total : probs[n * E + e];
     }
     stats[b * 2 * E + e] = c;
     stats[b * 2 * E + E + e] = ps;
@@ -309,10 +321,11 @@ void moe_plan(Tensor counts, Tensor pos, Tensor rows, Tensor top, Tensor probs, 
   copy_from_host(rows, rs);
 }
 
-void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T) {
+void moe_balance_stats(Tensor stats, Tensor probs, Tensor top, int64_t T, bool normalized) {
   const int64_t E = probs.dim(-1), N = probs.numel() / E, k = top.numel() / N, B = N / T;
   balance_kernel<<<grid(B * E), kThreads, 0, compute_stream()>>>(
-      dev<float>(stats), dev<const float>(probs), dev<const int32_t>(top), B, int(E), int(k), T);
+      dev<float>(stats), dev<const float>(probs), dev<const int32_t>(top), B, int(E), int(k), T,
+      normalized);
   STRATA_CUDA_LAUNCHED();
 }
 
@@ -323,7 +336,8 @@ void moe_route_backward(Tensor dlogits, Tensor dgates, Tensor probs, Tensor lse,
   if (r.sigmoid) {
     sigmoid_route_backward_kernel<<<grid(N), kThreads, 0, compute_stream()>>>(
         dev<float>(dlogits), dev<const float>(dgates), dev<const float>(probs),
-        dev<const int32_t>(top), N, r.experts, r.top_k, r.norm_topk_prob, r.scale);
+        dev<const int32_t>(top), coef.data != nullptr ? dev<const float>(coef) : nullptr, N,
+        r.experts, r.top_k, r.norm_topk_prob, r.scale, T);
     STRATA_CUDA_LAUNCHED();
     return;
   }
