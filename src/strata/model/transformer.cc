@@ -103,6 +103,8 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
     if (ep_gather_) {
       ep_pos_host_.assign(size_t(ep_size_) * NK_, 0);
       ep_gathered_counts_.assign(size_t(ep_size_) * E_, 0);
+      ep_first_.assign(size_t(ep_size_) * El_, 0);
+      ep_off_.assign(size_t(E_) + 1, 0);
     }
     if (ep_size_ > 1) {
       ep_idx_host_.assign(size_t(R_), 0);

@@ -516,6 +516,7 @@ class TransformerImpl final : public Transformer {
   void* ep_all_ = nullptr;
   float* ep_dgates_ = nullptr;
   std::vector<int32_t> ep_pos_host_, ep_gathered_counts_;
+  std::vector<int64_t> ep_first_, ep_off_;  // ep_gather_finish's (ep·El) and (E + 1)
   std::vector<size_t> ep_v_counts_;
   // Exposed time in the expert-parallel collectives since take_ep_seconds: blocking calls, and
   // the waits for those issued ahead.

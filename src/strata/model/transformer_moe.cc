@@ -334,7 +334,8 @@ void TransformerImpl::ep_gather_finish(Slot& s, int l, comm::Handle& gathered) {
   if (ops::dry_run()) return;
   // first[r·El + e]: the row of sender r's first row for local expert e; off: a sender's plan
   // rows by global expert (its counts' prefix sums).
-  std::vector<int64_t> first(P * El), off(E + 1);
+  std::vector<int64_t>& first = ep_first_;
+  std::vector<int64_t>& off = ep_off_;
   for (size_t e = 0, at = 0; e < El; ++e) {
     for (size_t r = 0; r < P; ++r) first[r * El + e] = int64_t(at), at += size_t(got[r * El + e]);
   }
