@@ -633,6 +633,14 @@ void parse_layout_blocks(const Block& top, Config& c) {
         "\"per_layer\" (Megatron's), or parallelism.pipeline 1");
   }
   if (p.expert > 1) check_expert_split(c);
+  if (p.expert_overlap && m.layers > 0) {
+    STRATA_INPUT_CHECK(p.expert > 1 && m.moe.shared_ffn_hidden > 0,
+                       "parallelism.expert_overlap runs the shared expert while the tokens are "
+                       "dispatched to their experts' ranks, but ",
+                       p.expert > 1 ? "model.moe has no shared expert (shared_ffn_hidden)"
+                                    : "nothing is dispatched (parallelism.expert is 1)",
+                       ": remove parallelism.expert_overlap");
+  }
   if (m.moe.experts > 0 && m.moe.capacity_factor > 0 && m.moe.capacity_scope == "sequence" &&
       p.context > 1) {
     STRATA_INPUT_FAIL(
