@@ -76,9 +76,11 @@ class MoeLayouts : public ::testing::Test {
   // aux_loss "pooled" or "per_layer"; "capacity": per_layer with a capacity per sequence;
   // "sigmoid": DeepSeek-V3's router (2 groups of 2 experts, a token's one expert from the better
   // group, its gate the scaled score) balanced by its expert bias and its sequence-wise loss.
+  // "routed": per_layer without the shared expert.
   static nlohmann::json config(const std::string& variant) {
     const bool capacity = variant == "capacity", sigmoid = variant == "sigmoid";
-    const std::string aux_loss = capacity || sigmoid ? "per_layer" : variant;
+    const bool routed = variant == "routed";
+    const std::string aux_loss = capacity || sigmoid || routed ? "per_layer" : variant;
     const nlohmann::json moe = {{"experts", 4},         {"top_k", 2},
                                 {"ffn_hidden", 32},     {"shared_ffn_hidden", 32},
                                 {"shared_gate", true},  {"mlp_only_layers", {1}},
@@ -86,6 +88,7 @@ class MoeLayouts : public ::testing::Test {
                                 {"z_loss_coef", 0.01}};
     nlohmann::json m = moe;
     if (capacity) m["capacity_factor"] = 1.5, m["capacity_scope"] = "sequence";
+    if (routed) m.erase("shared_ffn_hidden"), m.erase("shared_gate");
     if (sigmoid) {
       m["router"] = "sigmoid", m["n_group"] = 2, m["topk_group"] = 1;
       m["top_k"] = 1, m["norm_topk_prob"] = false;
@@ -303,9 +306,50 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
   }
 }
 
+// Whole experts beside tensor parallelism (expert_tensor 1, under sequence parallelism): each
+// tensor-parallel rank routes its own rows through unsplit experts, placed over groups of the
+// stage's tp × dp × cp ranks (ep 1, 2 and 4: the group inside the tensor-parallel pair, across it,
+// beside a pipeline and context parallelism), with and without the shared expert (whose partial
+// sums the routed rows then join), by all-to-all and all-gather, under ZeRO-0..3: the
+// single-process run.
+TEST_F(MoeLayouts, WholeExpertsBesideTensorParallelism) {
+  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
+  const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
+  const nlohmann::json selective = {{"recompute_granularity", "selective"}};
+  const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
+  const nlohmann::json whole = {{"tensor", 2}, {"sequence_parallel", true}, {"expert_tensor", 1}};
+  auto with = [&](const nlohmann::json& more) {
+    nlohmann::json p = whole;
+    if (more.is_object()) p.update(more);
+    return p;
+  };
+  std::vector<Layout> layouts = {
+      {with({{"expert", 2}}), z0, nullptr, 2},  // the experts over the tensor-parallel pair
+      {with(nullptr), z1, full, 1},             // every expert on both, summed over them
+  };
+  if (world_size() == 4) {
+    layouts = {
+        {with({{"expert", 4}}), zero3, nullptr, 1},
+        {with({{"expert", 2}, {"expert_dispatch", "all_gather"}}), z2, selective, 1},
+        {with({{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}}), z1, nullptr, 4},
+        {with({{"expert", 4}, {"context", 2}, {"context_impl", "ring"}}), z0, nullptr, 2},
+    };
+  }
+  for (const char* aux : {"per_layer", "routed", "capacity", "sigmoid"}) {
+    const Trace ref = run(config(aux), nullptr, 1);
+    const bool capacity = std::string(aux) == "capacity";
+    for (const Layout& l : layouts) {
+      if (capacity && l.parallelism.value("context", 1) > 1) continue;  // refused: per sequence
+      expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
+                  std::string(aux) + " " + describe(l));
+    }
+  }
+}
+
 // ep 8 (moe_equivalence_np8 runs this test alone): eight experts, one a rank, by all-to-all under
-// ZeRO-1 and by all-gather under ZeRO-3, and ep 4 beside tensor parallelism with sequence
-// parallelism (two experts a rank), against the single-process run over 50 steps.
+// ZeRO-1 and by all-gather under ZeRO-3, ep 4 beside tensor parallelism with sequence
+// parallelism (two experts a rank), and ep 8 of whole experts over tp 2 × dp 4, against the
+// single-process run over 50 steps.
 TEST_F(MoeLayouts, EightExpertsOverEightRanks) {
   if (world_size() != 8) GTEST_SKIP() << "runs on 8 ranks (moe_equivalence_np8)";
   const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
@@ -317,6 +361,11 @@ TEST_F(MoeLayouts, EightExpertsOverEightRanks) {
       {{{"expert", 8}}, z1, nullptr, 1},
       {{{"expert", 8}, {"expert_dispatch", "all_gather"}}, zero3, nullptr, 1},
       {{{"expert", 4}, {"tensor", 2}, {"sequence_parallel", true}}, z2, nullptr, 1},
+      // Whole experts: one a rank over the tensor-parallel pairs of four data-parallel ranks.
+      {{{"expert", 8}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_tensor", 1}},
+       z1,
+       nullptr,
+       1},
   };
   for (const Layout& l : layouts) {
     expect_same(run(with_layout(j, l), l.parallelism, l.micro), ref,

@@ -596,6 +596,35 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key, std::strin
   return out;
 }
 
+std::unique_ptr<Communicator> Communicator::product(Communicator& inner, std::string name) {
+  synchronize();
+  inner.synchronize();
+  // The inner group's members as ranks of MPI_COMM_WORLD, gathered over this group.
+  MPI_Group world = MPI_GROUP_NULL, in = MPI_GROUP_NULL, members = MPI_GROUP_NULL;
+  STRATA_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  STRATA_MPI_CHECK(MPI_Comm_group(inner.s_->comm, &in));
+  const int n = inner.size();
+  std::vector<int> local(size_t(n), 0), mine(size_t(n), 0), all(size_t(n) * size_t(size()), 0);
+  for (int i = 0; i < n; ++i) local[size_t(i)] = i;
+  STRATA_MPI_CHECK(MPI_Group_translate_ranks(in, n, local.data(), world, mine.data()));
+  STRATA_MPI_CHECK(MPI_Allgather(mine.data(), n, MPI_INT, all.data(), n, MPI_INT, s_->comm));
+  std::vector<int> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  STRATA_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+               "the product of groups ", s_->name, " and ", inner.name(),
+               " names a rank twice: the ", s_->name, " group's members must have disjoint ",
+               inner.name(), " groups");
+  STRATA_MPI_CHECK(MPI_Group_incl(world, int(all.size()), all.data(), &members));
+  MPI_Comm comm = MPI_COMM_NULL;
+  STRATA_MPI_CHECK(MPI_Comm_create_group(MPI_COMM_WORLD, members, 0x5e7, &comm));
+  MPI_Group_free(&members);
+  MPI_Group_free(&in);
+  MPI_Group_free(&world);
+  auto out = std::make_unique<Communicator>(comm, std::move(name));
+  MPI_Comm_free(&comm);
+  return out;
+}
+
 void Communicator::set_polled_background(bool on) {
   s_->polled = on;
 }

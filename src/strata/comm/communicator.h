@@ -80,6 +80,12 @@ class Communicator {
   // A new communicator over the ranks of this group with the same color, ordered by key (as
   // MPI_Comm_split); collective over this group. Waits for the operations issued so far.
   std::unique_ptr<Communicator> split(int color, int key, std::string name);
+  // The ranks of the `inner` groups of every member of this group, as one communicator ordered
+  // by (this group's rank, inner rank): e.g. the tensor-parallel groups of a stage's data-parallel
+  // ranks, the stage's tp × dp ranks. Every member's inner group has one size and holds the same
+  // members in the same order for each of its ranks (the axis groups of a grid do). Collective
+  // over those ranks only.
+  std::unique_ptr<Communicator> product(Communicator& inner, std::string name);
 
   const std::string& name() const;
   // The group's MPI communicator (this object's duplicate), for PeerExchange to duplicate.

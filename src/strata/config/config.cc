@@ -75,14 +75,20 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 void check_expert_grid(const Config& c, int dp_cp) {
   const int ep = c.parallelism.expert;
-  if (ep <= 1) return;
-  STRATA_INPUT_CHECK(dp_cp % ep == 0, "parallelism.expert=", ep,
-                     " must divide the data x context-parallel ranks of a stage (", dp_cp,
-                     " here: world / (tensor x pipeline)); the experts are placed over a group "
-                     "of them. Choose a divisor of ",
-                     dp_cp, " or launch more ranks");
+  const bool whole = c.parallelism.whole_experts() && c.model.moe.experts > 0;
+  if (ep <= 1 && !whole) return;
+  const int ranks = c.parallelism.expert_ranks(dp_cp);
+  STRATA_INPUT_CHECK(ranks % ep == 0, "parallelism.expert=", ep,
+                     whole ? " must divide the tensor x data x context-parallel ranks of a stage ("
+                           : " must divide the data x context-parallel ranks of a stage (",
+                     ranks,
+                     whole ? " here: world / pipeline)" : " here: world / (tensor x pipeline))",
+                     "; the experts are placed over a group of them. Choose a divisor of ", ranks,
+                     " or launch more ranks");
   STRATA_INPUT_CHECK(c.zero.mics_shard_size < 0 || c.zero.mics_shard_size == dp_cp,
-                     "zero_optimization.mics_shard_size with parallelism.expert=", ep,
+                     "zero_optimization.mics_shard_size with ",
+                     ep > 1 ? "parallelism.expert=" + std::to_string(ep)
+                            : std::string("parallelism.expert_tensor=1"),
                      " is not built: remove one of them");
 }
 

@@ -31,13 +31,19 @@ struct ParallelismConfig {
   int context = 1;
   std::string context_impl = "ulysses";
   // Expert parallelism (model.moe): the routed experts of every MoE layer placed over `expert`
-  // ranks of the data × context-parallel group of a stage (Megatron's parallel folding: ep divides
-  // dp × cp), the tokens dispatched to them by all-to-all; expert parameters are summed and
-  // sharded over the expert-data-parallel group (dp × cp / ep). expert_tensor: the ranks each
-  // expert is split over; the tensor-parallel size (each expert split as a dense MLP), or 1,
-  // which is the same where tensor is 1.
+  // ranks of a stage (Megatron's parallel folding), the tokens dispatched to them by all-to-all;
+  // expert parameters are summed and sharded over the expert-data-parallel group (the ranks
+  // holding the same experts). expert_tensor: the ranks each expert is split over; the
+  // tensor-parallel size (each expert split as a dense MLP; ep then divides dp × cp, the groups
+  // of ranks with one tensor coordinate), or 1: whole experts, over groups of the stage's
+  // tp × dp × cp ranks (ep divides that product), each rank routing its own sequence-parallel
+  // rows (so tensor > 1 needs sequence_parallel).
   int expert = 1;
   int expert_tensor = 0;  // 0: not given (the tensor-parallel size)
+  // Whole experts beside tensor-parallel attention (expert_tensor 1, tensor > 1).
+  bool whole_experts() const { return tensor > 1 && expert_tensor == 1; }
+  // The ranks of a stage the experts are placed over, given its data × context-parallel size.
+  int expert_ranks(int dp_cp) const { return whole_experts() ? dp_cp * tensor : dp_cp; }
   // How the tokens reach the experts' ranks: "all_to_all" (each rank's routed rows to the ranks
   // of their experts and the outputs back; Megatron's alltoall dispatcher), or "all_gather"
   // (every rank's tokens and routing gathered on every rank of the group, each rank's experts'
@@ -309,8 +315,8 @@ nlohmann::json parse_json_strict(std::string_view text, std::string_view origin)
 // three values when they are inconsistent, or when parallelism.sequence_parallel cannot split the
 // micro-batch's token rows evenly over parallelism.tensor ranks.
 void resolve_batch(Config& c, int dp_size);
-// parallelism.expert against the data × context-parallel ranks of a stage (dp_cp): an InputError
-// naming the key when it does not divide them.
+// parallelism.expert against the data × context-parallel ranks of a stage (dp_cp; times tensor
+// with whole experts): an InputError naming the key when it does not divide them.
 void check_expert_grid(const Config& c, int dp_cp);
 
 // Model presets: "gpt2-124M", "gpt2-350M", "bench-23M", "llama-tiny", "gpt2-tiny", "llama-1B"...

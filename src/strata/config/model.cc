@@ -353,6 +353,18 @@ void check_tensor_split(const Config& c, int64_t micro_batch) {
   const std::string context_error =
       context_split_error(c.model, p.tensor, p.context, p.context_impl);
   if (!context_error.empty()) STRATA_INPUT_FAIL(context_error);
+  const MoeConfig& e = c.model.moe;
+  if (e.experts > 0 && e.capacity_factor > 0 && e.capacity_scope == "sequence" &&
+      p.whole_experts() && micro_batch > 0 && micro_batch % p.tensor != 0) {
+    STRATA_INPUT_FAIL(
+        "model.moe.capacity_scope \"sequence\" ranks each sequence's tokens for an expert's "
+        "capacity, but with parallelism.expert_tensor=1 each of the ",
+        p.tensor,
+        " tensor-parallel ranks routes its own block of a micro-batch's rows, which holds whole "
+        "sequences only when train_micro_batch_size_per_gpu (",
+        micro_batch, ") is a multiple of ", p.tensor,
+        ": choose such a micro-batch, capacity_scope \"micro_batch\", or no capacity_factor");
+  }
   const std::string error =
       tensor_split_error(c.model, p.tensor, p.sequence_parallel, micro_batch, p.context);
   if (error.empty()) return;
@@ -569,9 +581,10 @@ void parse_layout_blocks(const Block& top, Config& c) {
   }
   pb.get_choice("expert_dispatch", p.expert_dispatch, {"all_to_all", "all_gather"});
   pb.get_bool("expert_overlap", p.expert_overlap);
-  STRATA_INPUT_CHECK(p.tensor == 1 || p.expert_tensor != 1,
+  STRATA_INPUT_CHECK(!p.whole_experts() || p.sequence_parallel,
                      "parallelism.expert_tensor=1 with parallelism.tensor=", p.tensor,
-                     " (whole experts beside tensor-parallel attention) is not built: remove "
+                     " keeps each expert whole and routes each rank's own sequence-parallel "
+                     "rows: set parallelism.sequence_parallel true, or remove "
                      "parallelism.expert_tensor (each expert is then split over the ",
                      p.tensor, " tensor-parallel ranks)");
   pb.get_int("timeout_s", p.timeout_s, 0);

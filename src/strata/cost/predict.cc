@@ -35,8 +35,11 @@ MemoryPrediction predict_memory(const Layout& l, const ModelSpec& spec, int shar
   MemoryPrediction m;
   auto at = [&](MemCategory c) -> size_t& { return m.bytes[size_t(c)]; };
   // Under expert parallelism the Experts units are sharded over the expert-data-parallel group
-  // (shard / ep ranks), their chunks larger: the partition is the sum of the owned chunks.
-  const int expert = stage >= 1 && spec.ep.size > 1 ? int(N) / spec.ep.size : 0;
+  // (shard / ep ranks; tp × shard / ep with whole experts), their chunks larger or smaller: the
+  // partition is the sum of the owned chunks.
+  const int expert = stage >= 1 && (spec.ep.size > 1 || spec.ep.whole)
+                         ? (spec.ep.whole ? spec.tp.size : 1) * int(N) / spec.ep.size
+                         : 0;
   const ZeroBuffers b = stage >= 1 ? zero_buffers(spec, shard, o, expert) : ZeroBuffers{};
   size_t part = 0;
   for (const UnitSpec& u : spec.units) {

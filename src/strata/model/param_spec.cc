@@ -44,9 +44,11 @@ struct Split {
 
 struct Builder {
   ModelSpec spec;
+  int64_t expert_align = 1;  // the Experts units' alignment (a multiple of spec.align)
   void end_unit() {
     if (spec.units.empty()) return;
-    const int64_t pad = (spec.align - spec.units.back().numel % spec.align) % spec.align;
+    const int64_t a = spec.units.back().kind == UnitKind::Experts ? expert_align : spec.align;
+    const int64_t pad = (a - spec.units.back().numel % a) % a;
     spec.units.back().numel += pad;
     spec.numel += pad;
   }
@@ -168,11 +170,13 @@ Split cols_split(int64_t n, const TpLayout& t) {
 }  // namespace
 
 ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int tp_rank,
-                           int ep_size, int ep_rank) {
-  STRATA_CHECK(align >= 1, "the unit alignment must be at least 1, got ", align);
+                           int ep_size, int ep_rank, bool whole_experts, int64_t expert_align) {
+  STRATA_CHECK(align >= 1 && expert_align >= 1, "the unit alignment must be at least 1, got ",
+               align, " and ", expert_align);
   Builder b;
   b.spec.config = m;
   b.spec.align = align;
+  b.expert_align = std::lcm(align, expert_align);
   const TpLayout tp = b.spec.tp = tp_layout(m, tp_size, tp_rank);
   STRATA_CHECK(ep_size >= 1 && ep_rank >= 0 && ep_rank < ep_size &&
                    (ep_size == 1 || m.moe.experts % ep_size == 0),
@@ -181,6 +185,7 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
   ExpertLayout& ep = b.spec.ep;
   ep.size = ep_size, ep.rank = ep_rank;
   ep.experts = m.moe.experts / ep_size, ep.first = ep.experts * ep_rank;
+  ep.whole = whole_experts && tp_size > 1;
   const int64_t C = m.hidden, V = m.vocab, F = m.ffn_hidden, L = m.layers;
   const int64_t hd = m.hd();
   const float s = m.init_std;
@@ -202,7 +207,7 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       gpt2 ? 2 * C + fl * C + fl + C * tp.ffn + C : norms + fl * C + C * tp.ffn;
   const MoeConfig& moe = m.moe;
   const int64_t E = moe.experts, Fe = moe.ffn_hidden, Fs = moe.shared_ffn_hidden;
-  const int64_t fe = Fe / tp.size, fs = Fs / tp.size;  // this rank's units of each
+  const int64_t fe = ep.whole ? Fe : Fe / tp.size, fs = Fs / tp.size;  // this rank's units
   const int64_t moe_mlp = norms + E * C + 3 * fs * C + (moe.shared_gate ? C : 0);
   const int64_t El = ep.experts, e0 = ep.first;  // the experts this rank holds
   const int64_t mlp = std::max({dense_mlp, E > 0 ? moe_mlp : 0, El * 3 * fe * C});
@@ -278,13 +283,14 @@ ModelSpec build_model_spec(const ModelConfig& m, int64_t align, int tp_size, int
       if (post) b.add(p + "post_mlp_norm.weight", {C}, R::PostMlpNormW, gain, 0.0f, l);
       if (m.moe_layer(l)) {
         // The experts this rank holds, each one's gate|up rows split over tp as a dense MLP's
-        // (a range of 2F/tp rows per expert) and its down projection by columns.
+        // (a range of 2F/tp rows per expert) and its down projection by columns; or whole.
         b.begin_unit(u + ".experts", UnitKind::Experts, l);
         Split experts{0, {}, El * 2 * fe};
+        const int64_t first_row = ep.whole ? 0 : tp.rank * 2 * fe;
         for (int64_t e = e0; e < e0 + El; ++e) {
-          experts.ranges.push_back({e * 2 * Fe + tp.rank * 2 * fe, 2 * fe, 1});
+          experts.ranges.push_back({e * 2 * Fe + first_row, 2 * fe, 1});
         }
-        Split down = cols_split(Fe, tp);
+        Split down = ep.whole ? Split{1, {{0, Fe, 1}}, Fe} : cols_split(Fe, tp);
         if (El < E) down.rows = El * C, down.row0 = e0 * C;
         b.add(p + "mlp.experts.gate_up_proj.weight", {E * 2 * Fe, C}, R::ExpertGateUpW, I::Normal,
               s, l, experts);

@@ -150,6 +150,10 @@ struct ExpertLayout {
   // The dispatch (config.h ParallelismConfig::expert_dispatch): all-gather, or all-to-all.
   bool all_gather = false;
   bool overlap = false;  // ParallelismConfig::expert_overlap
+  // Whole experts beside tensor parallelism (expert_tensor 1, tp > 1): each expert unsplit, the
+  // group drawn from the stage's tp × dp × cp ranks, each rank routing its own sequence-parallel
+  // rows; otherwise each expert is split over tp as a dense MLP is.
+  bool whole = false;
 };
 
 struct ModelSpec {
@@ -175,9 +179,12 @@ struct ModelSpec {
 // tp_size, tp_rank: the tensor-parallel group (tp_size must divide heads and ffn_hidden, and
 // kv_heads or be a multiple of it: validated with the config). ep_size, ep_rank: the
 // expert-parallel group (ep_size divides moe.experts): the rank holds experts/ep_size consecutive
-// experts of each MoE layer, each split over tp as a dense MLP is.
+// experts of each MoE layer, each split over tp as a dense MLP is, or whole (whole_experts, with
+// tp_size > 1); expert_align: the Experts units are padded to a multiple of it too (the
+// expert-data-parallel group ZeRO shards them over, when that does not divide align).
 ModelSpec build_model_spec(const ModelConfig& m, int64_t align = 1, int tp_size = 1,
-                           int tp_rank = 0, int ep_size = 1, int ep_rank = 0);
+                           int tp_rank = 0, int ep_size = 1, int ep_rank = 0,
+                           bool whole_experts = false, int64_t expert_align = 1);
 
 // A pipeline stage's spec: the same units and parameters (same indices, so every unit keeps its
 // name and place in the model), but only the units `held` marks take space in the flat buffer,

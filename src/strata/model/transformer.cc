@@ -90,18 +90,24 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
     STRATA_CHECK(dev_ == Device::CPU, "a mixture of experts runs on the CPU backend only");
     STRATA_CHECK(!cfg_.post_norm(), "a mixture of experts after pre norms only");
     E_ = m.experts, K_ = m.top_k;
-    Fel_ = m.ffn_hidden / tp_->size(), Fsl_ = m.shared_ffn_hidden / tp_->size();
+    whole_experts_ = spec_.ep.whole;
+    STRATA_CHECK(!whole_experts_ || sp_,
+                 "whole experts beside tensor parallelism route each rank's "
+                 "sequence-parallel rows: sequence parallelism is needed");
+    Fel_ = whole_experts_ ? m.ffn_hidden : m.ffn_hidden / tp_->size();
+    Fsl_ = m.shared_ffn_hidden / tp_->size();
     NK_ = N_ * K_;
+    Nm_ = whole_experts_ ? Ns_ : N_, mr0_ = whole_experts_ ? tp_->rank() * Ns_ : 0, NKm_ = Nm_ * K_;
     ep_size_ = spec_.ep.size, El_ = int(spec_.ep.experts), e0_ = spec_.ep.first;
     ep_ = chunk_.experts;
     STRATA_CHECK(ep_ == nullptr || (ep_->size() == ep_size_ && ep_->rank() == spec_.ep.rank),
                  "the model spec was built for expert-parallel rank ", spec_.ep.rank, " of ",
                  ep_size_, " but the group is rank ", ep_->rank(), " of ", ep_->size());
     // Each token goes to at most min(k, El) of this rank's experts, from every rank of the group.
-    R_ = ep_size_ > 1 ? int64_t(ep_size_) * N_ * std::min<int64_t>(K_, El_) : NK_;
+    R_ = ep_size_ > 1 ? int64_t(ep_size_) * Nm_ * std::min<int64_t>(K_, El_) : NKm_;
     ep_gather_ = spec_.ep.all_gather && ep_size_ > 1;
     if (ep_gather_) {
-      ep_pos_host_.assign(size_t(ep_size_) * NK_, 0);
+      ep_pos_host_.assign(size_t(ep_size_) * NKm_, 0);
       ep_gathered_counts_.assign(size_t(ep_size_) * E_, 0);
       ep_first_.assign(size_t(ep_size_) * El_, 0);
       ep_off_.assign(size_t(E_) + 1, 0);
@@ -114,9 +120,13 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
     route_ = {E_,        K_,           m.norm_topk_prob,       m.router == "sigmoid",
               m.n_group, m.topk_group, m.routed_scaling_factor};
     if (m.capacity_factor > 0) {  // over each sequence's rows, or all this chunk routes
-      capacity_.group = m.capacity_scope == "sequence" ? T_ : N_;
+      capacity_.group = m.capacity_scope == "sequence" ? T_ : Nm_;
       STRATA_CHECK(m.capacity_scope != "sequence" || !chunk_.context.on(),
                    "a capacity per sequence under context parallelism");
+      STRATA_CHECK(Nm_ % capacity_.group == 0,
+                   "a capacity per sequence with whole experts: "
+                   "this rank's ",
+                   Nm_, " rows hold no whole number of sequences of ", T_);
       capacity_.capacity =
           int64_t(std::ceil(double(capacity_.group) * K_ * double(m.capacity_factor) / E_));
       capacity_.by_probs = m.drop_policy == "probs";
@@ -268,21 +278,21 @@ void TransformerImpl::layout() {
   };
   // A MoE block's own (BlockActs), after what carve gives every block.
   auto carve_moe = [&](BlockActs& a) {
-    const int64_t E = E_, k = K_, NK = NK_;
+    const int64_t E = E_, k = K_;
     a.router_probs = static_cast<float*>(act(N * E, f4));
     a.router_lse = static_cast<float*>(act(N, f4));
     a.moe_top = static_cast<int32_t*>(act(N * k, 4));
     a.moe_gates = static_cast<float*>(act(N * k, f4));
     a.moe_counts = static_cast<int32_t*>(act(E, 4));
     a.moe_pos = static_cast<int32_t*>(act(N * k, 4));
-    a.moe_rows = static_cast<int32_t*>(act(NK, 4));
+    a.moe_rows = static_cast<int32_t*>(act(NKm_, 4));
     a.xp = act(R_ * C, ps);
     a.efch = act(R_ * 2 * Fel_, ps);
     a.eact = act(R_ * Fel_, ps);
-    a.ey = act((ep_gather_ ? R_ : NK) * C, ps);
+    a.ey = act((ep_gather_ ? R_ : NKm_) * C, ps);
     if (ep_gather_) {
-      a.ag_pos = static_cast<int32_t*>(act(ep_size_ * NK, 4));
-      a.ag_gates = static_cast<float*>(act(ep_size_ * NK, f4));
+      a.ag_pos = static_cast<int32_t*>(act(ep_size_ * NKm_, 4));
+      a.ag_gates = static_cast<float*>(act(ep_size_ * NKm_, f4));
     }
     if (Fsl_ > 0) a.sout = act(N * C, ps);
     if (cfg_.moe.shared_gate) a.sgate = static_cast<float*>(act(N, f4));
@@ -395,11 +405,11 @@ void TransformerImpl::layout() {
     dey_ = wk(R_ * C, ps);
     defch_ = wk(R_ * 2 * Fel_, ps);
     if (ep_gather_) {
-      ep_all_ = wk(int64_t(ep_size_) * N * C, ps);
-      ep_dgates_ = static_cast<float*>(wk(int64_t(ep_size_) * NK_, f4));
+      ep_all_ = wk(int64_t(ep_size_) * Nm_ * C, ps);
+      ep_dgates_ = static_cast<float*>(wk(int64_t(ep_size_) * NKm_, f4));
       ep_idx_ = static_cast<int32_t*>(wk(R_, 4));
     } else if (ep_size_ > 1) {
-      ep_send_ = wk(NK_ * C, ps);
+      ep_send_ = wk(NKm_ * C, ps);
       ep_recv_ = wk(R_ * C, ps);
       ep_out_ = wk(R_ * C, ps);
       ep_idx_ = static_cast<int32_t*>(wk(R_, 4));
@@ -776,14 +786,16 @@ std::vector<int> param_trace(const ModelSpec& spec, UnitHook::Pass pass,
     void* grads_for(int) override { return nowhere; }
   } rec(pass);
   const ops::DryRun dry;
-  tp::Group shape(spec.tp.size, spec.tp.rank);
+  // Whole experts route sequence-parallel rows: a one-token sequence for each tensor rank.
+  tp::Group shape(spec.tp.size, spec.tp.rank, spec.ep.whole);
   ChunkOptions chunk;
   chunk.recompute = recompute;
   chunk.recompute.partition = false, chunk.recompute.host = false;
   const std::unique_ptr<Transformer> m =
-      make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 1, chunk, &shape);
-  const int32_t token = 0;
-  m->forward(0, &token, Tensor(), &token, 1.0f, true, &rec);
+      make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr,
+                       spec.ep.whole ? spec.tp.size : 1, 1, chunk, &shape);
+  const std::vector<int32_t> token(size_t(spec.tp.size), 0);
+  m->forward(0, token.data(), Tensor(), token.data(), 1.0f, true, &rec);
   if (pass == UnitHook::Pass::Backward) m->backward(&rec);
   return rec.seen;
 }

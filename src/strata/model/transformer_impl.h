@@ -82,13 +82,14 @@ struct BlockActs {
   void* res3;     // (Ns, C)  block output
   // A MoE MLP (transformer_moe.cc; nullptr elsewhere), k = top_k, E experts, Fe (Fs) this rank's
   // units of an expert (of the shared expert): the router's fp32 probabilities (N, E) and each
-  // row's logsumexp (N); the choices (N, k) int32 and their gates (N, k) fp32; the plan: counts
-  // (E), pos (N, k), rows (N·k) int32; the rows this rank's experts take (R: N·k, or the most
-  // the expert-parallel group can send them), grouped by expert: their input (R, C), gate|up
+  // row's logsumexp (N); the choices (N, k) int32 and their gates (N, k) fp32; the plan of the
+  // Nm rows this rank dispatches (every row, or with whole experts its own, Nm_): counts (E), pos
+  // (N, k; rows mr0_ on), rows (Nm·k) int32; the rows this rank's experts take (R: Nm·k, or the
+  // most the expert-parallel group can send them), grouped by expert: their input (R, C), gate|up
   // (R, 2Fe) and activation (R, Fe); the experts' output for this rank's rows in the plan's order
-  // (N·k, C), or under the all-gather dispatch the outputs of this rank's experts (R, C), with
-  // the group's plans ag_pos (ep·N, k: each choice's row among them, -1 elsewhere) and gates
-  // ag_gates (ep·N, k). The shared expert's gate|up and activation are
+  // (Nm·k, C), or under the all-gather dispatch the outputs of this rank's experts (R, C), with
+  // the group's plans ag_pos (ep·Nm, k: each choice's row among them, -1 elsewhere) and gates
+  // ag_gates (ep·Nm, k). The shared expert's gate|up and activation are
   // fch and fch_act (2Fs and Fs wide), its output sout (N, C); its gate sgate (N) fp32.
   float* router_probs;
   float* router_lse;
@@ -497,9 +498,15 @@ class TransformerImpl final : public Transformer {
   bool moe_ = false;
   int E_ = 0, K_ = 0;
   int64_t Fel_ = 0, Fsl_ = 0, NK_ = 0;
+  // The rows this rank's routed experts' dispatch takes: every row (Nm_ = N), or with whole
+  // experts beside tensor parallelism (spec_.ep.whole: whole_experts_) its own sequence-parallel
+  // block, rows [mr0_, mr0_ + Nm_); NKm_ = Nm_·k.
+  bool whole_experts_ = false;
+  int64_t Nm_ = 0, mr0_ = 0, NKm_ = 0;
+  Tensor mine(const Tensor& t) const;  // rows [mr0_, mr0_ + Nm_) of an (N, ...) view
   // Expert parallelism over ep_size_ ranks (comm ep_): this rank's El_ experts from e0_; R_ the
-  // most rows they can take (N·k without it). Workspace: this rank's kept rows in the plan's
-  // order (N·k, C) as sent and received back, the rows received (R, C) in the senders' order, the
+  // most rows they can take (Nm·k without it). Workspace: this rank's kept rows in the plan's
+  // order (Nm·k, C) as sent and received back, the rows received (R, C) in the senders' order, the
   // experts' output (R, C); the permutation between the two orders (R) on the device and the
   // host, and the exchange's counts.
   int ep_size_ = 1;
@@ -510,8 +517,8 @@ class TransformerImpl final : public Transformer {
   int32_t* ep_idx_ = nullptr;
   std::vector<int32_t> ep_idx_host_, ep_counts32_;
   // The all-gather dispatch (spec_.ep.all_gather): every rank's tokens (or the output's
-  // gradient), then the partial outputs (or input gradients) of every rank's tokens (ep·N, C);
-  // the gates' gradients of every rank's choices (ep·N·k); the group's plans on the host.
+  // gradient), then the partial outputs (or input gradients) of every rank's tokens (ep·Nm, C);
+  // the gates' gradients of every rank's choices (ep·Nm·k); the group's plans on the host.
   bool ep_gather_ = false;
   void* ep_all_ = nullptr;
   float* ep_dgates_ = nullptr;

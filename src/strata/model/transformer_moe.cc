@@ -25,6 +25,16 @@
 // the ranks' sums into each rank's own tokens. Backward: the output's gradient gathered, the
 // gates' and the inputs' gradients reduce-scattered. A token's k outputs are then summed per rank
 // and over the ranks, not in its fixed choice order: equal to the one-process sum to rounding.
+//
+// Whole experts beside tensor parallelism (spec_.ep.whole, expert_tensor 1, under sequence
+// parallelism): the router still reads every row, so the balancing statistics and the router's
+// backward are the split experts' alike, but each rank plans, dispatches and combines only its
+// own sequence-parallel rows (mine(): rows [mr0_, mr0_ + Nm_)) through whole experts, over an
+// expert-parallel group drawn from the stage's tp × dp × cp ranks. Its output rows are then
+// complete: without a shared expert they are the block's output as they stand; with one they
+// join its partial sums (zeros on the other rows) in the reduce-scatter. The gates' gradients of
+// the other ranks' rows are zero here and summed over the group like the split experts' partial
+// ones.
 #include <algorithm>
 #include <chrono>
 
@@ -42,6 +52,10 @@ Tensor row_range(const Tensor& t, int64_t r0, int64_t r1) {
 }
 
 }  // namespace
+
+Tensor TransformerImpl::mine(const Tensor& t) const {
+  return row_range(t, mr0_, mr0_ + Nm_);
+}
 
 // The rows whose replicated-parameter gradients this rank computes, and those whose input
 // gradients from the router and the shared gate it adds: under sequence parallelism its own
@@ -74,10 +88,11 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
     ops::copy_from_host(bias, expert_bias_ + int64_t(l) * E_);
   }
   ops::moe_route_forward(probs, f32(a.router_lse, N_), top, gates, probs, route_, bias);
+  // The plan of the rows this rank dispatches (every row, or with whole experts its own).
   const Tensor counts = Tensor(a.moe_counts, DType::I32, {int64_t(E_)}, dev_);
-  const Tensor plan = mat(a.moe_pos, DType::I32, N_, K_);
-  ops::moe_plan(counts, plan, Tensor(a.moe_rows, DType::I32, {NK_}, dev_), top, probs, E_,
-                capacity_);
+  const Tensor plan = mine(mat(a.moe_pos, DType::I32, N_, K_));
+  ops::moe_plan(counts, plan, Tensor(a.moe_rows, DType::I32, {NKm_}, dev_), mine(top), mine(probs),
+                E_, capacity_);
   ops::copy_to_host(counts32_.data(), counts);
   std::vector<int64_t>& n = s.expert_counts[size_t(l - l0_)];
   for (int e = 0; e < E_; ++e) n[size_t(e)] = counts32_[size_t(e)];
@@ -97,15 +112,16 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
   // (the counts' exchange, a few integers, first), the shared expert running meanwhile where
   // spec_.ep.overlap says.
   const Tensor moe_rows = Tensor(a.moe_rows, DType::I32, {kept}, dev_);
+  const Tensor xm = mine(x);
   comm::Handle in_flight;
   if (ep_gather_) {
-    in_flight = ep_gather_start(a, x);
+    in_flight = ep_gather_start(a, xm);
   } else if (ep_size_ > 1) {
-    ops::gather_rows(mat(ep_send_, pt_, kept, C_), x, moe_rows);
+    ops::gather_rows(mat(ep_send_, pt_, kept, C_), xm, moe_rows);
     ep_exchange_counts(s, l);
     in_flight = ep_send(s, l, ep_send_, C_);
   } else {
-    ops::gather_rows(mat(a.xp, pt_, kept, C_), x, moe_rows);
+    ops::gather_rows(mat(a.xp, pt_, kept, C_), xm, moe_rows);
   }
   const auto arrive = [&] {
     if (ep_gather_) {
@@ -143,20 +159,25 @@ void TransformerImpl::moe_forward(Slot& s, int l, void* P, UnitHook* hook, bool 
   if (ep_size_ > 1 && !ep_gather_) ep_from_experts(s, l, ep_out_, a.ey, C_);
   // This rank's partial output: the gate-weighted experts plus the (gated) shared expert, summed
   // over the group into res3. A recompute needs only the gate's sigmoid of it (res3 is kept).
+  // Whole experts give this rank's own rows complete (zeros elsewhere before the shared
+  // expert's partial sums join them); without a shared expert nothing is summed.
   void* out = project ? a.res3 : moe_part_;
-  const bool partial = tp_->size() > 1 && project;
-  const Tensor o = full(partial && sp_ ? moe_part_ : out);
+  const bool partial = tp_->size() > 1 && project, own = whole_experts_ && Fsl_ == 0;
+  const Tensor o =
+      own ? (project ? hid(out) : mine(full(moe_part_))) : full(partial && sp_ ? moe_part_ : out);
+  if (whole_experts_ && !own) ops::fill_zero(o);
+  const Tensor om = own ? o : mine(o);
   if (ep_gather_) {
-    ep_gather_combine(a, rows, a.ey, a.ag_gates, o);
+    ep_gather_combine(a, rows, a.ey, a.ag_gates, om);
   } else {
-    ops::moe_combine(o, mat(a.ey, pt_, NK_, C_), plan, gates);
+    ops::moe_combine(om, mat(a.ey, pt_, NKm_, C_), plan, mine(gates));
   }
   if (Fsl_ > 0 && cfg_.moe.shared_gate) {
     ops::moe_gate_forward(o, full(a.sout), f32(a.sgate, N_));
   } else if (Fsl_ > 0) {
     ops::add_inplace(o, full(a.sout));
   }
-  if (!partial) return;
+  if (!partial || own) return;
   if (sp_) {
     reduce_scatter_to_sp::forward(*tp_, hid(out), o);
   } else {
@@ -301,9 +322,10 @@ comm::Handle TransformerImpl::ep_gather_start(const BlockActs& a, const Tensor& 
   }
   const ops::Event written = ops::record(ops::compute_stream());
   ep_->all_gather_async(counts32_.data(), ep_gathered_counts_.data(), size_t(E_), DType::I32);
-  ep_->all_gather_async(x.data, ep_all_, size_t(N_ * C_), pt_, written);
-  ep_->all_gather_async(a.moe_pos, a.ag_pos, size_t(NK_), DType::I32, written);
-  return ep_->all_gather_async(a.moe_gates, a.ag_gates, size_t(NK_), DType::F32, written);
+  ep_->all_gather_async(x.data, ep_all_, size_t(Nm_ * C_), pt_, written);
+  ep_->all_gather_async(a.moe_pos + mr0_ * K_, a.ag_pos, size_t(NKm_), DType::I32, written);
+  return ep_->all_gather_async(a.moe_gates + mr0_ * K_, a.ag_gates, size_t(NKm_), DType::F32,
+                               written);
 }
 
 // After the gathers: the rows each rank routes to this rank's experts (s.ep_counts, s.ep_rows,
@@ -314,7 +336,7 @@ comm::Handle TransformerImpl::ep_gather_start(const BlockActs& a, const Tensor& 
 void TransformerImpl::ep_gather_finish(Slot& s, int l, comm::Handle& gathered) {
   BlockActs& a = s.blocks[size_t(l - l0_)];
   const size_t b = size_t(l - l0_), P = size_t(ep_size_), E = size_t(E_), El = size_t(El_);
-  const int64_t all_rows = int64_t(P) * N_;
+  const int64_t all_rows = int64_t(P) * Nm_;
   const ops::Event arrived = gathered.event();
   timed_ep([&] { gathered.wait(); });  // and every gather issued before it
   ops::wait(ops::compute_stream(), arrived);
@@ -346,8 +368,8 @@ void TransformerImpl::ep_gather_finish(Slot& s, int l, comm::Handle& gathered) {
   for (size_t r = 0; r < P; ++r) {
     off[0] = 0;
     for (size_t g = 0; g < E; ++g) off[g + 1] = off[g] + counts[r * E + g];
-    for (int64_t i = 0; i < NK_; ++i) {
-      int32_t& q = p[int64_t(r) * NK_ + i];
+    for (int64_t i = 0; i < NKm_; ++i) {
+      int32_t& q = p[int64_t(r) * NKm_ + i];
       if (q < 0) continue;
       const auto g = size_t(std::upper_bound(off.begin(), off.end(), int64_t(q)) - off.begin() - 1);
       if (g < size_t(e0_) || g >= size_t(e0_) + El) {
@@ -355,7 +377,7 @@ void TransformerImpl::ep_gather_finish(Slot& s, int l, comm::Handle& gathered) {
         continue;
       }
       const int64_t row = first[r * El + (g - size_t(e0_))] + (q - off[g]);
-      idx[row] = int32_t(int64_t(r) * N_ + i / K_);
+      idx[row] = int32_t(int64_t(r) * Nm_ + i / K_);
       q = int32_t(row);
     }
   }
@@ -365,40 +387,41 @@ void TransformerImpl::ep_gather_finish(Slot& s, int l, comm::Handle& gathered) {
   ops::gather_rows(mat(a.xp, pt_, rows, C_), mat(ep_all_, pt_, all_rows, C_), order);
 }
 
-// out (N, C) = the sum over the group of each rank's rows of y (`rows` of this rank's experts'
+// out (Nm, C) = the sum over the group of each rank's rows of y (`rows` of this rank's experts'
 // rows) for this rank's tokens, each weighted by its gate (gates nullptr: unweighted, the input
 // gradient's sum): each rank sums the choices its experts took for every token of the group,
 // then a reduce-scatter sums the ranks' sums.
 void TransformerImpl::ep_gather_combine(const BlockActs& a, int64_t rows, void* y,
                                         const float* gates, Tensor out) {
-  const int64_t all_rows = int64_t(ep_size_) * N_;
+  const int64_t all_rows = int64_t(ep_size_) * Nm_;
   ops::moe_combine(
       mat(ep_all_, pt_, all_rows, C_), mat(y, pt_, rows, C_),
       mat(a.ag_pos, DType::I32, all_rows, K_),
       gates != nullptr ? mat(const_cast<float*>(gates), DType::F32, all_rows, K_) : Tensor());
   if (ep_ != nullptr) {
-    timed_ep([&] { ep_->reduce_scatter(ep_all_, out.data, size_t(N_ * C_), pt_, pt_); });
+    timed_ep([&] { ep_->reduce_scatter(ep_all_, out.data, size_t(Nm_ * C_), pt_, pt_); });
   }
 }
 
-// The combine's backward: the output's gradient dy (N, C) gathered from every rank; this rank's
+// The combine's backward: the output's gradient dy (Nm, C) gathered from every rank; this rank's
 // experts' rows' gradients (dey, in their order) and the gates' gradients of the choices they
-// took (0 elsewhere), summed over the group into each rank's dgates (N·k): one rank's value and
+// took (0 elsewhere), summed over the group into each rank's dgates (Nm·k): one rank's value and
 // zeros, exact.
 void TransformerImpl::ep_gather_combine_backward(const Slot& s, int l, const Tensor& dy, void* dey,
                                                  const Tensor& dgates) {
   const BlockActs& a = s.blocks[size_t(l - l0_)];
-  const int64_t all_rows = int64_t(ep_size_) * N_, rows = local_rows(s, l);
+  const int64_t all_rows = int64_t(ep_size_) * Nm_, rows = local_rows(s, l);
   if (ep_ != nullptr) {
-    timed_ep([&] { ep_->all_gather(dy.data, ep_all_, size_t(N_ * C_), pt_); });
+    timed_ep([&] { ep_->all_gather(dy.data, ep_all_, size_t(Nm_ * C_), pt_); });
   }
   ops::moe_combine_backward(mat(dey, pt_, rows, C_), f32(ep_dgates_, all_rows * K_),
                             mat(ep_all_, pt_, all_rows, C_), mat(a.ey, pt_, rows, C_),
                             mat(a.ag_pos, DType::I32, all_rows, K_),
                             mat(a.ag_gates, DType::F32, all_rows, K_));
   if (ep_ != nullptr) {
-    timed_ep(
-        [&] { ep_->reduce_scatter(ep_dgates_, dgates.data, size_t(NK_), DType::F32, DType::F32); });
+    timed_ep([&] {
+      ep_->reduce_scatter(ep_dgates_, dgates.data, size_t(NKm_), DType::F32, DType::F32);
+    });
   }
 }
 
@@ -482,21 +505,29 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   const BlockActs& a = s.blocks[size_t(l - l0_)];
   using R = ParamRole;
   const int um = mlp_[size_t(l)], ue = experts_[size_t(l)];
-  // The output's gradient on every row, through the row-parallel mapping's backward half.
-  const Tensor dy = sp_ ? reduce_scatter_to_sp::backward(*tp_, full(part_), hid(dres_))
-                        : reduce_from::backward(*tp_, hid(dres_));
+  // The output's gradient on every row, through the row-parallel mapping's backward half (whole
+  // experts without a shared expert need only this rank's own rows).
+  const bool own = whole_experts_ && Fsl_ == 0;
+  const Tensor dy = own   ? hid(dres_)
+                    : sp_ ? reduce_scatter_to_sp::backward(*tp_, full(part_), hid(dres_))
+                          : reduce_from::backward(*tp_, hid(dres_));
+  const Tensor dym = own ? dy : mine(dy);
   const Tensor gates = mat(a.moe_gates, DType::F32, N_, K_);
-  const Tensor plan = mat(a.moe_pos, DType::I32, N_, K_);
+  const Tensor plan = mine(mat(a.moe_pos, DType::I32, N_, K_));
   // The experts' output gradients in the plan's order (this rank's rows), then grouped by expert
   // on the rows this rank's experts took: one buffer without expert parallelism.
   void* dey_local = fuse ? dey_ : st.dey;
   void* dey_plan = ep_size_ > 1 && !ep_gather_ ? ep_send_ : dey_local;
+  // The gates' gradients of this rank's choices; with whole experts those of the other ranks'
+  // rows are theirs, zero here, and the sum over the group below gives every row's.
   const Tensor dgates = f32(dgw_, N_ * K_), dsgate = f32(dgw_ + N_ * K_, N_);
+  if (whole_experts_) ops::fill_zero(dgates);
+  const Tensor dgm = mine(mat(dgw_, DType::F32, N_, K_));
   if (ep_gather_) {
-    ep_gather_combine_backward(s, l, dy, dey_local, dgates);
+    ep_gather_combine_backward(s, l, dym, dey_local, dgm);
   } else {
-    ops::moe_combine_backward(mat(dey_plan, pt_, NK_, C_), dgates, dy, mat(a.ey, pt_, NK_, C_),
-                              plan, gates);
+    ops::moe_combine_backward(mat(dey_plan, pt_, NKm_, C_), dgm, dym, mat(a.ey, pt_, NKm_, C_),
+                              plan, mine(gates));
   }
   const Tensor ds = full(fuse ? dshared_ : st.dfc2);
   if (Fsl_ > 0 && cfg_.moe.shared_gate) {
@@ -546,11 +577,15 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   void* G = nullptr;
   if (fuse) begin_partials(um), G = grads_of(hook, um);
   const Tensor x = fuse ? column_input(mlp_input(a)) : Tensor();
-  const Tensor dfull = full(sp_ ? part_ : dln);
+  // With whole experts, the experts' input gradients of this rank's own rows (and zeros elsewhere
+  // where the shared expert's partial sums join them; without one, straight into dln).
+  const Tensor dfull = own ? Tensor() : full(sp_ ? part_ : dln);
+  const Tensor dmine = own ? hid(dln) : mine(dfull);
+  if (whole_experts_ && !own) ops::fill_zero(dfull);
   if (ep_gather_) {
-    ep_gather_combine(a, rows, dxp_, nullptr, dfull);
+    ep_gather_combine(a, rows, dxp_, nullptr, dmine);
   } else {
-    ops::moe_combine(dfull, mat(ep_size_ > 1 ? ep_send_ : dxp_, pt_, NK_, C_), plan, Tensor());
+    ops::moe_combine(dmine, mat(ep_size_ > 1 ? ep_send_ : dxp_, pt_, NKm_, C_), plan, Tensor());
   }
   if (Fsl_ > 0) {
     const Tensor dact = mat(d_proj_in_, pt_, N_, Fsl_);
@@ -567,21 +602,21 @@ void TransformerImpl::moe_backward(Slot& s, int l, UnitHook* hook, const BlockSt
   }
   const auto [i0, i1] = moe_input_rows();
   if (i1 > i0) {
+    const Tensor din = own ? dmine : row_range(dfull, i0, i1);  // own: the same rows
     ops::Gemm g;
     g.M = i1 - i0, g.N = C_, g.K = E_, g.lda = E_, g.ldb = C_, g.ldc = C_, g.accumulate = true;
-    ops::gemm(row_range(dfull, i0, i1), row_range(dlogits, i0, i1), param(l, R::RouterW, P, pt_),
-              g);
+    ops::gemm(din, row_range(dlogits, i0, i1), param(l, R::RouterW, P, pt_), g);
     if (cfg_.moe.shared_gate) {
       g.K = 1, g.lda = 1;
-      ops::gemm(row_range(dfull, i0, i1), row_range(mat(dsgate.data, DType::F32, N_, 1), i0, i1),
+      ops::gemm(din, row_range(mat(dsgate.data, DType::F32, N_, 1), i0, i1),
                 param(l, R::SharedGateW, P, pt_), g);
     }
   }
   if (fuse) moe_replicated_weight(l, G, dlogits, mat(dsgate.data, DType::F32, N_, 1), x);
   // The column-parallel input's backward half, then the norm's.
-  if (sp_) {
+  if (sp_ && !own) {  // (own: dln holds this rank's rows already)
     gather_from_sp::backward(*tp_, hid(dln), dfull);
-  } else {
+  } else if (!sp_) {
     copy_to::backward(*tp_, dfull);
   }
   norm_backward(param(l, R::Norm2W, P, pt_), grad(l, R::Norm2W, G), grad(l, R::Norm2B, G), dln,

@@ -76,7 +76,10 @@ ChunkOptions chunk_options(const ExecutorOptions& o, const StagePlan& plan, cons
 void dry_run_stage(const ExecutorOptions& o, const StagePlan& plan, const ModelSpec& spec,
                    UnitHook& hook, bool train) {
   const ops::DryRun dry;
-  tp::Group shape(spec.tp.size, spec.tp.rank);
+  // Whole experts route sequence-parallel rows: the shape says so, with a sequence of one token
+  // for each tensor-parallel rank (the units' order depends on neither).
+  tp::Group shape(spec.tp.size, spec.tp.rank, spec.ep.whole);
+  const int tokens = spec.ep.whole ? spec.tp.size : 1;
   const std::vector<Action> schedule = stage_schedule(o);
   const ChunkSlots cs = chunk_slots(schedule, o.virtual_stages);
   const int last = o.stages * o.virtual_stages - 1;
@@ -87,15 +90,15 @@ void dry_run_stage(const ExecutorOptions& o, const StagePlan& plan, const ModelS
     c.context = {};       // the units' order does not depend on the sequence's split
     c.experts = nullptr;  // nor on where the experts' rows go
     chunks.push_back(
-        make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, 1, 1, c, &shape));
+        make_transformer(spec, DType::F32, DType::F32, nullptr, nullptr, tokens, 1, c, &shape));
   }
-  const int32_t token = 0;
+  const std::vector<int32_t> token(size_t(tokens), 0);
   alignas(64) char nowhere[64] = {};  // hidden states no dry pass reads
   const auto forward = [&](int micro, int k, bool training) {
     const int g = global_chunk(k, o.stage, o.stages);
     Transformer& c = *chunks[size_t(k)];
-    c.forward(micro, g == 0 ? &token : nullptr, g == 0 ? Tensor() : c.hidden_view(nowhere),
-              g == last ? &token : nullptr, 1.0f, training, &hook);
+    c.forward(micro, g == 0 ? token.data() : nullptr, g == 0 ? Tensor() : c.hidden_view(nowhere),
+              g == last ? token.data() : nullptr, 1.0f, training, &hook);
   };
   if (!train) {
     for (int k = 0; k < o.virtual_stages; ++k) forward(0, k, false);

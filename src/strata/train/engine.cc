@@ -27,6 +27,16 @@ int shard_size(const Config& cfg, const comm::Communicator* dp) {
   return shard_group_size(cfg, dp != nullptr ? dp->size() : 1, dp != nullptr);
 }
 
+// This rank's place among the ranks of its stage the experts are placed over: its data ×
+// context-parallel rank, or with whole experts its rank among the stage's tp × dp × cp ranks in
+// (dp, tp) order (Communicator::product).
+int expert_group_rank(const Config& cfg, const comm::Communicator* dp,
+                      const comm::Communicator* tp) {
+  const int d = dp != nullptr ? dp->rank() : 0;
+  if (!cfg.parallelism.whole_experts() || cfg.model.moe.experts == 0 || tp == nullptr) return d;
+  return d * tp->size() + tp->rank();
+}
+
 // The model cut into pipeline chunks: stages × virtual stages of them (one without a pipeline).
 pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& p, int stages) {
   const int v = stages > 1 ? p.virtual_stages : 1;
@@ -40,12 +50,12 @@ pipeline::StagePlan plan_chunks(const ModelSpec& full, const ParallelismConfig& 
 }
 
 // dp: the data × context-parallel group, whose consecutive ranks form the expert-parallel
-// groups (Engine::ep_comm_).
+// groups (Engine::ep_comm_); with whole experts, those of the stage's ranks in (dp, tp) order.
 ModelSpec stage_spec(const Config& cfg, int shard, const comm::Communicator* dp,
                      const comm::Communicator* tp, const comm::Communicator* pp,
                      pipeline::StagePlan& plan) {
   check_expert_grid(cfg, dp != nullptr ? dp->size() : 1);
-  const int ep_rank = dp != nullptr ? dp->rank() % cfg.parallelism.expert : 0;
+  const int ep_rank = expert_group_rank(cfg, dp, tp) % cfg.parallelism.expert;
   return stage_model_spec(cfg, shard, tp != nullptr ? tp->size() : 1,
                           tp != nullptr ? tp->rank() : 0, pp != nullptr ? pp->size() : 1,
                           pp != nullptr ? pp->rank() : 0, plan, ep_rank);
@@ -91,9 +101,13 @@ pipeline::ExecutorOptions executor_options(const Config& cfg, int stage, int sta
 
 ModelSpec stage_model_spec(const Config& cfg, int shard, int tp, int tp_rank, int stages, int stage,
                            pipeline::StagePlan& plan, int ep_rank) {
+  const ParallelismConfig& p = cfg.parallelism;
+  const bool moe = cfg.model.moe.experts > 0, whole = moe && p.whole_experts() && tp > 1;
+  const int ep = moe ? p.expert : 1;
+  // ZeRO shards whole experts over the expert-data-parallel group, tp × dp × cp / ep ranks.
+  const int64_t expert_align = whole && cfg.zero.stage >= 1 ? int64_t(tp) * shard / ep : 1;
   ModelSpec full =
-      build_model_spec(cfg.model, shard, tp, tp_rank,
-                       cfg.model.moe.experts > 0 ? cfg.parallelism.expert : 1, ep_rank);
+      build_model_spec(cfg.model, shard, tp, tp_rank, ep, ep_rank, whole, expert_align);
   full.ep.all_gather = full.ep.size > 1 && cfg.parallelism.expert_dispatch == "all_gather";
   full.ep.overlap = full.ep.size > 1 && cfg.parallelism.expert_overlap;
   set_weight_decay(cfg.optimizer, full);
@@ -161,14 +175,25 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     kv_comm_->set_timeout(tp_comm_->timeout());
   }
   tp_ = std::make_unique<tp::Group>(tp_comm_, kv_comm_.get(), cfg.parallelism.sequence_parallel);
-  if (spec_.ep.size > 1) {
+  if (spec_.ep.size > 1 || spec_.ep.whole) {
     // Expert parallelism: groups of ep consecutive ranks of the data × context-parallel group
-    // hold the experts between them (the group's rank is the spec's expert-parallel rank); the
-    // ranks with the same place in their groups hold the same experts and sum their gradients.
+    // (with whole experts, of the stage's tp × dp × cp ranks) hold the experts between them (the
+    // group's rank is the spec's expert-parallel rank); the ranks with the same place in their
+    // groups hold the same experts and sum their gradients.
     const int ep = spec_.ep.size;
-    ep_comm_ = dp_->split(dp_rank_ / ep, dp_rank_, "ep");
-    edp_comm_ = dp_->split(dp_rank_ % ep, dp_rank_, "edp");
-    for (comm::Communicator* c : {ep_comm_.get(), edp_comm_.get()}) c->set_timeout(dp_->timeout());
+    comm::Communicator* over = dp_;
+    STRATA_CHECK(dp_ != nullptr, "expert parallelism needs the data-parallel group");
+    if (spec_.ep.whole) {
+      stage_comm_ = dp_->product(*tp_comm_, "stage");
+      stage_comm_->set_timeout(dp_->timeout());
+      over = stage_comm_.get();
+    }
+    const int r = over->rank();
+    if (ep > 1) ep_comm_ = over->split(r / ep, r, "ep");
+    edp_comm_ = over->split(r % ep, r, "edp");
+    for (comm::Communicator* c : {ep_comm_.get(), edp_comm_.get()}) {
+      if (c != nullptr) c->set_timeout(dp_->timeout());
+    }
   }
   replicated_ = replicated_ranges(spec_);
   STRATA_CHECK(cfg_.gradient_accumulation_steps > 0 && cfg_.train_micro_batch_size_per_gpu > 0 &&
@@ -273,7 +298,7 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
   for (comm::Communicator* c : {dp_, shard_comm_.get(), replica_comm_.get(), edp_comm_.get()}) {
     if (c != nullptr) c->set_polled_background(beside);
   }
-  if (dp_size_ > 1 && !sync_) {  // stage 0: the gradients are summed over dp
+  if ((dp_size_ > 1 || edp_comm_) && !sync_) {  // stage 0: the gradients are summed over dp
     ZeroOptions o = zero_options(cfg_);
     o.stage = 0;
     sync_ = std::make_unique<ZeroSync>(*dp_, nullptr, spec_, o, params_.data(), grads_.data(),
@@ -446,7 +471,7 @@ Engine::Reduced Engine::reduce_gradients(double local_loss_sum) {
 
 // The tokens each MoE layer routed to each expert this step, summed over the pipeline stages
 // (their layers) and the data- and context-parallel ranks (their rows); tensor-parallel ranks
-// route the same rows and count once.
+// route the same rows and count once (with whole experts, their own rows: summed).
 void Engine::sum_expert_tokens() {
   const ModelConfig& m = cfg_.model;
   const int E = m.moe.experts;
@@ -458,7 +483,9 @@ void Engine::sum_expert_tokens() {
   expert_tokens_.assign(size_t(m.layers) * E, 0.0);
   for (auto& c : pipe_->chunks()) c->take_expert_tokens(expert_tokens_);
   expert_sum_.assign(expert_tokens_.begin(), expert_tokens_.end());  // exact below 2^24
-  for (comm::Communicator* c : {pp_comm_, dp_size_ > 1 ? dp_ : nullptr}) {
+  // With whole experts each tensor-parallel rank routes its own rows: summed over them too.
+  comm::Communicator* own_rows = spec_.ep.whole ? tp_comm_ : nullptr;
+  for (comm::Communicator* c : {pp_comm_, dp_size_ > 1 ? dp_ : nullptr, own_rows}) {
     if (c != nullptr) c->all_reduce(expert_sum_.data(), expert_sum_.size(), DType::F32, DType::F32);
   }
   size_t at = 0;

@@ -200,8 +200,10 @@ class Engine {
   comm::Communicator* tp_comm_ = nullptr;
   std::unique_ptr<comm::Communicator> kv_comm_;  // ranks sharing key/value heads (kv_heads < tp)
   // Expert parallelism (parallelism.expert > 1): the group this rank's MoE layers dispatch over,
-  // and the expert-data-parallel group that holds the same experts (both inside dp_).
-  std::unique_ptr<comm::Communicator> ep_comm_, edp_comm_;
+  // and the expert-data-parallel group that holds the same experts (both inside dp_, or with
+  // whole experts inside stage_comm_, the stage's tp × dp × cp ranks; edp_comm_ then also at
+  // ep 1).
+  std::unique_ptr<comm::Communicator> stage_comm_, ep_comm_, edp_comm_;
   std::unique_ptr<tp::Group> tp_;
   std::vector<ReplicatedRange> replicated_;  // counted once in the gradient norm
   comm::Communicator* pp_comm_ = nullptr;    // the pipeline group (null for one stage)

@@ -64,11 +64,12 @@ ZeroPartition::ZeroPartition(const ModelSpec& spec, int rank, int size, int expe
   STRATA_CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of a shard group of ", size);
   STRATA_CHECK(spec.align % size == 0, "ZeRO over ", size,
                " ranks needs a model spec aligned to a multiple of ", size, ", got ", spec.align);
-  STRATA_CHECK(expert_size == 0 ||
-                   (size % expert_size == 0 && expert_rank >= 0 && expert_rank < expert_size),
-               "expert-data-parallel rank ", expert_rank, " of ", expert_size,
-               " inside a shard group of ", size);
+  STRATA_CHECK(expert_size == 0 || (expert_rank >= 0 && expert_rank < expert_size),
+               "expert-data-parallel rank ", expert_rank, " of ", expert_size);
   for (int u = 0; u < int(units_.size()); ++u) {
+    STRATA_CHECK(!expert(u) || units_[size_t(u)].numel % expert_size == 0, "ZeRO over ",
+                 expert_size, " expert-data-parallel ranks needs the experts' units aligned to a "
+                 "multiple of it (build_model_spec's expert_align)");
     packed_[size_t(u)] = owned_numel_;
     const int64_t begin = chunk_begin(u), end = begin + chunk(u);
     for (int i : units_[size_t(u)].params) {

@@ -4,7 +4,8 @@
 // unit's flat range splits into G equal contiguous chunks and rank r owns chunk r of every unit.
 // Packed, the owned chunks of all units form a partition of numel/G elements, in unit order.
 // Under expert parallelism the Experts units are split into G/ep larger chunks over the
-// expert-data-parallel group (the ranks holding the same experts) instead.
+// expert-data-parallel group (the ranks holding the same experts) instead; with whole experts
+// beside tensor parallelism that group spans the tensor-parallel ranks too (tp·G/ep chunks).
 #pragma once
 
 #include <cstdint>
@@ -70,7 +71,8 @@ class ZeroPartition {
  public:
   // The partition of rank `rank` in a shard group of `size`; spec built with align = size.
   // Under expert parallelism the Experts units are sharded over the expert-data-parallel group
-  // instead (expert_rank of expert_size, which divides size); expert_size 0: no such group.
+  // instead (expert_rank of expert_size, dividing size, or with whole experts beside tensor
+  // parallelism a multiple of it); expert_size 0: no such group.
   ZeroPartition(const ModelSpec& spec, int rank, int size, int expert_rank = 0,
                 int expert_size = 0);
 

@@ -41,8 +41,8 @@ class ZeroSync final : public UnitHook {
   // full_params: the flat parameters (stages 0-2; nullptr for stage 3). full_grads: the flat
   // gradients (stages 0-1; nullptr for stages 2-3). Both outlive this object.
   // experts: under expert parallelism the expert-data-parallel group (the ranks of the shard
-  // group holding this rank's experts), over which the Experts units are summed and sharded;
-  // nullptr without (no MiCS with it).
+  // group holding this rank's experts; with whole experts, of the stage's tp × shard ranks), over
+  // which the Experts units are summed and sharded; nullptr without (no MiCS with it).
   ZeroSync(comm::Communicator& shard, comm::Communicator* replicas, const ModelSpec& spec,
            const ZeroOptions& o, void* full_params, void* full_grads,
            comm::Communicator* experts = nullptr);
