@@ -1,9 +1,8 @@
 // Layout-independent checkpoints (DESIGN.md §7): a run saved in one layout and loaded into
 // another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, context
-// parallelism (Ulysses or ring), expert parallelism (a mixture of experts' experts by global id),
-// ZeRO stage and MiCS groups, micro-batch and accumulation split, and so the world size — continues
-// with
-// the losses of the uninterrupted run. Runs under mpirun with 2, 4 and 8 ranks
+// parallelism (Ulysses or ring), expert parallelism (a mixture of experts' experts by global id,
+// split over tp or whole), ZeRO stage and MiCS groups, micro-batch and accumulation split, and so
+// the world size — continues with the losses of the uninterrupted run. Runs under mpirun with 2, 4 and 8 ranks
 // (tests/CMakeLists.txt); a layout of fewer ranks than the world runs on the first ones.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -41,7 +40,8 @@ struct Layout {
   bool reshard = true;  // zero_optimization.stage3_reshard_after_forward
   int cp = 1;
   std::string context_impl = "ulysses";
-  int ep = 1;  // parallelism.expert (the "moe-tiny" model)
+  int ep = 1;          // parallelism.expert (the "moe-tiny" model)
+  bool whole = false;  // parallelism.expert_tensor 1 (whole experts beside tp, with SP)
   std::string name() const {
     std::string s = std::to_string(ranks / (tp * pp * cp)) + "dp";
     if (cp > 1) s += " cp" + std::to_string(cp) + " " + context_impl;
@@ -52,6 +52,7 @@ struct Layout {
     if (mics > 0) s += " mics" + std::to_string(mics);
     if (!reshard) s += " kept";
     if (ep > 1) s += " ep" + std::to_string(ep);
+    if (whole) s += " etp1";
     return s;
   }
 };
@@ -134,6 +135,7 @@ class Reshard : public ::testing::Test {
                           {"context", l.cp},
                           {"context_impl", l.context_impl}};
       if (l.ep > 1) j["parallelism"]["expert"] = l.ep;
+      if (l.whole) j["parallelism"]["expert_tensor"] = 1;
       j["zero_optimization"] = {{"stage", l.zero}};
       if (l.mics > 0) j["zero_optimization"]["mics_shard_size"] = l.mics;
       if (l.zero == 3) {
@@ -223,6 +225,10 @@ std::vector<Pair> pairs() {
     l.ep = ep;
     return l;
   };
+  auto whole = [&](Layout l, int ep) {  // whole experts beside tp (with SP)
+    l.ep = ep, l.whole = true, l.sp = true;
+    return l;
+  };
   return {
       {"gpt2-tiny", d2t2p2, one},                          // (dp2, tp2, pp2, ZeRO-1) -> 1 process
       {"gpt2-tiny", L(8, 1, 1, 3, 1), L(4, 2, 1, 2, 1)},   // (dp8, ZeRO-3) -> (dp2, tp2, ZeRO-2)
@@ -252,6 +258,10 @@ std::vector<Pair> pairs() {
       {"moe-tiny", expert(L(4, 1, 1, 0, 1), 4), expert(L(8, 1, 1, 3, 1), 8)},  // ep4 -> ep8 ZeRO-3
       {"moe-tiny", expert(L(4, 2, 1, 3, 1), 2), expert(L(4, 1, 2, 1, 2), 2)},  // ep2 tp2 -> ep2 pp2
       {"moe-sigmoid-tiny", expert(L(2, 1, 1, 1, 1), 2), L(4, 1, 1, 2, 1)},     // the bias kept
+      // Whole experts beside tp: unsplit on each rank, sharded over tp × dp / ep.
+      {"moe-tiny", expert(L(2, 1, 1, 1, 1), 2), whole(L(2, 2, 1, 2, 1), 2)},  // ep2 -> tp2 etp1
+      {"moe-tiny", whole(L(4, 2, 1, 3, 1), 4), expert(L(4, 2, 1, 1, 1), 2)},  // etp1 ep4 -> etp2
+      {"moe-tiny", whole(L(8, 2, 1, 1, 1), 8), whole(L(4, 2, 2, 3, 2), 2)},   // ep8 -> ep2 pp2
   };
 }
 
