@@ -462,7 +462,8 @@ TEST(Config, ResolveBatchRecomputesFromTheGivenKeys) {
 }
 
 // parallelism.expert against the world: the experts are placed over ranks of the data ×
-// context-parallel group of a stage, so ep must divide it (checked where the sizes are known).
+// context-parallel group of a stage (with whole experts, of the tensor × data × context ranks),
+// so ep must divide it (checked where the sizes are known).
 TEST(Config, ExpertParallelismDividesTheDataAndContextRanks) {
   const Config c = parse_config({{"train_micro_batch_size_per_gpu", 1},
                                  {"model",
@@ -488,6 +489,30 @@ TEST(Config, ExpertParallelismDividesTheDataAndContextRanks) {
                                std::to_string(dp_cp)))
           << e.what();
     }
+  }
+  // Whole experts beside tp 2: over the tensor × data × context ranks (ep 4 over tp 2 × dp 2).
+  Config w = parse_config(
+      {{"train_micro_batch_size_per_gpu", 2},
+       {"model",
+        {{"family", "mixtral"},
+         {"layers", 2},
+         {"hidden", 32},
+         {"heads", 4},
+         {"vocab", 64},
+         {"seq_len", 16},
+         {"moe", {{"experts", 8}, {"top_k", 2}}}}},
+       {"parallelism",
+        {{"expert", 4}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_tensor", 1}}}});
+  EXPECT_TRUE(w.parallelism.whole_experts());
+  EXPECT_NO_THROW(check_expert_grid(w, 2));
+  try {
+    check_expert_grid(w, 3);
+    ADD_FAILURE() << "ep 4 over tp 2 x 3 ranks was accepted";
+  } catch (const InputError& e) {
+    EXPECT_TRUE(contains(e.what(),
+                         "parallelism.expert=4 must divide the tensor x data x context-parallel "
+                         "ranks of a stage (6"))
+        << e.what();
   }
 }
 

@@ -154,6 +154,30 @@ TEST(ElasticLayout, ExpertParallelismIsKeptThenShrunk) {
             three.overrides.end());
 }
 
+// Whole experts beside tensor parallelism (expert_tensor 1) are placed over the tensor × data
+// ranks: ep 8 stays on 8 workers (tp 2 × dp 4), and shrinks to what divides tp × dp after.
+TEST(ElasticLayout, WholeExpertsCountTheTensorRanks) {
+  const json moe = {{"family", "mixtral"},
+                    {"layers", 2},
+                    {"hidden", 32},
+                    {"heads", 4},
+                    {"vocab", 64},
+                    {"seq_len", 16},
+                    {"moe", {{"experts", 8}, {"top_k", 2}}}};
+  const json parallel = {
+      {"tensor", 2}, {"sequence_parallel", true}, {"expert", 8}, {"expert_tensor", 1}};
+  const ConfigLoader load = loader(tiny({{"model", moe}, {"parallelism", parallel}}));
+  const ElasticLayout kept = choose_elastic_layout(load, {{"localhost", 8}}, 1, 8, 16);
+  EXPECT_EQ(kept.world, 8);
+  EXPECT_EQ(kept.dp, 4);
+  EXPECT_EQ(kept.expert, 8) << kept.describe();
+  const ElasticLayout six = choose_elastic_layout(load, {{"localhost", 6}}, 1, 8, 12);
+  EXPECT_EQ(six.world, 6);
+  EXPECT_EQ(six.expert, 2);
+  EXPECT_NE(std::find(six.overrides.begin(), six.overrides.end(), "parallelism.expert=2"),
+            six.overrides.end());
+}
+
 TEST(ElasticLayout, NothingValidIsAnErrorSayingWhy) {
   const ConfigLoader load = loader(tiny());
   // 12 over 5 ranks does not divide, and --min-ranks 5 forbids going lower.

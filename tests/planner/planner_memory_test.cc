@@ -104,7 +104,7 @@ std::vector<planner::Row> sample(const std::vector<planner::Row>& rows) {
                              r.c.schedule + "/" + std::to_string(r.c.zero) + "/" +
                              std::to_string(r.c.sequence_parallel) + "/" + r.c.recompute + "/" +
                              std::to_string(r.c.cp) + r.c.context_impl + "/" +
-                             std::to_string(r.c.ep);
+                             std::to_string(r.c.ep) + (r.c.whole_experts ? "w" : "");
     const bool fresh = std::find(seen.begin(), seen.end(), kind) == seen.end();
     if (fresh) seen.push_back(kind);
     if ((fresh && out.size() < 40) || i++ % 7 == 0) out.push_back(r);
@@ -184,6 +184,24 @@ TEST_F(PlannerMemory, AllGatherDispatchMatchesTheEngine) {
     expect_matches(in, r, "all_gather");
   }
   EXPECT_GE(seen.size(), 2u);
+}
+
+// Whole experts beside tensor parallelism (expert_tensor 1): unsplit experts, sharded by ZeRO over
+// tp × dp / ep ranks, dispatching each rank's own rows; the first layout of each expert-parallel
+// size, ZeRO stage and pipeline.
+TEST_F(PlannerMemory, WholeExpertsMatchTheEngine) {
+  if (world_size() < 2) GTEST_SKIP() << "tensor parallelism needs 2 ranks";
+  const planner::PlanInput in = input(moe_model(), 8);
+  std::vector<std::string> seen;
+  for (const planner::Row& r : planner::plan(in)) {
+    if (!r.valid() || !r.c.whole_experts) continue;
+    const std::string kind =
+        std::to_string(r.c.ep) + "/" + std::to_string(r.c.zero) + "/" + std::to_string(r.c.pp);
+    if (std::find(seen.begin(), seen.end(), kind) != seen.end()) continue;
+    seen.push_back(kind);
+    expect_matches(in, r, "whole experts");
+  }
+  EXPECT_GE(seen.size(), world_size() == 2 ? 8u : 16u);
 }
 
 // ZeRO-3 under a pipeline, as the planner now enumerates it: every unit gathered (persistence 0),

@@ -2,8 +2,9 @@
 // another — dp, tp (± sequence parallelism), pp with any schedule and virtual stages, context
 // parallelism (Ulysses or ring), expert parallelism (a mixture of experts' experts by global id,
 // split over tp or whole), ZeRO stage and MiCS groups, micro-batch and accumulation split, and so
-// the world size — continues with the losses of the uninterrupted run. Runs under mpirun with 2, 4 and 8 ranks
-// (tests/CMakeLists.txt); a layout of fewer ranks than the world runs on the first ones.
+// the world size — continues with the losses of the uninterrupted run. Runs under mpirun with 2, 4
+// and 8 ranks (tests/CMakeLists.txt); a layout of fewer ranks than the world runs on the first
+// ones.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

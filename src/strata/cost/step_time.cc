@@ -27,8 +27,10 @@ StageTimes stage_times(const Config& cfg, const DeviceProfile& d, const StepShap
   const DType pt = cfg.param_dtype();
   const Link& tp_link = d.intra_node;  // check_tp_within_hosts holds
   const Link& cp_link = int64_t(c.tp) * c.cp <= c.per_node ? d.intra_node : d.inter_node;
-  // An expert-parallel group: ep consecutive ranks of dp × cp, tp apart.
-  const Link& ep_link = int64_t(c.tp) * c.ep <= c.per_node ? d.intra_node : d.inter_node;
+  // An expert-parallel group: ep consecutive ranks of dp × cp, tp apart (whole experts: ep
+  // consecutive ranks).
+  const int64_t ep_span = c.whole_experts ? c.ep : int64_t(c.tp) * c.ep;
+  const Link& ep_link = ep_span <= c.per_node ? d.intra_node : d.inter_node;
   const double eff_call = sc.gemm_call_flops;
   auto gemm = [&](double f) {
     // Calls of the typical size: their count times one call's time.

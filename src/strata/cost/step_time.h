@@ -53,7 +53,8 @@ struct StageWork {
 struct StepShape {
   int world = 1, per_node = 1;  // ranks, and ranks per node
   int dp = 1, tp = 1, pp = 1, cp = 1;
-  int ep = 1;              // parallelism.expert (over dp × cp)
+  int ep = 1;              // parallelism.expert (over dp × cp; tp × dp × cp with whole experts)
+  bool whole_experts = false;
   int virtual_stages = 1;  // with pp > 1
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB;
   std::string context_impl = "ulysses";

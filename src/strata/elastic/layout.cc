@@ -111,14 +111,21 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
                     "parallelism.pipeline=" + std::to_string(pp)};
         if (cp != bp.context) parallel.push_back("parallelism.context=" + std::to_string(cp));
       }
-      // The experts stay over the configured ranks where they divide the data × context ones,
-      // else over the largest divisor of them that does (each rank then holds more experts).
+      // The experts stay over the configured ranks where they divide the data × context ones
+      // (whole experts: the tensor × data × context ones), else over the largest divisor of
+      // them that does (each rank then holds more experts). Experts split over tp follow its
+      // new size.
+      const bool whole = bp.expert_tensor == 1 && tp > 1;
+      const int expert_ranks = (whole ? tp : 1) * l.dp * cp;
       l.expert = bp.expert;
-      while (l.expert > 1 && ((l.dp * cp) % l.expert != 0 || bp.expert % l.expert != 0)) {
+      while (l.expert > 1 && (expert_ranks % l.expert != 0 || bp.expert % l.expert != 0)) {
         --l.expert;
       }
       if (l.expert != bp.expert) {
         parallel.push_back("parallelism.expert=" + std::to_string(l.expert));
+      }
+      if (bp.expert_tensor > 1 && tp != bp.tensor) {
+        parallel.push_back("parallelism.expert_tensor=" + std::to_string(tp));
       }
       // The micro-batches to try: the config's own triangle (first start, or the elasticity
       // block deciding), else the largest micro-batch <= the configured one dividing the batch.

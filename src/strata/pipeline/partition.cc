@@ -172,7 +172,9 @@ UnitFlops unit_flops(const ModelSpec& spec) {
     } else if (u.kind == UnitKind::Mlp) {
       out.block[size_t(u.layer)] += matmul;
     } else if (u.kind == UnitKind::Experts) {  // a token passes through top_k of the experts
-      out.block[size_t(u.layer)] += matmul * double(m.moe.top_k) / double(spec.ep.experts);
+      // (whole experts: this rank's rows only, 1/tp of them)
+      const double rows = spec.ep.whole ? 1.0 / spec.tp.size : 1.0;
+      out.block[size_t(u.layer)] += matmul * rows * double(m.moe.top_k) / double(spec.ep.experts);
     } else if (u.kind == UnitKind::FinalNorm) {
       out.head += matmul;
     }

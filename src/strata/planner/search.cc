@@ -39,6 +39,7 @@ std::string describe(const Candidate& c) {
   if (c.sequence_parallel) s += "+sp";
   if (c.cp > 1) s += " cp" + std::to_string(c.cp) + "/" + c.context_impl;
   if (c.ep > 1) s += " ep" + std::to_string(c.ep);
+  if (c.whole_experts) s += " etp1";
   s += " pp" + std::to_string(c.pp);
   if (c.pp > 1) {
     s += "/" + c.schedule;
@@ -91,6 +92,11 @@ json candidate_config(const json& base, const Candidate& c) {
   } else {
     p.erase("expert");
   }
+  if (c.whole_experts) {
+    p["expert_tensor"] = 1;
+  } else {
+    p.erase("expert_tensor");
+  }
   json& z = j["zero_optimization"];
   if (!z.is_object()) z = json::object();
   z["stage"] = c.zero;
@@ -131,11 +137,15 @@ std::vector<Candidate> enumerate(const PlanInput& in) {
         if (G % dp != 0) continue;  // no micro-batch × accumulation gives the global batch
         const int64_t per_rank = G / dp;
         // Expert parallelism: every size dividing both the experts and dp × cp, on the CPU
-        // backend (a mixture of experts runs there only).
-        std::vector<int> experts = {1};
+        // backend (a mixture of experts runs there only); with whole experts beside tp (under
+        // sequence parallelism), every size dividing the experts and tp × dp × cp.
+        std::vector<int> experts = {1}, whole = {};
         if (base.model.moe.experts > 0 && !in.device.gpu) {
           for (int ep : divisors(dp * cp, base.model.moe.experts)) {
             if (ep > 1 && base.model.moe.experts % ep == 0) experts.push_back(ep);
+          }
+          for (int ep : divisors(int64_t(tp) * dp * cp, base.model.moe.experts)) {
+            if (tp > 1 && base.model.moe.experts % ep == 0) whole.push_back(ep);
           }
         }
         std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
@@ -154,14 +164,20 @@ std::vector<Candidate> enumerate(const PlanInput& in) {
                 if (g > 0 && zero == 0) continue;
                 for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
                   for (const char* rc : {"none", "selective", "full"}) {
-                    for (int ep : experts) {
-                      if (ep > 1 && g > 0) continue;  // MiCS with expert parallelism: refused
+                    const auto add = [&](int ep, bool whole_experts) {
+                      // MiCS with expert parallelism (or whole experts): refused
+                      if ((ep > 1 || whole_experts) && g > 0) return;
                       Candidate c;
                       c.dp = dp, c.tp = tp, c.pp = pp, c.virtual_stages = v, c.schedule = sched;
                       c.zero = zero, c.mics = g, c.sequence_parallel = sp != 0, c.recompute = rc;
                       c.cp = cp, c.context_impl = impl, c.ep = ep;
+                      c.whole_experts = whole_experts;
                       c.micro_batch = mb, c.accumulation = per_rank / mb;
                       out.push_back(c);
+                    };
+                    for (int ep : experts) add(ep, false);
+                    for (int ep : whole) {
+                      if (sp != 0) add(ep, true);
                     }
                   }
                 }
@@ -183,7 +199,7 @@ struct SpecCache {
     pipeline::StagePlan plan;
     pipeline::UnitFlops flops;
   };
-  std::map<std::array<int, 6>, Entry> entries;
+  std::map<std::array<int, 7>, Entry> entries;
   // A chunk's arena bytes by (its cut, units, B, slots, input slots, deferred weight gradients,
   // recompute, sequence parallelism): sizing one walks every unit and parameter of the spec.
   std::map<std::tuple<const Entry*, int, int, int, int, int, bool, std::string, bool, int, int>,
@@ -215,9 +231,10 @@ struct SpecCache {
     return it->second[size_t(stage)];
   }
   // The spec of expert-parallel rank 0 of cfg's parallelism.expert (every rank of the group holds
-  // as many experts).
+  // as many experts), split over tp or whole.
   Entry& at(const Config& cfg, int tp, int pp, int v, int shard, int stage) {
-    const std::array<int, 6> key{tp, pp, v, shard, stage, cfg.parallelism.expert};
+    const std::array<int, 7> key{
+        tp, pp, v, shard, stage, cfg.parallelism.expert, int(cfg.parallelism.whole_experts())};
     auto it = entries.find(key);
     if (it != entries.end()) return it->second;
     Entry e;
@@ -381,7 +398,7 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
   // rows·top_k·C (balanced routing). All-gather: the counts, tokens, plans and gates gathered and
   // the outputs reduce-scattered forward; the outputs' gradients gathered, the gates' and the
   // inputs' reduce-scattered backward; a ring's (ep−1)·rows·C of tokens each (and top_k int32 or
-  // fp32 values a row for the plans and gates).
+  // fp32 values a row for the plans and gates). Whole experts dispatch a rank's own rows.
   if (c.ep > 1) {
     int moe = 0, moe_recomputed = 0;
     for (int k = 0; k < o.virtual_stages; ++k) {
@@ -396,14 +413,15 @@ cost::StageWork stage_cost(const PlanInput& in, const Config& cfg, const Candida
     }
     const double f = double(c.ep - 1) / c.ep, b = double(dtype_size(pt));
     const double k = double(cfg.model.moe.top_k);
+    const double routed = c.whole_experts ? rows_local : rows;  // whole experts: its own rows
     if (cfg.parallelism.expert_dispatch == "all_gather") {
-      const double tokens = double(c.ep - 1) * rows * C * b,
-                   plans = double(c.ep - 1) * rows * k * 4;
+      const double tokens = double(c.ep - 1) * routed * C * b,
+                   plans = double(c.ep - 1) * routed * k * 4;
       s.ep_bytes =
           (4.0 * moe + 2.0 * moe_recomputed) * tokens + (3.0 * moe + 2.0 * moe_recomputed) * plans;
       s.ep_collectives = 8 * moe + 5 * moe_recomputed;
     } else {
-      s.ep_bytes = (4.0 * moe + 2.0 * moe_recomputed) * f * rows * k * C * b;
+      s.ep_bytes = (4.0 * moe + 2.0 * moe_recomputed) * f * routed * k * C * b;
       s.ep_collectives = 5 * moe + 3 * moe_recomputed;
     }
   }
@@ -476,6 +494,7 @@ Row evaluate(const PlanInput& in, const Candidate& c, SpecCache& cache) {
     cost::StepShape shape;
     shape.world = world, shape.per_node = in.cluster.per_node;
     shape.dp = c.dp, shape.tp = c.tp, shape.pp = c.pp, shape.cp = c.cp, shape.ep = c.ep;
+    shape.whole_experts = c.whole_experts;
     shape.context_impl = c.context_impl, shape.sequence_parallel = c.sequence_parallel;
     shape.micro_batch = c.micro_batch, shape.accumulation = c.accumulation;
     shape.shard = shard, shape.zero = zero;

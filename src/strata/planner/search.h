@@ -39,6 +39,7 @@ struct Candidate {
   int cp = 1;                            // parallelism.context
   std::string context_impl = "ulysses";  // ulysses | ring (with cp > 1)
   int ep = 1;                            // parallelism.expert (a mixture of experts)
+  bool whole_experts = false;            // parallelism.expert_tensor 1 (tp > 1, with SP)
   std::string recompute = "none";        // none | selective | full
   int64_t micro_batch = 1, accumulation = 1;
 };

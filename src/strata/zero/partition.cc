@@ -68,7 +68,8 @@ ZeroPartition::ZeroPartition(const ModelSpec& spec, int rank, int size, int expe
                "expert-data-parallel rank ", expert_rank, " of ", expert_size);
   for (int u = 0; u < int(units_.size()); ++u) {
     STRATA_CHECK(!expert(u) || units_[size_t(u)].numel % expert_size == 0, "ZeRO over ",
-                 expert_size, " expert-data-parallel ranks needs the experts' units aligned to a "
+                 expert_size,
+                 " expert-data-parallel ranks needs the experts' units aligned to a "
                  "multiple of it (build_model_spec's expert_align)");
     packed_[size_t(u)] = owned_numel_;
     const int64_t begin = chunk_begin(u), end = begin + chunk(u);
