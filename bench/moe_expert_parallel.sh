@@ -8,7 +8,11 @@
 # moments, from the start-up prediction line), and that all give the same losses.
 # SHARED > 0 adds a gated shared expert of that many units (Qwen2-MoE's) and a fourth run, ep 2
 # with the shared expert computed while the all-to-all is in flight (parallelism.expert_overlap).
-#   bench/moe_expert_parallel.sh [ROUNDS] [STEPS] [SHARED]          (defaults 3, 12 and 0)
+# LAYOUTS replaces the runs: any of dp ep2 ep2ag ep2ov, tp2 (tensor parallelism with sequence
+# parallelism, each expert split over both ranks) and tp2w (the same with whole experts, one
+# rank holding half of them: expert_tensor 1, expert 2).
+#   bench/moe_expert_parallel.sh [ROUNDS] [STEPS] [SHARED] [LAYOUTS]  (defaults 3, 12, 0 and
+#   "dp ep2 ep2ag", ep2ov added with SHARED)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 strata=${STRATA:-$repo/build/strata}
@@ -21,8 +25,11 @@ trap 'rm -rf "$work"' EXIT
 layouts=(dp ep2 ep2ag)
 declare -A parallelism=([dp]='{"expert": 1}' [ep2]='{"expert": 2}'
   [ep2ag]='{"expert": 2, "expert_dispatch": "all_gather"}'
-  [ep2ov]='{"expert": 2, "expert_overlap": true}')
+  [ep2ov]='{"expert": 2, "expert_overlap": true}'
+  [tp2]='{"tensor": 2, "sequence_parallel": true}'
+  [tp2w]='{"tensor": 2, "sequence_parallel": true, "expert_tensor": 1, "expert": 2}')
 [ "$shared" -gt 0 ] && layouts+=(ep2ov)
+if [ -n "${4:-}" ]; then read -r -a layouts <<<"$4"; fi
 for ep in "${layouts[@]}"; do
   cat >"$work/$ep.json" <<JSON
 {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "steps_per_print": 1000,
