@@ -255,10 +255,10 @@ TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
 
 // Expert parallelism folded into the data and context-parallel ranks (ep 2 and 4 over 4 experts,
 // so one or two experts a rank), beside accumulation, ZeRO-0..3, tensor parallelism with sequence
-// parallelism, pipelines (1F1B, zero-bubble's deferred weight gradients, interleaved) and context
-// parallelism: the tokens go to their experts' ranks and back, by all-to-all or by all-gather and
-// reduce-scatter (either in flight while the shared expert runs, expert_overlap), and the step is
-// the single-process one.
+// parallelism, pipelines (1F1B, GPipe, zero-bubble's deferred weight gradients, interleaved) and
+// context parallelism: the tokens go to their experts' ranks and back, by all-to-all or by
+// all-gather and reduce-scatter (either in flight while the shared expert runs, expert_overlap),
+// and the step is the single-process one.
 TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
   const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
   const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
@@ -277,6 +277,7 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
         {{{"expert", 4}}, zero3, nullptr, 1},
         {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}}, z1, nullptr, 1},
         {{{"expert", 2}, {"pipeline", 2}, {"schedule", "1f1b"}}, z2, full, 4},
+        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "gpipe"}}, z0, nullptr, 2},
         {{{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}}, z1, nullptr, 4},
         {{{"expert", 2}, {"pipeline", 2}, {"virtual_stages", 2}, {"schedule", "interleaved"}},
          zero3,
