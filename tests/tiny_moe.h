@@ -1,6 +1,6 @@
-// A tiny Qwen2-MoE model description for tests that size or allocate a mixture of experts: four
-// routed experts (top 2) with a gated shared expert, one dense layer among the MoE ones,
-// Megatron's per-layer balancing loss and the z-loss.
+// Tiny mixture-of-experts model descriptions. A Qwen2-MoE one for tests that size or allocate a
+// mixture of experts: four routed experts (top 2) with a gated shared expert, one dense layer
+// among the MoE ones, Megatron's per-layer balancing loss and the z-loss.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -26,6 +26,17 @@ inline nlohmann::json tiny_qwen2_moe(int layers, int dense) {
             {"aux_loss", "per_layer"},
             {"router_aux_loss_coef", 0.01},
             {"z_loss_coef", 0.001}}}};
+}
+
+// A tiny Mixtral of `experts` experts (top 2), two blocks: for configs that only place experts.
+inline nlohmann::json tiny_mixtral(int experts) {
+  return {{"family", "mixtral"},
+          {"layers", 2},
+          {"hidden", 32},
+          {"heads", 4},
+          {"vocab", 64},
+          {"seq_len", 16},
+          {"moe", {{"experts", experts}, {"top_k", 2}}}};
 }
 
 }  // namespace strata::test

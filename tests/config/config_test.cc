@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "strata/core/check.h"
+#include "tests/tiny_moe.h"
 
 namespace strata {
 namespace {
@@ -465,16 +466,9 @@ TEST(Config, ResolveBatchRecomputesFromTheGivenKeys) {
 // context-parallel group of a stage (with whole experts, of the tensor × data × context ranks),
 // so ep must divide it (checked where the sizes are known).
 TEST(Config, ExpertParallelismDividesTheDataAndContextRanks) {
-  const Config c = parse_config({{"train_micro_batch_size_per_gpu", 1},
-                                 {"model",
-                                  {{"family", "mixtral"},
-                                   {"layers", 2},
-                                   {"hidden", 32},
-                                   {"heads", 4},
-                                   {"vocab", 64},
-                                   {"seq_len", 16},
-                                   {"moe", {{"experts", 8}, {"top_k", 2}}}}},
-                                 {"parallelism", {{"expert", 4}}}});
+  const nlohmann::json model = test::tiny_mixtral(8);
+  const Config c = parse_config(
+      {{"train_micro_batch_size_per_gpu", 1}, {"model", model}, {"parallelism", {{"expert", 4}}}});
   EXPECT_EQ(c.parallelism.expert, 4);
   EXPECT_NO_THROW(check_expert_grid(c, 4));
   EXPECT_NO_THROW(check_expert_grid(c, 8));
@@ -491,16 +485,9 @@ TEST(Config, ExpertParallelismDividesTheDataAndContextRanks) {
     }
   }
   // Whole experts beside tp 2: over the tensor × data × context ranks (ep 4 over tp 2 × dp 2).
-  Config w = parse_config(
+  const Config w = parse_config(
       {{"train_micro_batch_size_per_gpu", 2},
-       {"model",
-        {{"family", "mixtral"},
-         {"layers", 2},
-         {"hidden", 32},
-         {"heads", 4},
-         {"vocab", 64},
-         {"seq_len", 16},
-         {"moe", {{"experts", 8}, {"top_k", 2}}}}},
+       {"model", model},
        {"parallelism",
         {{"expert", 4}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_tensor", 1}}}});
   EXPECT_TRUE(w.parallelism.whole_experts());

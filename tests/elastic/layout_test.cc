@@ -13,6 +13,7 @@
 
 #include "strata/config/elasticity.h"
 #include "strata/core/check.h"
+#include "tests/tiny_moe.h"
 
 namespace strata {
 namespace {
@@ -124,17 +125,12 @@ TEST(ElasticLayout, ContextParallelismIsKeptThenShrunkLikeTheOtherModelAxes) {
   EXPECT_EQ(shrunk.micro * shrunk.accumulation * shrunk.dp, 12);
 }
 
+const json kMoe = test::tiny_mixtral(8);  // eight experts, top 2
+
 // Expert parallelism is kept while it divides the data × context ranks, then shrunk to the
 // largest divisor that does (each rank holding more of the experts); the model stays as it is.
 TEST(ElasticLayout, ExpertParallelismIsKeptThenShrunk) {
-  const json moe = {{"family", "mixtral"},
-                    {"layers", 2},
-                    {"hidden", 32},
-                    {"heads", 4},
-                    {"vocab", 64},
-                    {"seq_len", 16},
-                    {"moe", {{"experts", 8}, {"top_k", 2}}}};
-  const ConfigLoader load = loader(tiny({{"model", moe}, {"parallelism", {{"expert", 4}}}}));
+  const ConfigLoader load = loader(tiny({{"model", kMoe}, {"parallelism", {{"expert", 4}}}}));
   const ElasticLayout kept = choose_elastic_layout(load, {{"localhost", 8}}, 1, 8, 16);
   EXPECT_EQ(kept.world, 8);
   EXPECT_EQ(kept.expert, 4);
@@ -157,16 +153,9 @@ TEST(ElasticLayout, ExpertParallelismIsKeptThenShrunk) {
 // Whole experts beside tensor parallelism (expert_tensor 1) are placed over the tensor × data
 // ranks: ep 8 stays on 8 workers (tp 2 × dp 4), and shrinks to what divides tp × dp after.
 TEST(ElasticLayout, WholeExpertsCountTheTensorRanks) {
-  const json moe = {{"family", "mixtral"},
-                    {"layers", 2},
-                    {"hidden", 32},
-                    {"heads", 4},
-                    {"vocab", 64},
-                    {"seq_len", 16},
-                    {"moe", {{"experts", 8}, {"top_k", 2}}}};
   const json parallel = {
       {"tensor", 2}, {"sequence_parallel", true}, {"expert", 8}, {"expert_tensor", 1}};
-  const ConfigLoader load = loader(tiny({{"model", moe}, {"parallelism", parallel}}));
+  const ConfigLoader load = loader(tiny({{"model", kMoe}, {"parallelism", parallel}}));
   const ElasticLayout kept = choose_elastic_layout(load, {{"localhost", 8}}, 1, 8, 16);
   EXPECT_EQ(kept.world, 8);
   EXPECT_EQ(kept.dp, 4);

@@ -48,6 +48,8 @@ struct Trace {
   double val_loss = 0;
 };
 
+struct Layout;
+
 class MoeLayouts : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -168,6 +170,11 @@ class MoeLayouts : public ::testing::Test {
     return r;
   }
 
+  // Each variant's single-process run against every layout (but those with context parallelism
+  // for a capacity per sequence, which refuses them).
+  static void expect_layouts(const std::vector<std::string>& variants,
+                             const std::vector<Layout>& layouts);
+
   static void expect_same(const Trace& got, const Trace& ref, const std::string& what) {
     ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
     for (size_t k = 0; k < ref.losses.size(); ++k) {
@@ -200,34 +207,48 @@ std::string describe(const Layout& l) {
          l.zero.dump() + " " + l.recompute.dump() + " micro " + std::to_string(l.micro);
 }
 
+// The ZeRO stages and recompute policies the layouts combine.
+const nlohmann::json kZero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
+const nlohmann::json kFull = {{"partition_activations", false}, {"number_checkpoints", 2}};
+const nlohmann::json kSelective = {{"recompute_granularity", "selective"}};
+const nlohmann::json kZ0 = {{"stage", 0}}, kZ1 = {{"stage", 1}}, kZ2 = {{"stage", 2}};
+
 nlohmann::json with_layout(nlohmann::json j, const Layout& l) {
   j["zero_optimization"] = l.zero;
   if (!l.recompute.is_null()) j["activation_checkpointing"] = l.recompute;
   return j;
 }
 
+void MoeLayouts::expect_layouts(const std::vector<std::string>& variants,
+                                const std::vector<Layout>& layouts) {
+  for (const std::string& aux : variants) {
+    const Trace ref = run(config(aux), nullptr, 1);
+    for (const Layout& l : layouts) {
+      if (aux == "capacity" && l.parallelism.value("context", 1) > 1) continue;  // refused
+      expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
+                  aux + " " + describe(l));
+    }
+  }
+}
+
 TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
-  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
-  const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
-  const nlohmann::json selective = {{"recompute_granularity", "selective"}};
-  const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
   // Every layout over the per-layer loss; those without a pipeline over the pooled one too.
   std::vector<Layout> layouts = {
-      {{{"tensor", 1}}, z0, nullptr, 2},  // dp = world, with accumulation
-      {{{"tensor", 1}}, zero3, full, 1},
-      {{{"tensor", 2}}, z1, nullptr, 2},
-      {{{"tensor", 2}, {"sequence_parallel", true}}, z2, selective, 1},
-      {{{"pipeline", 2}, {"schedule", "1f1b"}}, z0, full, 4},
-      {{{"pipeline", 2}, {"schedule", "zero_bubble"}}, z1, nullptr, 4},
-      {{{"context", 2}, {"context_impl", "ulysses"}}, z0, nullptr, 2},
-      {{{"context", 2}, {"context_impl", "ring"}}, z2, nullptr, 1},
+      {{{"tensor", 1}}, kZ0, nullptr, 2},  // dp = world, with accumulation
+      {{{"tensor", 1}}, kZero3, kFull, 1},
+      {{{"tensor", 2}}, kZ1, nullptr, 2},
+      {{{"tensor", 2}, {"sequence_parallel", true}}, kZ2, kSelective, 1},
+      {{{"pipeline", 2}, {"schedule", "1f1b"}}, kZ0, kFull, 4},
+      {{{"pipeline", 2}, {"schedule", "zero_bubble"}}, kZ1, nullptr, 4},
+      {{{"context", 2}, {"context_impl", "ulysses"}}, kZ0, nullptr, 2},
+      {{{"context", 2}, {"context_impl", "ring"}}, kZ2, nullptr, 1},
   };
   if (world_size() == 4) {
-    layouts.push_back({{{"tensor", 2}, {"sequence_parallel", true}}, zero3, nullptr, 2});
+    layouts.push_back({{{"tensor", 2}, {"sequence_parallel", true}}, kZero3, nullptr, 2});
     layouts.push_back(
-        {{{"pipeline", 2}, {"virtual_stages", 2}, {"schedule", "interleaved"}}, z1, nullptr, 4});
-    layouts.push_back({{{"pipeline", 2}, {"tensor", 2}}, z0, nullptr, 2});
-    layouts.push_back({{{"pipeline", 2}, {"context", 2}, {"context_impl", "ring"}}, z0, full, 2});
+        {{{"pipeline", 2}, {"virtual_stages", 2}, {"schedule", "interleaved"}}, kZ1, nullptr, 4});
+    layouts.push_back({{{"pipeline", 2}, {"tensor", 2}}, kZ0, nullptr, 2});
+    layouts.push_back({{{"pipeline", 2}, {"context", 2}, {"context_impl", "ring"}}, kZ0, kFull, 2});
   }
   for (const char* aux : {"per_layer", "pooled", "capacity"}) {
     const Trace ref = run(config(aux), nullptr, 1);
@@ -260,51 +281,39 @@ TEST_F(MoeLayouts, EveryLayoutGivesTheSingleProcessRun) {
 // all-gather and reduce-scatter (either in flight while the shared expert runs, expert_overlap),
 // and the step is the single-process one.
 TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
-  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
-  const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
-  const nlohmann::json selective = {{"recompute_granularity", "selective"}};
-  const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
   const nlohmann::json ag = "all_gather";
   std::vector<Layout> layouts = {
-      {{{"expert", 2}, {"expert_overlap", true}}, z0, nullptr, 2},
-      {{{"expert", 2}}, zero3, full, 1},
-      {{{"expert", 2}, {"expert_dispatch", ag}}, z1, full, 2},
+      {{{"expert", 2}, {"expert_overlap", true}}, kZ0, nullptr, 2},
+      {{{"expert", 2}}, kZero3, kFull, 1},
+      {{{"expert", 2}, {"expert_dispatch", ag}}, kZ1, kFull, 2},
   };
   if (world_size() == 4) {
     layouts = {
-        {{{"expert", 4}}, z1, nullptr, 1},
-        {{{"expert", 2}}, z2, selective, 2},  // two groups of two hold the experts alike
-        {{{"expert", 4}}, zero3, nullptr, 1},
-        {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}}, z1, nullptr, 1},
-        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "1f1b"}}, z2, full, 4},
-        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "gpipe"}}, z0, nullptr, 2},
-        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}}, z1, nullptr, 4},
+        {{{"expert", 4}}, kZ1, nullptr, 1},
+        {{{"expert", 2}}, kZ2, kSelective, 2},  // two groups of two hold the experts alike
+        {{{"expert", 4}}, kZero3, nullptr, 1},
+        {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}}, kZ1, nullptr, 1},
+        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "1f1b"}}, kZ2, kFull, 4},
+        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "gpipe"}}, kZ0, nullptr, 2},
+        {{{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}}, kZ1, nullptr, 4},
         {{{"expert", 2}, {"pipeline", 2}, {"virtual_stages", 2}, {"schedule", "interleaved"}},
-         zero3,
+         kZero3,
          nullptr,
          4},
-        {{{"expert", 4}, {"context", 2}, {"context_impl", "ulysses"}}, z0, nullptr, 2},
+        {{{"expert", 4}, {"context", 2}, {"context_impl", "ulysses"}}, kZ0, nullptr, 2},
         // The all-gather dispatch: one expert a rank, tensor parallelism, deferred weights.
-        {{{"expert", 4}, {"expert_dispatch", ag}, {"expert_overlap", true}}, zero3, nullptr, 1},
+        {{{"expert", 4}, {"expert_dispatch", ag}, {"expert_overlap", true}}, kZero3, nullptr, 1},
         {{{"expert", 2}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_dispatch", ag}},
-         z2,
+         kZ2,
          nullptr,
          1},
         {{{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}, {"expert_dispatch", ag}},
-         z0,
+         kZ0,
          nullptr,
          4},
     };
   }
-  for (const char* aux : {"per_layer", "capacity", "sigmoid"}) {
-    const Trace ref = run(config(aux), nullptr, 1);
-    const bool capacity = std::string(aux) == "capacity";
-    for (const Layout& l : layouts) {
-      if (capacity && l.parallelism.value("context", 1) > 1) continue;  // refused: per sequence
-      expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
-                  std::string(aux) + " " + describe(l));
-    }
-  }
+  expect_layouts({"per_layer", "capacity", "sigmoid"}, layouts);
 }
 
 // Whole experts beside tensor parallelism (expert_tensor 1, under sequence parallelism): each
@@ -314,10 +323,6 @@ TEST_F(MoeLayouts, ExpertParallelismGivesTheSingleProcessRun) {
 // sums the routed rows then join), by all-to-all and all-gather, under ZeRO-0..3: the
 // single-process run.
 TEST_F(MoeLayouts, WholeExpertsBesideTensorParallelism) {
-  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
-  const nlohmann::json full = {{"partition_activations", false}, {"number_checkpoints", 2}};
-  const nlohmann::json selective = {{"recompute_granularity", "selective"}};
-  const nlohmann::json z0 = {{"stage", 0}}, z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
   const nlohmann::json whole = {{"tensor", 2}, {"sequence_parallel", true}, {"expert_tensor", 1}};
   auto with = [&](const nlohmann::json& more) {
     nlohmann::json p = whole;
@@ -325,28 +330,21 @@ TEST_F(MoeLayouts, WholeExpertsBesideTensorParallelism) {
     return p;
   };
   std::vector<Layout> layouts = {
-      {with({{"expert", 2}}), z0, nullptr, 2},  // the experts over the tensor-parallel pair
-      {with(nullptr), z1, full, 1},             // every expert on both, summed over them
+      {with({{"expert", 2}}), kZ0, nullptr, 2},  // the experts over the tensor-parallel pair
+      {with(nullptr), kZ1, kFull, 1},            // every expert on both, summed over them
   };
   if (world_size() == 4) {
     layouts = {
-        {with({{"expert", 4}}), zero3, nullptr, 1},
-        {with({{"expert", 2}, {"expert_dispatch", "all_gather"}}), z2, selective, 1},
-        {with({{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}}), z1, nullptr, 4},
-        {with({{"expert", 4}, {"context", 2}, {"context_impl", "ring"}}), z0, nullptr, 2},
+        {with({{"expert", 4}}), kZero3, nullptr, 1},
+        {with({{"expert", 2}, {"expert_dispatch", "all_gather"}}), kZ2, kSelective, 1},
+        {with({{"expert", 2}, {"pipeline", 2}, {"schedule", "zero_bubble"}}), kZ1, nullptr, 4},
+        {with({{"expert", 4}, {"context", 2}, {"context_impl", "ring"}}), kZ0, nullptr, 2},
     };
   }
   // (The sigmoid router's routing is the softmax one's as far as the dispatch goes: at 2 ranks.)
-  for (const char* aux : {"per_layer", "routed", "capacity", "sigmoid"}) {
-    if (std::string(aux) == "sigmoid" && world_size() > 2) continue;
-    const Trace ref = run(config(aux), nullptr, 1);
-    const bool capacity = std::string(aux) == "capacity";
-    for (const Layout& l : layouts) {
-      if (capacity && l.parallelism.value("context", 1) > 1) continue;  // refused: per sequence
-      expect_same(run(with_layout(config(aux), l), l.parallelism, l.micro), ref,
-                  std::string(aux) + " " + describe(l));
-    }
-  }
+  std::vector<std::string> variants = {"per_layer", "routed", "capacity"};
+  if (world_size() == 2) variants.push_back("sigmoid");
+  expect_layouts(variants, layouts);
 }
 
 // ep 8 (moe_equivalence_np8 runs this test alone): eight experts, one a rank, by all-to-all under
@@ -355,18 +353,16 @@ TEST_F(MoeLayouts, WholeExpertsBesideTensorParallelism) {
 // single-process run over 50 steps.
 TEST_F(MoeLayouts, EightExpertsOverEightRanks) {
   if (world_size() != 8) GTEST_SKIP() << "runs on 8 ranks (moe_equivalence_np8)";
-  const nlohmann::json zero3 = {{"stage", 3}, {"stage3_param_persistence_threshold", 0}};
-  const nlohmann::json z1 = {{"stage", 1}}, z2 = {{"stage", 2}};
   nlohmann::json j = config("per_layer");
   j["model"]["moe"]["experts"] = 8;
   const Trace ref = run(j, nullptr, 1);
   const Layout layouts[] = {
-      {{{"expert", 8}}, z1, nullptr, 1},
-      {{{"expert", 8}, {"expert_dispatch", "all_gather"}}, zero3, nullptr, 1},
-      {{{"expert", 4}, {"tensor", 2}, {"sequence_parallel", true}}, z2, nullptr, 1},
+      {{{"expert", 8}}, kZ1, nullptr, 1},
+      {{{"expert", 8}, {"expert_dispatch", "all_gather"}}, kZero3, nullptr, 1},
+      {{{"expert", 4}, {"tensor", 2}, {"sequence_parallel", true}}, kZ2, nullptr, 1},
       // Whole experts: one a rank over the tensor-parallel pairs of four data-parallel ranks.
       {{{"expert", 8}, {"tensor", 2}, {"sequence_parallel", true}, {"expert_tensor", 1}},
-       z1,
+       kZ1,
        nullptr,
        1},
   };
