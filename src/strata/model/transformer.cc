@@ -124,9 +124,8 @@ TransformerImpl::TransformerImpl(const ModelSpec& spec, DType pt, DType gt, void
       STRATA_CHECK(m.capacity_scope != "sequence" || !chunk_.context.on(),
                    "a capacity per sequence under context parallelism");
       STRATA_CHECK(Nm_ % capacity_.group == 0,
-                   "a capacity per sequence with whole experts: "
-                   "this rank's ",
-                   Nm_, " rows hold no whole number of sequences of ", T_);
+                   "a capacity per sequence with whole experts: ", "this rank's ", Nm_,
+                   " rows hold no whole number of sequences of ", T_);
       capacity_.capacity =
           int64_t(std::ceil(double(capacity_.group) * K_ * double(m.capacity_factor) / E_));
       capacity_.by_probs = m.drop_policy == "probs";
