@@ -53,9 +53,9 @@ struct StageWork {
 struct StepShape {
   int world = 1, per_node = 1;  // ranks, and ranks per node
   int dp = 1, tp = 1, pp = 1, cp = 1;
-  int ep = 1;              // parallelism.expert (over dp × cp; tp × dp × cp with whole experts)
-  bool whole_experts = false;
-  int virtual_stages = 1;  // with pp > 1
+  int ep = 1;                  // parallelism.expert (over dp × cp)
+  bool whole_experts = false;  // expert_tensor 1: ep over tp × dp × cp
+  int virtual_stages = 1;      // with pp > 1
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB;
   std::string context_impl = "ulysses";
   bool sequence_parallel = false;

@@ -115,8 +115,9 @@ ElasticLayout choose_elastic_layout(const ConfigLoader& load, const std::vector<
       // (whole experts: the tensor × data × context ones), else over the largest divisor of
       // them that does (each rank then holds more experts). Experts split over tp follow its
       // new size.
-      const bool whole = bp.expert_tensor == 1 && tp > 1;
-      const int expert_ranks = (whole ? tp : 1) * l.dp * cp;
+      ParallelismConfig np = bp;
+      np.tensor = tp;
+      const int expert_ranks = np.expert_ranks(l.dp * cp);
       l.expert = bp.expert;
       while (l.expert > 1 && (expert_ranks % l.expert != 0 || bp.expert % l.expert != 0)) {
         --l.expert;

@@ -180,9 +180,9 @@ Engine::Engine(const Config& cfg, const data::TokenDataset* dataset, comm::Commu
     // (with whole experts, of the stage's tp × dp × cp ranks) hold the experts between them (the
     // group's rank is the spec's expert-parallel rank); the ranks with the same place in their
     // groups hold the same experts and sum their gradients.
+    STRATA_CHECK(dp_ != nullptr, "expert parallelism needs the data-parallel group");
     const int ep = spec_.ep.size;
     comm::Communicator* over = dp_;
-    STRATA_CHECK(dp_ != nullptr, "expert parallelism needs the data-parallel group");
     if (spec_.ep.whole) {
       stage_comm_ = dp_->product(*tp_comm_, "stage");
       stage_comm_->set_timeout(dp_->timeout());
